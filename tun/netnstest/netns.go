@@ -164,7 +164,7 @@ func (ns *NS) Sysctl(key, value string) error {
 // both ends up. The pair disappears with either namespace.
 func Veth(t testing.TB, a *NS, an string, b *NS, bn string) {
 	t.Helper()
-	a.IP(t, "link", "add", an, "type", "veth", "peer", "name", bn, "netns", b.Name)
+	a.IP(t, "link", "add", "name", an, "type", "veth", "peer", "name", bn, "netns", b.Name)
 	a.IP(t, "link", "set", an, "up")
 	b.IP(t, "link", "set", bn, "up")
 }

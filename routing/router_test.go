@@ -1,0 +1,312 @@
+package routing_test
+
+import (
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/espd/espd/routing"
+	"github.com/espd/espd/tun/netnstest"
+)
+
+const table = 0xe5d1
+
+// env is a namespace with a persistent TUN "tun0" standing in for espd's
+// and a veth "out0" (198.18.0.1/16, 2001:db8::1/64, MTU 1480) for the outer
+// interface the main table routes to.
+type env struct {
+	ns    *netnstest.NS
+	index int
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ns := netnstest.New(t, "rt")
+	ns.IP(t, "tuntap", "add", "mode", "tun", "name", "tun0")
+	ns.IP(t, "link", "set", "tun0", "up")
+	ns.IP(t, "link", "add", "name", "out0", "mtu", "1480", "type", "veth", "peer", "name", "peer0")
+	ns.IP(t, "link", "set", "peer0", "up")
+	ns.IP(t, "link", "set", "out0", "up")
+	ns.IP(t, "addr", "add", "198.18.0.1/16", "dev", "out0")
+	ns.IP(t, "-6", "addr", "add", "2001:db8::1/64", "dev", "out0", "nodad")
+	e := &env{ns: ns}
+	err := ns.Do(func() error {
+		l, err := netlink.LinkByName("tun0")
+		if err == nil {
+			e.index = l.Attrs().Index
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *env) router(t *testing.T, cfg routing.Config) *routing.Router {
+	t.Helper()
+	cfg.LinkIndex, cfg.LinkName = e.index, "tun0"
+	if cfg.Table == 0 {
+		cfg.Table = table
+	}
+	var r *routing.Router
+	err := e.ns.Do(func() (err error) {
+		r, err = routing.New(cfg)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// dev returns the device "ip route get" picks for dst, with mark if != 0.
+func (e *env) dev(t *testing.T, dst string, mark uint32) string {
+	t.Helper()
+	args := []string{"-o", "route", "get", dst}
+	if mark != 0 {
+		args = append(args, "mark", strconv.FormatUint(uint64(mark), 10))
+	}
+	out, err := e.ns.TryIP(args...)
+	if err != nil {
+		return "unreachable"
+	}
+	f := strings.Fields(out)
+	for i := range f[:len(f)-1] {
+		if f[i] == "dev" {
+			return f[i+1]
+		}
+	}
+	return "?" + out
+}
+
+func mustAdd(t *testing.T, r *routing.Router, p string, k routing.Kind) {
+	t.Helper()
+	if err := r.AddRoute(netip.MustParsePrefix(p), k); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustRemove(t *testing.T, r *routing.Router, p string, k routing.Kind) {
+	t.Helper()
+	if err := r.RemoveRoute(netip.MustParsePrefix(p), k); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRulesAndRPFilter(t *testing.T) {
+	e := newEnv(t)
+	r := e.router(t, routing.Config{Mark: 0x100, Mask: 0xf00, Priority: 4242})
+	if r.Table() != table || r.Mark() != 0x100 {
+		t.Fatalf("table %d mark %#x", r.Table(), r.Mark())
+	}
+	for _, fam := range []string{"-4", "-6"} {
+		out := e.ns.IP(t, fam, "rule", "show")
+		want := "4242:\tnot from all fwmark 0x100/0xf00 lookup " + strconv.Itoa(table)
+		if !strings.Contains(out, want) {
+			t.Errorf("%s rules lack %q:\n%s", fam, want, out)
+		}
+	}
+	var rp string
+	e.ns.Do(func() error {
+		b, err := os.ReadFile("/proc/sys/net/ipv4/conf/tun0/rp_filter")
+		rp = strings.TrimSpace(string(b))
+		return err
+	})
+	if rp != "2" {
+		t.Errorf("rp_filter on tun0 = %q, want 2", rp)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range []string{"-4", "-6"} {
+		if out := e.ns.IP(t, fam, "rule", "show"); strings.Contains(out, "4242:") {
+			t.Errorf("%s rule left after Close:\n%s", fam, out)
+		}
+	}
+	if err := r.AddRoute(netip.MustParsePrefix("198.18.5.0/24"), routing.Tunnel); err == nil {
+		t.Error("AddRoute after Close succeeded")
+	}
+}
+
+// TestDefaultRouteDoesNotCatchMarked covers 0.0.0.0/0 and ::/0 through the
+// TUN: unmarked traffic, the peer's address included, goes to the TUN;
+// marked traffic (espd's outer packets) keeps using the main table.
+func TestDefaultRouteDoesNotCatchMarked(t *testing.T) {
+	e := newEnv(t)
+	r := e.router(t, routing.Config{})
+	mustAdd(t, r, "0.0.0.0/0", routing.Tunnel)
+	mustAdd(t, r, "::/0", routing.Tunnel)
+	for _, dst := range []string{"198.18.0.2", "2001:db8::2", "198.19.7.7", "2001:db8:1::9"} {
+		if got := e.dev(t, dst, 0); got != "tun0" {
+			t.Errorf("unmarked %s via %s, want tun0", dst, got)
+		}
+	}
+	for _, dst := range []string{"198.18.0.2", "2001:db8::2"} {
+		if got := e.dev(t, dst, routing.DefaultMark); got != "out0" {
+			t.Errorf("marked %s via %s, want out0", dst, got)
+		}
+	}
+	if got := e.dev(t, "198.19.7.7", routing.DefaultMark); got != "unreachable" {
+		t.Errorf("marked 198.19.7.7 via %s, want no route (main table has none)", got)
+	}
+	mtu, err := r.PathMTU(netip.MustParseAddr("198.18.0.2"))
+	if err != nil || mtu != 1480 {
+		t.Errorf("PathMTU = %d, %v; want 1480", mtu, err)
+	}
+	e.ns.IP(t, "route", "add", "198.18.9.0/24", "dev", "out0", "mtu", "1300")
+	mtu, err = r.PathMTU(netip.MustParseAddr("198.18.9.9"))
+	if err != nil || mtu != 1300 {
+		t.Errorf("PathMTU via route mtu = %d, %v; want 1300", mtu, err)
+	}
+	mtu, err = r.PathMTU(netip.MustParseAddr("2001:db8::77"))
+	if err != nil || mtu != 1480 {
+		t.Errorf("PathMTU IPv6 = %d, %v; want 1480", mtu, err)
+	}
+}
+
+func TestThrowFallsBackToMain(t *testing.T) {
+	e := newEnv(t)
+	r := e.router(t, routing.Config{})
+	mustAdd(t, r, "198.18.0.0/16", routing.Tunnel)
+	mustAdd(t, r, "198.18.0.0/24", routing.Throw)
+	mustAdd(t, r, "2001:db8::/32", routing.Tunnel)
+	mustAdd(t, r, "2001:db8::/64", routing.Throw)
+	for dst, want := range map[string]string{
+		"198.18.0.9": "out0", "198.18.1.9": "tun0",
+		"2001:db8::9": "out0", "2001:db8:0:1::9": "tun0",
+	} {
+		if got := e.dev(t, dst, 0); got != want {
+			t.Errorf("%s via %s, want %s", dst, got, want)
+		}
+	}
+	out := e.ns.IP(t, "route", "show", "table", strconv.Itoa(table))
+	if !strings.Contains(out, "throw 198.18.0.0/24 proto 229") {
+		t.Errorf("table lacks the throw route:\n%s", out)
+	}
+}
+
+func TestRefcountAndSharedPrefix(t *testing.T) {
+	e := newEnv(t)
+	r := e.router(t, routing.Config{})
+	const p = "198.18.40.0/24"
+	mustAdd(t, r, p, routing.Tunnel)
+	mustAdd(t, r, "198.18.40.7/24", routing.Tunnel) // same prefix once masked
+	mustRemove(t, r, p, routing.Tunnel)
+	if got := e.dev(t, "198.18.40.1", 0); got != "tun0" {
+		t.Fatalf("route gone with a reference left: via %s", got)
+	}
+	// A bypass policy sharing the prefix does not open a hole.
+	mustAdd(t, r, p, routing.Throw)
+	if got := e.dev(t, "198.18.40.1", 0); got != "tun0" {
+		t.Fatalf("throw displaced the tunnel route: via %s", got)
+	}
+	mustRemove(t, r, p, routing.Tunnel)
+	if got := e.dev(t, "198.18.40.1", 0); got != "out0" {
+		t.Fatalf("after the last tunnel reference: via %s, want out0 (throw)", got)
+	}
+	if rs := r.Routes(); len(rs) != 1 || rs[0].Installed != routing.Throw || rs[0].Throws != 1 || rs[0].Tunnel != 0 {
+		t.Fatalf("Routes() = %+v", rs)
+	}
+	mustRemove(t, r, p, routing.Throw)
+	if err := r.RemoveRoute(netip.MustParsePrefix(p), routing.Throw); err == nil {
+		t.Error("removing an unreferenced route succeeded")
+	}
+	if out := e.ns.IP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
+		t.Errorf("routes left:\n%s", out)
+	}
+	if len(r.Routes()) != 0 {
+		t.Errorf("Routes() = %+v after removing all", r.Routes())
+	}
+}
+
+func TestCloseRemovesEverything(t *testing.T) {
+	e := newEnv(t)
+	r := e.router(t, routing.Config{})
+	mustAdd(t, r, "198.18.70.0/24", routing.Tunnel)
+	mustAdd(t, r, "198.18.70.0/25", routing.Throw)
+	mustAdd(t, r, "2001:db8:70::/48", routing.Tunnel)
+	mustAdd(t, r, "0.0.0.0/0", routing.Throw)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.ns.IP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
+		t.Errorf("routes left:\n%s", out)
+	}
+	if out := e.ns.IP(t, "-6", "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
+		t.Errorf("IPv6 routes left:\n%s", out)
+	}
+	for _, fam := range []string{"-4", "-6"} {
+		if out := e.ns.IP(t, fam, "rule", "show"); strings.Contains(out, "lookup "+strconv.Itoa(table)) {
+			t.Errorf("%s rule left:\n%s", fam, out)
+		}
+	}
+}
+
+func TestStaleStateRemoved(t *testing.T) {
+	e := newEnv(t)
+	tbl := strconv.Itoa(table)
+	// What a crashed instance leaves: its rules and its throw routes (the
+	// TUN routes went with the TUN).
+	e.ns.IP(t, "rule", "add", "pref", strconv.Itoa(routing.DefaultPriority), "not", "fwmark", "0xe5d0/0xffffffff", "lookup", tbl)
+	e.ns.IP(t, "-6", "rule", "add", "pref", strconv.Itoa(routing.DefaultPriority), "not", "fwmark", "0xe5d0/0xffffffff", "lookup", tbl)
+	e.ns.IP(t, "route", "add", "throw", "198.18.80.0/24", "table", tbl, "proto", "229")
+	e.ns.IP(t, "route", "add", "throw", "198.18.81.0/24", "table", tbl, "proto", "static") // not ours
+	r := e.router(t, routing.Config{})
+	for _, fam := range []string{"-4", "-6"} {
+		out := e.ns.IP(t, fam, "rule", "show")
+		if n := strings.Count(out, "lookup "+tbl); n != 1 {
+			t.Errorf("%s: %d rules for the table after New, want 1:\n%s", fam, n, out)
+		}
+	}
+	out := e.ns.IP(t, "route", "show", "table", tbl)
+	if strings.Contains(out, "198.18.80.0/24") || !strings.Contains(out, "198.18.81.0/24") {
+		t.Errorf("stale route handling wrong:\n%s", out)
+	}
+	r.Close()
+}
+
+func TestNewFailureLeavesNothing(t *testing.T) {
+	e := newEnv(t)
+	err := e.ns.Do(func() error {
+		r, err := routing.New(routing.Config{LinkIndex: e.index, LinkName: "nosuch0", Table: table})
+		if err == nil {
+			r.Close()
+		}
+		return err
+	})
+	if err == nil {
+		t.Fatal("New succeeded with a link name that does not exist")
+	}
+	for _, fam := range []string{"-4", "-6"} {
+		if out := e.ns.IP(t, fam, "rule", "show"); strings.Contains(out, "lookup "+strconv.Itoa(table)) {
+			t.Errorf("%s rule left after failed New:\n%s", fam, out)
+		}
+	}
+	for _, bad := range []routing.Config{
+		{LinkIndex: e.index, LinkName: "tun0", Table: 254},
+		{LinkIndex: e.index, LinkName: "tun0", Mark: 0x11, Mask: 0x10},
+		{LinkName: "tun0"},
+	} {
+		if r, err := routing.New(bad); err == nil {
+			r.Close()
+			t.Errorf("New(%+v) succeeded", bad)
+		}
+	}
+}
+
+func TestNoIPv6(t *testing.T) {
+	e := newEnv(t)
+	r := e.router(t, routing.Config{NoIPv6: true})
+	if err := r.AddRoute(netip.MustParsePrefix("2001:db8::/32"), routing.Tunnel); err == nil {
+		t.Error("IPv6 prefix accepted with NoIPv6")
+	}
+	if out := e.ns.IP(t, "-6", "rule", "show"); strings.Contains(out, "lookup "+strconv.Itoa(table)) {
+		t.Errorf("IPv6 rule added with NoIPv6:\n%s", out)
+	}
+}
