@@ -23,6 +23,8 @@ func New(s Suite, encKey, integKey []byte) (Transform, error) {
 		return newGCM(s, encKey)
 	case EncrChaCha20Poly1305:
 		return newChaCha20Poly1305(s, encKey)
+	case EncrNullAuthAESGMAC:
+		return newGMAC(s, encKey)
 	}
 	// Validate refused everything else.
 	return nil, fmt.Errorf("crypto: no transform for %v", s)
