@@ -25,6 +25,10 @@ func New(s Suite, encKey, integKey []byte) (Transform, error) {
 		return newChaCha20Poly1305(s, encKey)
 	case EncrNullAuthAESGMAC:
 		return newGMAC(s, encKey)
+	case EncrAESCBC:
+		return newCBC(s, encKey, integKey)
+	case EncrNull:
+		return newNull(s, integKey)
 	}
 	// Validate refused everything else.
 	return nil, fmt.Errorf("crypto: no transform for %v", s)
