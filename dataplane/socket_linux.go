@@ -1,0 +1,424 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/espd/espd/packet"
+)
+
+// DefaultEncapPort is the ESP-in-UDP port of RFC 3948.
+const DefaultEncapPort = 4500
+
+// SocketConfig says how to open the outer sockets.
+type SocketConfig struct {
+	// Mark is set with SO_MARK on every socket so that the routing rules
+	// keep the outer packets out of the TUN.
+	Mark uint32
+	// EncapPort is the UDP port for ESP-in-UDP; 0 means DefaultEncapPort.
+	EncapPort uint16
+	// NoIPv6 opens only the IPv4 sockets.
+	NoIPv6 bool
+	// Batch is the number of messages per recvmmsg/sendmmsg.
+	Batch int
+	// RecvBuffer, if > 0, sets SO_RCVBUFFORCE on the receiving sockets.
+	RecvBuffer int
+}
+
+// Sockets are espd's outer sockets: raw ESP (IP protocol 50) and
+// ESP-in-UDP receivers for IPv4 and IPv6, and raw IPPROTO_RAW senders
+// (IP_HDRINCL) that send both raw and UDP-encapsulated ESP as the complete
+// packets package esp builds, so that TTL, DSCP, ECN and DF are espd's to
+// set per packet. The UDP sockets own the encapsulation port: they receive
+// ESP-in-UDP, IKE and keepalives, and keep the kernel from answering them
+// with port unreachable.
+type Sockets struct {
+	recv []Receiver
+	send *rawSender
+}
+
+// OpenSockets opens the outer sockets in the calling thread's network
+// namespace.
+func OpenSockets(cfg SocketConfig) (s *Sockets, err error) {
+	if cfg.EncapPort == 0 {
+		cfg.EncapPort = DefaultEncapPort
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 128
+	}
+	s = &Sockets{}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	fams := []int{unix.AF_INET}
+	if !cfg.NoIPv6 {
+		fams = append(fams, unix.AF_INET6)
+	}
+	for _, fam := range fams {
+		r, err := openRawESP(fam, cfg)
+		if err != nil {
+			return nil, err
+		}
+		s.recv = append(s.recv, r)
+		u, err := openUDP(fam, cfg)
+		if err != nil {
+			return nil, err
+		}
+		s.recv = append(s.recv, u)
+	}
+	s.send, err = openRawSender(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Receivers returns the receiving sockets: raw ESP and UDP, per family.
+func (s *Sockets) Receivers() []Receiver { return s.recv }
+
+// Sender returns the sending side.
+func (s *Sockets) Sender() Sender { return s.send }
+
+// Close closes every socket.
+func (s *Sockets) Close() error {
+	var errs []error
+	for _, r := range s.recv {
+		errs = append(errs, r.Close())
+	}
+	if s.send != nil {
+		errs = append(errs, s.send.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func famName(fam int) string {
+	if fam == unix.AF_INET6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+func socket(fam, typ, proto int, cfg SocketConfig, what string) (int, error) {
+	fd, err := unix.Socket(fam, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, proto)
+	if err != nil {
+		return -1, fmt.Errorf("dataplane: %s %s socket: %w", famName(fam), what, err)
+	}
+	if cfg.Mark != 0 {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, int(cfg.Mark)); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("dataplane: SO_MARK on %s %s socket: %w", famName(fam), what, err)
+		}
+	}
+	return fd, nil
+}
+
+type sockopt struct{ level, opt, value int }
+
+func setsockopts(fd int, what string, opts ...sockopt) error {
+	for _, o := range opts {
+		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.value); err != nil {
+			return fmt.Errorf("dataplane: %s: setsockopt(%d, %d): %w", what, o.level, o.opt, err)
+		}
+	}
+	return nil
+}
+
+// receiver reads one outer socket.
+type receiver struct {
+	c    *mmsgConn
+	fam  int
+	udp  bool
+	port uint16
+}
+
+func openRawESP(fam int, cfg SocketConfig) (*receiver, error) {
+	fd, err := socket(fam, unix.SOCK_RAW, unix.IPPROTO_ESP, cfg, "raw ESP")
+	if err != nil {
+		return nil, err
+	}
+	var opts []sockopt
+	if fam == unix.AF_INET6 {
+		// The IPv6 raw socket does not deliver the IPv6 header.
+		opts = append(opts,
+			sockopt{unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1},
+			sockopt{unix.IPPROTO_IPV6, unix.IPV6_RECVTCLASS, 1})
+	}
+	if cfg.RecvBuffer > 0 {
+		opts = append(opts, sockopt{unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, cfg.RecvBuffer})
+	}
+	if err := setsockopts(fd, famName(fam)+" raw ESP", opts...); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	c, err := newMmsgConn(fd, "esp-raw-"+famName(fam), cfg.Batch)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &receiver{c: c, fam: fam}, nil
+}
+
+func openUDP(fam int, cfg SocketConfig) (*receiver, error) {
+	fd, err := socket(fam, unix.SOCK_DGRAM, unix.IPPROTO_UDP, cfg, "UDP")
+	if err != nil {
+		return nil, err
+	}
+	what := fmt.Sprintf("%s UDP port %d", famName(fam), cfg.EncapPort)
+	var opts []sockopt
+	var sa unix.Sockaddr
+	if fam == unix.AF_INET6 {
+		opts = append(opts,
+			sockopt{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1},
+			sockopt{unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1},
+			sockopt{unix.IPPROTO_IPV6, unix.IPV6_RECVTCLASS, 1})
+		sa = &unix.SockaddrInet6{Port: int(cfg.EncapPort)}
+	} else {
+		opts = append(opts,
+			sockopt{unix.IPPROTO_IP, unix.IP_PKTINFO, 1},
+			sockopt{unix.IPPROTO_IP, unix.IP_RECVTOS, 1})
+		sa = &unix.SockaddrInet4{Port: int(cfg.EncapPort)}
+	}
+	if cfg.RecvBuffer > 0 {
+		opts = append(opts, sockopt{unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, cfg.RecvBuffer})
+	}
+	if err := setsockopts(fd, what, opts...); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("dataplane: bind %s: %w", what, err)
+	}
+	c, err := newMmsgConn(fd, "esp-udp-"+famName(fam), cfg.Batch)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &receiver{c: c, fam: fam, udp: true, port: cfg.EncapPort}, nil
+}
+
+// Receive implements Receiver.
+func (r *receiver) Receive(msgs []Message) (int, error) {
+	n := min(len(msgs), len(r.c.hdrs))
+	for i := range n {
+		if len(msgs[i].Buf) <= RecvOffset {
+			return 0, fmt.Errorf("dataplane: receive buffer of %d bytes", len(msgs[i].Buf))
+		}
+		r.c.prepare(i, msgs[i].Buf[RecvOffset:], true, 0)
+	}
+	n, err := r.c.recv(n)
+	if err != nil {
+		return 0, err
+	}
+	for i := range n {
+		r.parse(i, &msgs[i])
+	}
+	return n, nil
+}
+
+// parse fills in m from message i of the last recvmmsg.
+func (r *receiver) parse(i int, m *Message) {
+	h := &r.c.hdrs[i]
+	*m = Message{Buf: m.Buf, UDP: r.udp}
+	if h.hdr.Flags&unix.MSG_TRUNC != 0 {
+		m.Err = ErrTruncated
+		return
+	}
+	m.Start, m.End = RecvOffset, RecvOffset+int(h.len)
+	name := &r.c.names[i]
+	var src netip.Addr
+	var sport uint16
+	if name.Family == unix.AF_INET6 {
+		src = netip.AddrFrom16(name.Addr)
+		sport = binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&name.Port))[:])
+	} else {
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(name))
+		src = netip.AddrFrom4(sa4.Addr)
+		sport = binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa4.Port))[:])
+	}
+	var dst netip.Addr
+	parseControl(r.c.control(i), &dst, &m.TOS)
+	if r.fam == unix.AF_INET && !r.udp {
+		// The raw IPv4 socket delivers the IP header.
+		ip, err := packet.ParseIPv4Header(m.Buf[m.Start:m.End])
+		if err != nil {
+			m.Err = ErrOuterHeader
+			return
+		}
+		if ip.Protocol != packet.ProtoESP {
+			m.Err = ErrNotESP
+			return
+		}
+		m.End = m.Start + int(ip.TotalLen)
+		m.Start += ip.HeaderLen
+		m.TOS = ip.TOS
+		src, dst = ip.Src, ip.Dst
+	}
+	if r.udp {
+		m.Src = netip.AddrPortFrom(src, sport)
+		m.Dst = netip.AddrPortFrom(dst, r.port)
+	} else {
+		m.Src = netip.AddrPortFrom(src, 0)
+		m.Dst = netip.AddrPortFrom(dst, 0)
+	}
+}
+
+// parseControl reads the destination address (IP_PKTINFO, IPV6_PKTINFO)
+// and the TOS or traffic class (IP_TOS, IPV6_TCLASS) out of oob.
+func parseControl(oob []byte, dst *netip.Addr, tos *uint8) {
+	for len(oob) >= unix.SizeofCmsghdr {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+		l := int(h.Len)
+		if l < unix.SizeofCmsghdr || l > len(oob) {
+			return
+		}
+		data := oob[unix.CmsgLen(0):l]
+		switch {
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_TOS && len(data) >= 1:
+			*tos = data[0]
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo:
+			*dst = netip.AddrFrom4([4]byte(data[8:12]))
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_TCLASS && len(data) >= 4:
+			*tos = uint8(binary.NativeEndian.Uint32(data))
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
+			*dst = netip.AddrFrom16([16]byte(data[:16]))
+		}
+		next := unix.CmsgSpace(l - unix.CmsgLen(0))
+		if next > len(oob) {
+			return
+		}
+		oob = oob[next:]
+	}
+}
+
+// Close implements Receiver.
+func (r *receiver) Close() error { return r.c.close() }
+
+// rawSender sends complete IP packets through IPPROTO_RAW sockets, which
+// imply IP_HDRINCL (IPv4) and IPV6_HDRINCL (IPv6).
+type rawSender struct {
+	mu     sync.Mutex
+	v4, v6 *mmsgConn
+}
+
+func openRawSender(cfg SocketConfig) (*rawSender, error) {
+	s := &rawSender{}
+	fd, err := socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW, cfg, "raw send")
+	if err != nil {
+		return nil, err
+	}
+	if s.v4, err = newMmsgConn(fd, "esp-send-IPv4", cfg.Batch); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if cfg.NoIPv6 {
+		return s, nil
+	}
+	fd, err = socket(unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_RAW, cfg, "raw send")
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	if s.v6, err = newMmsgConn(fd, "esp-send-IPv6", cfg.Batch); err != nil {
+		unix.Close(fd)
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// errNoIPv6 and errNotIP are returned for packets the sender cannot send.
+var (
+	errNoIPv6 = errors.New("dataplane: IPv6 outer packet with IPv6 disabled")
+	errNotIP  = errors.New("dataplane: outer packet is not IPv4 or IPv6")
+)
+
+// Send implements Sender.
+func (s *rawSender) Send(pkts [][]byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var firstErr error
+	sent := 0
+	n4, n6 := 0, 0
+	flush := func(c *mmsgConn, n int) {
+		ok, err := s.flush(c, n)
+		sent += ok
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	for _, p := range pkts {
+		switch {
+		case len(p) >= packet.IPv4HeaderLen && p[0]>>4 == 4:
+			sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&s.v4.names[n4]))
+			*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: [4]byte(p[16:20])}
+			s.v4.prepare(n4, p, false, unix.SizeofSockaddrInet4)
+			if n4++; n4 == len(s.v4.hdrs) {
+				flush(s.v4, n4)
+				n4 = 0
+			}
+		case len(p) >= packet.IPv6HeaderLen && p[0]>>4 == 6:
+			if s.v6 == nil {
+				if firstErr == nil {
+					firstErr = errNoIPv6
+				}
+				continue
+			}
+			s.v6.names[n6] = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: [16]byte(p[24:40])}
+			s.v6.prepare(n6, p, false, unix.SizeofSockaddrInet6)
+			if n6++; n6 == len(s.v6.hdrs) {
+				flush(s.v6, n6)
+				n6 = 0
+			}
+		default:
+			if firstErr == nil {
+				firstErr = errNotIP
+			}
+		}
+	}
+	if n4 > 0 {
+		flush(s.v4, n4)
+	}
+	if n6 > 0 {
+		flush(s.v6, n6)
+	}
+	return sent, firstErr
+}
+
+// flush sends the n prepared messages of c, skipping any that fails.
+func (s *rawSender) flush(c *mmsgConn, n int) (int, error) {
+	var firstErr error
+	sent := 0
+	for off := 0; off < n; {
+		k, err := c.sendFrom(off, n-off)
+		sent += k
+		off += k
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			off++ // skip the message that failed
+		}
+	}
+	return sent, firstErr
+}
+
+// Close implements Sender.
+func (s *rawSender) Close() error {
+	var errs []error
+	if s.v4 != nil {
+		errs = append(errs, s.v4.close())
+	}
+	if s.v6 != nil {
+		errs = append(errs, s.v6.close())
+	}
+	return errors.Join(errs...)
+}
