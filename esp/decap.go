@@ -1,0 +1,138 @@
+package esp
+
+import (
+	"encoding/binary"
+
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/packet"
+)
+
+// Decapsulator opens the ESP packets of one inbound SA. Its fields are set
+// once and read concurrently by many workers.
+type Decapsulator struct {
+	Transform crypto.Transform
+	// Replay is the SA's anti-replay window, which also infers ESN high
+	// bits. nil means no replay check and 32-bit sequence numbers; an ESN
+	// SA needs a window (NewReplayWindow(0, true) if checks are off).
+	Replay *ReplayWindow
+	// ECN applies RFC 6040 decapsulation to the inner ECN field; false
+	// leaves the inner packet's ECN field alone.
+	ECN bool
+}
+
+// Decapsulate opens the ESP packet pkt, which starts at the SPI and ends
+// with the ICV, in place, and returns the inner packet (a sub-slice of pkt,
+// trimmed to its own length field, which drops any TFC padding) and the
+// full sequence number. outerTOS is the TOS or Traffic Class of the outer
+// IP header, for RFC 6040.
+//
+// In order: lengths are checked (ErrMalformed); the sequence number is
+// inferred and checked against the replay window (ErrReplay) before
+// decrypting; the transform verifies and decrypts (crypto.ErrAuthentication
+// passes through); the trailer is checked (ErrPadding, ErrNextHeader); a
+// dummy packet gives ErrDummy; the inner packet is checked (ErrInner); with
+// ECN, Congestion Experienced on a Not-ECT inner packet gives ErrECNDrop,
+// otherwise the inner ECN field is updated per RFC 6040 section 4.2 (with
+// the IPv4 checksum); finally the window records the sequence number, and
+// ErrReplay then means another worker accepted it first. Dummy and ECN-drop
+// packets are authentic, so the window records them too.
+func (d *Decapsulator) Decapsulate(pkt []byte, outerTOS uint8) (inner []byte, seq uint64, err error) {
+	t := d.Transform
+	iv, icv, bs := t.IVSize(), t.ICVSize(), t.BlockSize()
+	plain := len(pkt) - HeaderLen - iv - icv
+	if plain < bs || plain%bs != 0 {
+		return nil, 0, ErrMalformed
+	}
+	seq = uint64(binary.BigEndian.Uint32(pkt[4:8]))
+	if d.Replay != nil {
+		seq = d.Replay.Infer(uint32(seq))
+		if err := d.Replay.Check(seq); err != nil {
+			return nil, seq, err
+		}
+	}
+	pt, err := t.Open(pkt, seq)
+	if err != nil {
+		if err == crypto.ErrMalformed {
+			err = ErrMalformed
+		}
+		return nil, seq, err
+	}
+	if len(pt) < 2 {
+		return nil, seq, ErrMalformed
+	}
+	nh := pt[len(pt)-1]
+	pl := int(pt[len(pt)-2])
+	if pl+2 > len(pt) {
+		return nil, seq, ErrPadding
+	}
+	payload := pt[:len(pt)-2-pl]
+	for i, b := range pt[len(payload) : len(pt)-2] {
+		if b != byte(i+1) {
+			return nil, seq, ErrPadding
+		}
+	}
+	switch nh {
+	case NextHeaderDummy:
+		if err := d.update(seq); err != nil {
+			return nil, seq, err
+		}
+		return nil, seq, ErrDummy
+	case NextHeaderIPv4:
+		if len(payload) < packet.IPv4HeaderLen || payload[0]>>4 != 4 {
+			return nil, seq, ErrInner
+		}
+		tl := int(binary.BigEndian.Uint16(payload[2:4]))
+		if tl < int(payload[0]&0x0f)*4 || tl < packet.IPv4HeaderLen || tl > len(payload) {
+			return nil, seq, ErrInner
+		}
+		inner = payload[:tl]
+	case NextHeaderIPv6:
+		if len(payload) < packet.IPv6HeaderLen || payload[0]>>4 != 6 {
+			return nil, seq, ErrInner
+		}
+		tl := packet.IPv6HeaderLen + int(binary.BigEndian.Uint16(payload[4:6]))
+		if tl > len(payload) {
+			return nil, seq, ErrInner
+		}
+		inner = payload[:tl]
+	default:
+		return nil, seq, ErrNextHeader
+	}
+	ecn, drop := uint8(0), false
+	if d.ECN {
+		ecn, drop = decapECN(outerTOS&packet.ECNMask, inner)
+	}
+	if err := d.update(seq); err != nil {
+		return nil, seq, err
+	}
+	if drop {
+		return nil, seq, ErrECNDrop
+	}
+	if d.ECN {
+		packet.SetECN(inner, ecn)
+	}
+	return inner, seq, nil
+}
+
+func (d *Decapsulator) update(seq uint64) error {
+	if d.Replay == nil {
+		return nil
+	}
+	return d.Replay.Update(seq)
+}
+
+// decapECN returns the inner ECN field after decapsulation (RFC 6040
+// section 4.2) given the outer ECN field, or drop when the outer field is
+// CE and the inner packet is Not-ECT.
+func decapECN(outer uint8, inner []byte) (ecn uint8, drop bool) {
+	in, _ := packet.ECN(inner)
+	switch {
+	case outer == packet.ECNCE && in == packet.ECNNotECT:
+		return in, true
+	case outer == packet.ECNCE:
+		return packet.ECNCE, false
+	case outer == packet.ECNECT1 && in == packet.ECNECT0:
+		return packet.ECNECT1, false
+	}
+	return in, false
+}

@@ -1,0 +1,129 @@
+package esp
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+
+	"github.com/espd/espd/packet"
+)
+
+// innerV4 returns an IPv4 UDP packet of n bytes (n >= 28) with the given
+// TOS and DF bit and a recognisable payload.
+func innerV4(n int, tos uint8, df bool) []byte {
+	p := make([]byte, n)
+	packet.PutIPv4Header(p, packet.IPv4Header{TOS: tos, TotalLen: uint16(n), ID: 7, DF: df, TTL: 9,
+		Protocol: packet.ProtoUDP, Src: netip.MustParseAddr("198.18.10.1"), Dst: netip.MustParseAddr("198.18.20.1")})
+	packet.PutUDPHeader(p[20:], 1111, 2222, n-28)
+	for i := 28; i < n; i++ {
+		p[i] = byte(i*31 + 5)
+	}
+	return p
+}
+
+// innerV6 returns an IPv6 UDP packet of n bytes (n >= 48) with the given
+// traffic class.
+func innerV6(n int, tc uint8) []byte {
+	p := make([]byte, n)
+	packet.PutIPv6Header(p, packet.IPv6Header{TrafficClass: tc, FlowLabel: 0x12345, PayloadLen: uint16(n - 40),
+		NextHeader: packet.ProtoUDP, HopLimit: 9,
+		Src: netip.MustParseAddr("2001:db8:10::1"), Dst: netip.MustParseAddr("2001:db8:20::1")})
+	packet.PutUDPHeader(p[40:], 1111, 2222, n-48)
+	for i := 48; i < n; i++ {
+		p[i] = byte(i*17 + 3)
+	}
+	return p
+}
+
+// inner returns an inner packet of the family v (4 or 6).
+func inner(v, n int, tos uint8) []byte {
+	if v == 4 {
+		return innerV4(n, tos, false)
+	}
+	return innerV6(n, tos)
+}
+
+// place puts p at MaxHeadroom in a buffer with tail bytes of capacity
+// behind it.
+func place(p []byte, tail int) (buf []byte, off int) {
+	b := make([]byte, MaxHeadroom+len(p)+tail)
+	copy(b[MaxHeadroom:], p)
+	return b[:MaxHeadroom+len(p)], MaxHeadroom
+}
+
+type outerCase struct {
+	name string
+	o    Outer
+}
+
+// outers are the four framings: raw ESP and ESP-in-UDP over IPv4 and IPv6.
+func outers() []outerCase {
+	a4, b4 := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.19.0.1")
+	a6, b6 := netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8:1::1")
+	return []outerCase{
+		{"v4", Outer{Src: a4, Dst: b4}},
+		{"v4udp", Outer{Src: a4, Dst: b4, SrcPort: 4500, DstPort: 4500}},
+		{"v6", Outer{Src: a6, Dst: b6}},
+		{"v6udp", Outer{Src: a6, Dst: b6, SrcPort: 4500, DstPort: 4501}},
+	}
+}
+
+// checkOuter verifies the outer headers of an encapsulated packet and
+// returns the outer TOS and the IPv4 header (zero for IPv6).
+func checkOuter(out []byte, p Packet, o Outer, spi uint32, seq uint64) (uint8, packet.IPv4Header, error) {
+	b := out[p.Start:p.End]
+	var tos uint8
+	var h4 packet.IPv4Header
+	var proto uint8
+	var l4 []byte
+	if o.Src.Is4() {
+		h, err := packet.ParseIPv4Header(b)
+		if err != nil {
+			return 0, h4, fmt.Errorf("outer IPv4 header: %v", err)
+		}
+		if int(h.TotalLen) != len(b) || h.Src != o.Src || h.Dst != o.Dst || h.MF || h.FragOffset != 0 || h.ID != uint16(seq) {
+			return 0, h4, fmt.Errorf("outer IPv4 header %+v", h)
+		}
+		tos, proto, l4, h4 = h.TOS, h.Protocol, b[20:], h
+		if h.TTL != o.TTL && !(o.TTL == 0 && h.TTL == 64) {
+			return 0, h4, fmt.Errorf("TTL %d for Outer.TTL %d", h.TTL, o.TTL)
+		}
+	} else {
+		h, err := packet.ParseIPv6Header(b)
+		if err != nil {
+			return 0, h4, fmt.Errorf("outer IPv6 header: %v", err)
+		}
+		if int(h.PayloadLen)+40 != len(b) || h.Src != o.Src || h.Dst != o.Dst || h.FlowLabel != 0 {
+			return 0, h4, fmt.Errorf("outer IPv6 header %+v", h)
+		}
+		if h.HopLimit != o.TTL && !(o.TTL == 0 && h.HopLimit == 64) {
+			return 0, h4, fmt.Errorf("hop limit %d for Outer.TTL %d", h.HopLimit, o.TTL)
+		}
+		tos, proto, l4 = h.TrafficClass, h.NextHeader, b[40:]
+	}
+	if o.DstPort != 0 {
+		if proto != packet.ProtoUDP {
+			return 0, h4, fmt.Errorf("protocol %d, want UDP", proto)
+		}
+		u, payload, err := packet.ParseUDPHeader(l4)
+		if err != nil || u.SrcPort != o.SrcPort || u.DstPort != o.DstPort || len(payload) != len(l4)-8 {
+			return 0, h4, fmt.Errorf("UDP header %+v %v", u, err)
+		}
+		if o.Src.Is4() && u.Checksum != 0 {
+			return 0, h4, fmt.Errorf("UDP checksum %#x over IPv4, want 0", u.Checksum)
+		}
+		if !packet.UDPChecksumValid(l4, o.Src, o.Dst) {
+			return 0, h4, fmt.Errorf("UDP checksum invalid")
+		}
+		l4 = payload
+	} else if proto != packet.ProtoESP {
+		return 0, h4, fmt.Errorf("protocol %d, want ESP", proto)
+	}
+	if &l4[0] != &out[p.ESP] {
+		return 0, h4, fmt.Errorf("Packet.ESP does not point at the ESP header")
+	}
+	if binary.BigEndian.Uint32(l4) != spi || binary.BigEndian.Uint32(l4[4:]) != uint32(seq) {
+		return 0, h4, fmt.Errorf("ESP header % x", l4[:8])
+	}
+	return tos, h4, nil
+}

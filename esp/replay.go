@@ -1,0 +1,160 @@
+package esp
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+)
+
+// MaxReplayWindow is the largest replay window NewReplayWindow accepts;
+// larger sizes are clamped to it.
+const MaxReplayWindow = 65536
+
+// NominalInferWidth is the window width ESN inference uses when the replay
+// window is off (size 0): RFC 4303 Appendix A needs a width, and 2^31
+// makes it pick the high bits that put the packet nearest to the highest
+// sequence number seen, tolerating any realistic reordering.
+const NominalInferWidth = 1 << 31
+
+// ReplayWindow is the anti-replay window of one inbound SA (RFC 4303
+// section 3.4.3) with ESN inference (Appendix A). It is a ring of 64-bit
+// words as in RFC 6479, so advancing the window clears whole words instead
+// of shifting bits.
+//
+// Many workers may use one window at once: Infer and Check are lock-free
+// and run before decryption; Update, after the ICV verified, takes a mutex
+// and is the authority: it returns ErrReplay when another worker accepted
+// the same sequence number first, or when the window moved past it while
+// it was being decrypted.
+type ReplayWindow struct {
+	size   uint64 // packets, a multiple of 64; 0: no replay check
+	esn    bool
+	mask   uint64 // len(bitmap)-1; len(bitmap) is a power of two
+	top    atomic.Uint64
+	mu     sync.Mutex // serialises Update
+	bitmap []atomic.Uint64
+}
+
+// NewReplayWindow returns a window of size packets, rounded up to a
+// multiple of 64 and clamped to MaxReplayWindow; 0 turns replay checking
+// off (sequence numbers are still tracked for ESN inference). esn says
+// whether the SA uses 64-bit extended sequence numbers.
+func NewReplayWindow(size uint32, esn bool) *ReplayWindow {
+	s := min(uint64(size), MaxReplayWindow)
+	s = (s + 63) &^ 63
+	r := &ReplayWindow{size: s, esn: esn}
+	if s > 0 {
+		// One word more than the window so that the oldest word in use is
+		// never the one being cleared, rounded up to a power of two.
+		words := uint64(1) << bits.Len64(s/64)
+		r.mask = words - 1
+		r.bitmap = make([]atomic.Uint64, words)
+	}
+	return r
+}
+
+// Size returns the window size in packets (after rounding).
+func (r *ReplayWindow) Size() uint32 { return uint32(r.size) }
+
+// ESN reports whether the window infers extended sequence numbers.
+func (r *ReplayWindow) ESN() bool { return r.esn }
+
+// Top returns the highest sequence number accepted so far (0: none).
+func (r *ReplayWindow) Top() uint64 { return r.top.Load() }
+
+// Infer returns the full sequence number for the 32 bits seqLo carried in
+// a packet. Without ESN that is seqLo. With ESN it follows RFC 4303
+// Appendix A with window width W (NominalInferWidth when the window is
+// off): the high 32 bits are those of the highest sequence number seen,
+// one more when seqLo lies below the window, or one less when the window
+// spans a 2^32 boundary and seqLo lies in its older part. A guess that is
+// wrong fails the ICV check, which covers the high bits.
+func (r *ReplayWindow) Infer(seqLo uint32) uint64 {
+	if !r.esn {
+		return uint64(seqLo)
+	}
+	top := r.top.Load()
+	th, tl := uint32(top>>32), uint32(top)
+	w := uint32(NominalInferWidth)
+	if r.size > 0 {
+		w = uint32(r.size)
+	}
+	bl := tl - w + 1 // bottom of the window, modulo 2^32
+	if tl >= w-1 {
+		// Case A: the window lies within one 2^32 subspace.
+		if seqLo >= bl || th == ^uint32(0) {
+			return uint64(th)<<32 | uint64(seqLo)
+		}
+		return uint64(th+1)<<32 | uint64(seqLo)
+	}
+	// Case B: the window spans two subspaces.
+	if seqLo >= bl && th > 0 {
+		return uint64(th-1)<<32 | uint64(seqLo)
+	}
+	return uint64(th)<<32 | uint64(seqLo)
+}
+
+// Check reports whether seq may be new: it returns ErrReplay for sequence
+// number 0, for one older than the window, and for one already received.
+// Call it before decrypting; it does not change the window.
+func (r *ReplayWindow) Check(seq uint64) error {
+	if seq == 0 {
+		return ErrReplay
+	}
+	if r.size == 0 {
+		return nil
+	}
+	top := r.top.Load()
+	if seq > top {
+		return nil
+	}
+	if top-seq >= r.size {
+		return ErrReplay
+	}
+	// If the window moved on since top was read, this word may already
+	// hold newer sequence numbers; then seq is too old for the new window
+	// and rejecting it is right, while a stale pass is caught by Update.
+	if r.bitmap[(seq>>6)&r.mask].Load()&(1<<(seq&63)) != 0 {
+		return ErrReplay
+	}
+	return nil
+}
+
+// Update records seq as received once its ICV verified, advancing the
+// window if seq is the new highest. It returns ErrReplay, changing
+// nothing, if seq is 0, too old or already recorded.
+func (r *ReplayWindow) Update(seq uint64) error {
+	if seq == 0 {
+		return ErrReplay
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	top := r.top.Load()
+	if r.size == 0 {
+		if seq > top {
+			r.top.Store(seq)
+		}
+		return nil
+	}
+	if seq > top {
+		cur, idx := top>>6, seq>>6
+		// Clear the words the window slides over (all of them after a
+		// jump past the ring) before publishing the new top.
+		for i := range min(idx-cur, r.mask+1) {
+			r.bitmap[(cur+1+i)&r.mask].Store(0)
+		}
+	} else if top-seq >= r.size {
+		return ErrReplay
+	}
+	w := &r.bitmap[(seq>>6)&r.mask]
+	bit := uint64(1) << (seq & 63)
+	old := w.Load()
+	if old&bit != 0 {
+		return ErrReplay
+	}
+	w.Store(old | bit)
+	if seq > top {
+		r.top.Store(seq)
+	}
+	return nil
+}
