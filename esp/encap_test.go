@@ -219,7 +219,7 @@ func TestEncapsulateErrors(t *testing.T) {
 	for _, oc := range outers() {
 		e := &Encapsulator{SPI: 1, Transform: ft, Outer: oc.o}
 		in := innerV4(100, 0, false)
-		need := e.Overhead(100) - (16 - (100+2)%16) % 16 - 2 - 12 // headroom
+		need := e.Overhead(100) - (16-(100+2)%16)%16 - 2 - 12 // headroom
 		total := need + e.Overhead(100) - need + 100
 		// Exactly enough headroom and capacity works.
 		b := make([]byte, total)
