@@ -1,0 +1,176 @@
+package sa
+
+import (
+	"crypto/subtle"
+	"fmt"
+	"io"
+	"net/netip"
+		"strings"
+
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/esp"
+)
+
+// Config is everything AddSA and UpdateSA carry about a state. Its
+// formatting (String and every fmt verb) never shows the keys.
+type Config struct {
+	SPI uint32
+	Dir Direction // DirIn or DirOut
+	// Src and Dst are the outer (tunnel) endpoints, both IPv4 or both
+	// IPv6. (SPI, Dst) identifies the state.
+	Src, Dst netip.Addr
+	Suite    crypto.Suite
+	// EncKey (Suite.EncKeyLen bytes, salt included) and IntegKey
+	// (Suite.IntegKeyLen bytes). AddSA copies them; SA.Config returns them
+	// nil; UpdateSA accepts nil for "unchanged".
+	EncKey, IntegKey []byte
+	// ReplayWindow is the inbound anti-replay window in packets; 0 turns
+	// replay checking off.
+	ReplayWindow uint32
+	// EncapSrcPort and EncapDstPort put ESP in UDP (RFC 3948); both 0
+	// means raw ESP.
+	EncapSrcPort, EncapDstPort uint16
+	ReqID                      uint32
+	// Selectors are the inner traffic the state may carry, as seen in the
+	// state's direction (for an inbound state Src is the remote network);
+	// empty means any.
+	Selectors []Selector
+	Soft      Lifetime
+	Hard      Lifetime
+	// Outer header options (outbound): TTL (0: 64), DSCP copied from the
+	// inner packet or set to DSCP, RFC 6040 ECN (inbound too), the IPv4
+	// DF bit, and TFC padding of short inner packets up to TFCPadTo bytes.
+	TTL      uint8
+	CopyDSCP bool
+	DSCP     uint8
+	ECN      bool
+	DF       esp.DFMode
+	TFCPadTo int
+}
+
+// maxTFCPadTo bounds TFCPadTo: no inner packet is longer.
+const maxTFCPadTo = 65535
+
+// validate reports what makes c unusable as a state, never quoting a key.
+// With update, nil keys are accepted (unchanged).
+func (c *Config) validate(update bool) error {
+	if c.Dir != DirIn && c.Dir != DirOut {
+		return fmt.Errorf("sa: state direction must be in or out, not %v", c.Dir)
+	}
+	if c.SPI == 0 {
+		return fmt.Errorf("sa: SPI 0 is reserved (RFC 4303 section 2.1)")
+	}
+	if !c.Src.IsValid() || !c.Dst.IsValid() {
+		return fmt.Errorf("sa: state spi 0x%08x needs outer src and dst addresses", c.SPI)
+	}
+	if c.Src.Zone() != "" || c.Dst.Zone() != "" {
+		return fmt.Errorf("sa: state spi 0x%08x: outer addresses must not carry a zone", c.SPI)
+	}
+	if c.Src.Unmap().Is4() != c.Dst.Unmap().Is4() {
+		return fmt.Errorf("sa: state spi 0x%08x mixes address families (src %v, dst %v)", c.SPI, c.Src, c.Dst)
+	}
+	if err := c.Suite.Validate(); err != nil {
+		return fmt.Errorf("sa: state spi 0x%08x: %w", c.SPI, err)
+	}
+	if !update || c.EncKey != nil || c.IntegKey != nil {
+		if len(c.EncKey) != c.Suite.EncKeyLen() {
+			return fmt.Errorf("sa: state spi 0x%08x: %v needs %d bytes of encryption key, got %d", c.SPI, c.Suite, c.Suite.EncKeyLen(), len(c.EncKey))
+		}
+		if len(c.IntegKey) != c.Suite.IntegKeyLen() {
+			return fmt.Errorf("sa: state spi 0x%08x: %v needs %d bytes of integrity key, got %d", c.SPI, c.Suite, c.Suite.IntegKeyLen(), len(c.IntegKey))
+		}
+	}
+	if (c.EncapSrcPort == 0) != (c.EncapDstPort == 0) {
+		return fmt.Errorf("sa: state spi 0x%08x: UDP encapsulation needs both ports (got %d and %d)", c.SPI, c.EncapSrcPort, c.EncapDstPort)
+	}
+	if c.DSCP > 63 {
+		return fmt.Errorf("sa: state spi 0x%08x: DSCP %d is above 63", c.SPI, c.DSCP)
+	}
+	if c.DF > esp.DFClear {
+		return fmt.Errorf("sa: state spi 0x%08x: unknown DF mode %d", c.SPI, c.DF)
+	}
+	if c.TFCPadTo < 0 || c.TFCPadTo > maxTFCPadTo {
+		return fmt.Errorf("sa: state spi 0x%08x: TFC padding to %d bytes is out of range 0-%d", c.SPI, c.TFCPadTo, maxTFCPadTo)
+	}
+	for i, s := range c.Selectors {
+		if err := s.Validate(); err != nil {
+			return fmt.Errorf("sa: state spi 0x%08x selector %d: %w", c.SPI, i, err)
+		}
+	}
+	return nil
+}
+
+// public returns a copy of c without keys, its addresses unmapped and its
+// selectors normalized in a slice of its own.
+func (c Config) public() Config {
+	c.EncKey, c.IntegKey = nil, nil
+	c.Src, c.Dst = c.Src.Unmap(), c.Dst.Unmap()
+	sels := make([]Selector, len(c.Selectors))
+	for i, s := range c.Selectors {
+		sels[i] = s.normalized()
+	}
+	c.Selectors = sels
+	return c
+}
+
+// outer returns the outer header options of c.
+func (c *Config) outer() esp.Outer {
+	return esp.Outer{
+		Src: c.Src, Dst: c.Dst,
+		SrcPort: c.EncapSrcPort, DstPort: c.EncapDstPort,
+		TTL: c.TTL, CopyDSCP: c.CopyDSCP, DSCP: c.DSCP, ECN: c.ECN, DF: c.DF,
+	}
+}
+
+// String describes the state without its keys, in the style of
+// ip-xfrm(8): "spi 0x0000c001 dir out src ... dst ... aes128gcm16 reqid 1".
+func (c Config) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "spi 0x%08x dir %v src %v dst %v %v", c.SPI, c.Dir, c.Src, c.Dst, c.Suite)
+	if c.EncKey != nil || c.IntegKey != nil {
+		b.WriteString(" keys [redacted]")
+	}
+	if c.ReqID != 0 {
+		fmt.Fprintf(&b, " reqid %d", c.ReqID)
+	}
+	if c.Dir == DirIn {
+		fmt.Fprintf(&b, " replay-window %d", c.ReplayWindow)
+	}
+	if c.EncapDstPort != 0 {
+		fmt.Fprintf(&b, " encap udp %d->%d", c.EncapSrcPort, c.EncapDstPort)
+	}
+	for _, s := range c.Selectors {
+		fmt.Fprintf(&b, " sel [%v]", s)
+	}
+	if c.Soft != (Lifetime{}) {
+		fmt.Fprintf(&b, " soft %+v", c.Soft)
+	}
+	if c.Hard != (Lifetime{}) {
+		fmt.Fprintf(&b, " hard %+v", c.Hard)
+	}
+	if c.Dir == DirOut {
+		if c.TTL != 0 {
+			fmt.Fprintf(&b, " ttl %d", c.TTL)
+		}
+		if c.CopyDSCP {
+			b.WriteString(" dscp copy")
+		} else if c.DSCP != 0 {
+			fmt.Fprintf(&b, " dscp %d", c.DSCP)
+		}
+		fmt.Fprintf(&b, " df %v", c.DF)
+		if c.TFCPadTo != 0 {
+			fmt.Fprintf(&b, " tfc %d", c.TFCPadTo)
+		}
+	}
+	if c.ECN {
+		b.WriteString(" ecn")
+	}
+	return b.String()
+}
+
+// Format makes every fmt verb (%v, %+v, %#v, %x, %d, ...) print String,
+// so that no formatting of a Config can show its keys.
+func (c Config) Format(f fmt.State, _ rune) { io.WriteString(f, c.String()) }
+
+// sameKey reports, in constant time, whether two keys are equal.
+func sameKey(a, b []byte) bool { return subtle.ConstantTimeCompare(a, b) == 1 }

@@ -1,0 +1,227 @@
+package sa
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/espd/espd/packet"
+)
+
+// EventKind says what an Event reports.
+type EventKind uint8
+
+// Event kinds, as XFRM's XFRM_MSG_EXPIRE (soft and hard) and
+// XFRM_MSG_ACQUIRE.
+const (
+	// EventSoftExpire: a state passed a soft limit; rekey it.
+	EventSoftExpire EventKind = iota
+	// EventHardExpire: a state passed a hard limit and was removed.
+	EventHardExpire
+	// EventAcquire: outbound traffic matched a protect policy whose reqid
+	// has no state; negotiate one.
+	EventAcquire
+)
+
+var eventNames = [...]string{EventSoftExpire: "soft-expire", EventHardExpire: "hard-expire", EventAcquire: "acquire"}
+
+// String returns "soft-expire", "hard-expire" or "acquire".
+func (k EventKind) String() string {
+	if int(k) < len(eventNames) {
+		return eventNames[k]
+	}
+	return fmt.Sprintf("event(%d)", uint8(k))
+}
+
+// Event is a notification for the control plane.
+type Event struct {
+	Kind EventKind
+	// SPI, Dst, ReqID and Dir identify the state of an expire event; for
+	// an acquire, ReqID and Dir are the policy's and Dst the flow's.
+	SPI    uint32
+	Dst    netip.Addr
+	ReqID  uint32
+	Dir    Direction
+	Reason ExpireReason // expire events
+	Time   time.Time
+	// Policy and Flow are what an acquire is about.
+	Policy Policy
+	Flow   packet.Flow
+}
+
+// String describes the event.
+func (e Event) String() string {
+	if e.Kind == EventAcquire {
+		return fmt.Sprintf("acquire reqid %d flow %v:%d -> %v:%d proto %d policy [%v]",
+			e.ReqID, e.Flow.Src, e.Flow.SrcPort, e.Flow.Dst, e.Flow.DstPort, e.Flow.Proto, e.Policy)
+	}
+	return fmt.Sprintf("%v spi 0x%08x dst %v dir %v reqid %d: %v", e.Kind, e.SPI, e.Dst, e.Dir, e.ReqID, e.Reason)
+}
+
+func (s *SA) expireEvent(k EventKind, r ExpireReason, db *DB) Event {
+	return Event{Kind: k, SPI: s.spi, Dst: s.params.Load().cfg.Dst, ReqID: s.reqid, Dir: s.dir, Reason: r, Time: db.opts.Now()}
+}
+
+// Subscription receives the DB's events.
+type Subscription struct {
+	db      *DB
+	ch      chan Event
+	dropped atomic.Uint64
+}
+
+// Events returns the channel of events. It is closed by Close.
+func (s *Subscription) Events() <-chan Event { return s.ch }
+
+// Dropped returns how many events were dropped because the buffer was
+// full.
+func (s *Subscription) Dropped() uint64 { return s.dropped.Load() }
+
+// Close stops the subscription and closes its channel. It may be called
+// more than once.
+func (s *Subscription) Close() {
+	e := &s.db.evdb
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if i := slices.Index(e.subs, s); i >= 0 {
+		e.subs = slices.Delete(e.subs, i, i+1)
+		close(s.ch)
+	}
+}
+
+// evdb is the event half of DB.
+type evdb struct {
+	mu   sync.Mutex
+	subs []*Subscription
+
+	acqMu sync.Mutex // serializes writers of acq
+	acq   *lfTable[acqKey, *acqEntry]
+}
+
+func (e *evdb) init() {
+	e.acq = newLFTable[acqKey, *acqEntry]()
+}
+
+// Subscribe returns a subscription whose channel buffers up to buffer
+// events (at least 1). Events never wait for a slow subscriber: when its
+// buffer is full they are dropped for it and counted.
+func (db *DB) Subscribe(buffer int) *Subscription {
+	s := &Subscription{db: db, ch: make(chan Event, max(buffer, 1))}
+	e := &db.evdb
+	e.mu.Lock()
+	e.subs = append(e.subs, s)
+	e.mu.Unlock()
+	return s
+}
+
+// publish delivers ev to every subscriber without blocking.
+func (db *DB) publish(ev Event) {
+	e := &db.evdb
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, s := range e.subs {
+		select {
+		case s.ch <- ev:
+		default:
+			s.dropped.Add(1)
+			db.stats.eventsDropped.Add(1)
+		}
+	}
+}
+
+// acqKey is what the acquire rate limit counts: a policy and a
+// destination.
+type acqKey struct {
+	index  uint32
+	fam    uint8
+	hi, lo uint64
+}
+
+func (k acqKey) hash(seed uint64) uint64 {
+	h := mix64(seed ^ uint64(k.index)<<8 ^ uint64(k.fam))
+	h = mix64(h ^ k.hi)
+	return mix64(h ^ k.lo)
+}
+
+type acqEntry struct{ last atomic.Int64 } // mono() of the last acquire
+
+// Acquire fires an acquire event for a protect policy that matched the
+// flow while the policy's reqid had no state, and reports whether it did:
+// at most one event per policy (by Index) and destination per
+// Options.AcquireInterval. The data path may call it for every such
+// packet; the suppressed path takes no lock and does not allocate.
+func (db *DB) Acquire(p Policy, f packet.Flow) bool {
+	now := db.mono()
+	if iv := int64(db.opts.AcquireInterval); iv > 0 {
+		hi, lo, fam := addrBits(f.Dst)
+		k := acqKey{index: p.Index, fam: fam, hi: hi, lo: lo}
+		if !db.acquireDue(k, now, iv) {
+			db.stats.acquiresSuppressed.Add(1)
+			return false
+		}
+	}
+	db.stats.acquires.Add(1)
+	db.publish(Event{Kind: EventAcquire, Dst: f.Dst, ReqID: p.ReqID, Dir: p.Dir, Time: db.wall(now), Policy: p, Flow: f})
+	return true
+}
+
+// acquireDue claims the acquire for k at now if the last one is at least
+// iv old.
+func (db *DB) acquireDue(k acqKey, now, iv int64) bool {
+	e := &db.evdb
+	if ent, ok := e.acq.get(k); ok {
+		if due, known := ent.claim(now, iv); known {
+			return due
+		}
+	}
+	e.acqMu.Lock()
+	defer e.acqMu.Unlock()
+	if ent, ok := e.acq.get(k); ok {
+		due, _ := ent.claim(now, iv) // pruning holds acqMu: never pruned here
+		return due
+	}
+	ent := &acqEntry{}
+	ent.last.Store(now)
+	e.acq.put(k, ent)
+	return true
+}
+
+// acqPruned marks an entry that pruneAcquires removed.
+const acqPruned = -1
+
+// claim sets the entry's time to now if the last acquire is at least iv
+// old, and reports whether it did; known is false if the entry was pruned
+// (the caller must look again under acqMu).
+func (a *acqEntry) claim(now, iv int64) (due, known bool) {
+	for {
+		last := a.last.Load()
+		switch {
+		case last == acqPruned:
+			return false, false
+		case now-last < iv:
+			return false, true
+		case a.last.CompareAndSwap(last, now):
+			return true, true
+		}
+	}
+}
+
+// pruneAcquires forgets rate-limit entries older than the interval.
+func (db *DB) pruneAcquires(now int64) {
+	iv := int64(db.opts.AcquireInterval)
+	e := &db.evdb
+	e.acqMu.Lock()
+	defer e.acqMu.Unlock()
+	var old []acqKey
+	e.acq.all(func(k acqKey, ent *acqEntry) bool {
+		if last := ent.last.Load(); now-last >= iv && ent.last.CompareAndSwap(last, acqPruned) {
+			old = append(old, k)
+		}
+		return true
+	})
+	for _, k := range old {
+		e.acq.remove(k)
+	}
+}

@@ -1,0 +1,180 @@
+package sa
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/espd/espd/packet"
+)
+
+// ErrPolicyExists is returned (wrapped) by AddPolicy for a policy whose
+// selector and direction are already installed.
+var ErrPolicyExists = errors.New("policy exists")
+
+// ErrNotFound is returned (wrapped) when a state or policy to update or
+// delete is not installed.
+var ErrNotFound = errors.New("not found")
+
+// spdb is the policy half of DB.
+type spdb struct {
+	mu        sync.Mutex
+	dirs      [numDirections]*spd
+	byID      map[policyID]*policyEntry
+	byIndex   map[uint32]*policyEntry
+	nextIndex uint32 // index generator, steps of 8
+	age       uint64 // insertion counter
+}
+
+func (s *spdb) init() {
+	for d := range s.dirs {
+		s.dirs[d] = newSPD()
+	}
+	s.byID = make(map[policyID]*policyEntry)
+	s.byIndex = make(map[uint32]*policyEntry)
+}
+
+// LookupPolicy returns the policy of direction dir that applies to the
+// flow: the best ranked (see Policy.Priority) among those whose selector
+// matches. It takes no lock, does not allocate, and does not scan the
+// policies linearly (see spd).
+func (db *DB) LookupPolicy(dir Direction, f packet.Flow) (Policy, bool) {
+	if dir >= numDirections {
+		return Policy{}, false
+	}
+	fb := prepareFlow(&f)
+	if e := db.spdb.dirs[dir].lookup(&fb); e != nil {
+		return e.Policy, true
+	}
+	return Policy{}, false
+}
+
+// AddPolicy installs p and returns it with its Index assigned. A policy
+// with the same selector and direction must not exist (UpdatePolicy
+// replaces one).
+func (db *DB) AddPolicy(p Policy) (Policy, error) {
+	return db.putPolicy(p, false)
+}
+
+// UpdatePolicy replaces the policy with p's selector and direction,
+// keeping its index and age, or installs p if there is none, as
+// XFRM_MSG_UPDPOLICY does. It returns the installed policy.
+func (db *DB) UpdatePolicy(p Policy) (Policy, error) {
+	return db.putPolicy(p, true)
+}
+
+func (db *DB) putPolicy(p Policy, replace bool) (Policy, error) {
+	if err := p.Validate(); err != nil {
+		return Policy{}, err
+	}
+	p.Selector = p.Selector.normalized()
+	s := &db.spdb
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := policyID{sel: p.Selector, dir: p.Dir}
+	old := s.byID[id]
+	var age uint64
+	switch {
+	case old != nil && !replace:
+		return Policy{}, fmt.Errorf("sa: %w: dir %v %v (UpdatePolicy replaces it)", ErrPolicyExists, p.Dir, p.Selector)
+	case old != nil:
+		p.Index, age = old.Index, old.rank.lo
+		s.dirs[p.Dir].remove(old)
+	default:
+		idx, err := s.newIndex(p.Dir)
+		if err != nil {
+			return Policy{}, err
+		}
+		s.age++
+		p.Index, age = idx, s.age
+	}
+	e := &policyEntry{Policy: p, rank: rankOf(&p, age)}
+	s.byID[id] = e
+	s.byIndex[p.Index] = e
+	s.dirs[p.Dir].insert(e)
+	return p, nil
+}
+
+// newIndex returns an unused index with the direction in its low 3 bits.
+func (s *spdb) newIndex(dir Direction) (uint32, error) {
+	for range 1 << 29 {
+		s.nextIndex += 8
+		idx := s.nextIndex | uint32(dir)
+		if s.nextIndex != 0 && s.byIndex[idx] == nil {
+			return idx, nil
+		}
+	}
+	return 0, errors.New("sa: no free policy index")
+}
+
+// DeletePolicy removes the policy with this selector and direction.
+func (db *DB) DeletePolicy(sel Selector, dir Direction) error {
+	sel = sel.normalized()
+	s := &db.spdb
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := policyID{sel: sel, dir: dir}
+	e := s.byID[id]
+	if e == nil {
+		return fmt.Errorf("sa: policy dir %v %v: %w", dir, sel, ErrNotFound)
+	}
+	delete(s.byID, id)
+	delete(s.byIndex, e.Index)
+	s.dirs[dir].remove(e)
+	return nil
+}
+
+// GetPolicy returns the installed policy with this selector and direction.
+func (db *DB) GetPolicy(sel Selector, dir Direction) (Policy, bool) {
+	s := &db.spdb
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.byID[policyID{sel: sel.normalized(), dir: dir}]; e != nil {
+		return e.Policy, true
+	}
+	return Policy{}, false
+}
+
+// Policies returns the installed policies, by direction and then in the
+// order in which lookups prefer them.
+func (db *DB) Policies() []Policy {
+	s := &db.spdb
+	s.mu.Lock()
+	es := make([]*policyEntry, 0, len(s.byID))
+	for _, e := range s.byID {
+		es = append(es, e)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(es, func(a, b *policyEntry) int {
+		if c := cmp.Compare(a.Dir, b.Dir); c != 0 {
+			return c
+		}
+		return cmpRank(a.rank, b.rank)
+	})
+	ps := make([]Policy, len(es))
+	for i, e := range es {
+		ps[i] = e.Policy
+	}
+	return ps
+}
+
+// FlushPolicies removes every policy.
+func (db *DB) FlushPolicies() {
+	s := &db.spdb
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range s.dirs {
+		d.flush()
+	}
+	clear(s.byID)
+	clear(s.byIndex)
+}
+
+// policyCount returns the number of installed policies.
+func (s *spdb) policyCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.byID)
+}

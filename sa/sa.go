@@ -1,0 +1,203 @@
+package sa
+
+import (
+	"fmt"
+	"io"
+	"sync/atomic"
+
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/esp"
+	"github.com/espd/espd/packet"
+)
+
+// SA is one installed state. The data path uses Encapsulator or
+// Decapsulator, ReserveSeq, AllowsInner, Account and Drop; all are safe for
+// concurrent use and do not allocate.
+type SA struct {
+	db      *DB
+	spi     uint32
+	dir     Direction
+	suite   crypto.Suite
+	reqid   uint32
+	seqMax  uint64 // last usable outbound sequence number
+	addSeq  uint64 // add order in the DB
+	addTime int64  // mono()
+
+	params atomic.Pointer[params]
+	enc    atomic.Pointer[esp.Encapsulator]
+	dec    atomic.Pointer[esp.Decapsulator]
+	state  atomic.Uint32
+
+	// Guarded by db.sadb.mu.
+	transform        crypto.Transform
+	encKey, integKey []byte // AddSA's copies, for UpdateSA to compare
+	deadAt           int64  // mono() when it died
+	zeroed           bool
+
+	// Outbound hot fields, each group on its own cache line: every worker
+	// reserves sequence numbers, then accounts, once per batch.
+	_       cacheLinePad
+	seqUsed atomic.Uint64 // last sequence number handed out
+	_       cacheLinePad
+	packets  atomic.Uint64
+	bytes    atomic.Uint64
+	firstUse atomic.Int64 // mono(); 0: never used
+	_        cacheLinePad
+	drops    [NumDropReasons]atomic.Uint64
+}
+
+// params is the part of a state that UpdateSA replaces, published whole.
+type params struct {
+	cfg Config // keys nil
+}
+
+// SPI returns the state's SPI.
+func (s *SA) SPI() uint32 { return s.spi }
+
+// Dir returns DirIn or DirOut.
+func (s *SA) Dir() Direction { return s.dir }
+
+// ReqID returns the state's reqid.
+func (s *SA) ReqID() uint32 { return s.reqid }
+
+// Suite returns the state's algorithms.
+func (s *SA) Suite() crypto.Suite { return s.suite }
+
+// Config returns the state's configuration without keys (EncKey and
+// IntegKey are nil), with a Selectors slice of its own.
+func (s *SA) Config() Config {
+	c := s.params.Load().cfg
+	c.Selectors = append([]Selector(nil), c.Selectors...)
+	return c
+}
+
+// State returns where the state is in its life.
+func (s *SA) State() State { return State(s.state.Load()) }
+
+// Alive reports whether the state is installed and usable: valid or
+// soft-expired.
+func (s *SA) Alive() bool {
+	st := s.State()
+	return st == StateValid || st == StateSoftExpired
+}
+
+// Encapsulator returns the state's encapsulator (DirOut; nil for DirIn).
+// UpdateSA publishes a new one, so the data path should fetch it once per
+// batch rather than keep it.
+func (s *SA) Encapsulator() *esp.Encapsulator { return s.enc.Load() }
+
+// Decapsulator returns the state's decapsulator (DirIn; nil for DirOut),
+// whose ReplayWindow survives UpdateSA.
+func (s *SA) Decapsulator() *esp.Decapsulator { return s.dec.Load() }
+
+// AllowsInner reports whether an inner packet with this flow may travel
+// through the state: whether a selector of the state matches it (any
+// packet if it has none). For an inbound state the selectors' Src is the
+// remote network. The data path drops and counts (DropSelector) the
+// packets it refuses.
+func (s *SA) AllowsInner(f packet.Flow) bool {
+	sels := s.params.Load().cfg.Selectors
+	if len(sels) == 0 {
+		return true
+	}
+	for i := range sels {
+		if sels[i].Match(f) {
+			return true
+		}
+	}
+	return false
+}
+
+// ReserveSeq hands out up to n consecutive outbound sequence numbers,
+// first to first+granted-1. Sequence numbers never cycle: a state stops at
+// 2^32-1, or 2^64-1 with ESN, and goes dead with a hard-expire event
+// (ExpireSequence) when it hands out the last one; after that, and for a
+// dead or inbound state, granted is 0.
+func (s *SA) ReserveSeq(n int) (first uint64, granted int) {
+	if n <= 0 || s.dir != DirOut || s.State() == StateDead {
+		return 0, 0
+	}
+	for {
+		used := s.seqUsed.Load()
+		g := min(uint64(n), s.seqMax-used)
+		if g == 0 {
+			return 0, 0
+		}
+		if s.seqUsed.CompareAndSwap(used, used+g) {
+			if used+g == s.seqMax {
+				s.db.hardExpire(s, ExpireSequence)
+			}
+			return used + 1, int(g)
+		}
+	}
+}
+
+// Account records packets and bytes that went through the state; the data
+// path calls it once per batch. It drives the byte and packet lifetimes:
+// the soft limit fires one soft-expire event, the hard limit removes the
+// state and fires a hard-expire event.
+func (s *SA) Account(packets, bytes uint64) {
+	if packets == 0 && bytes == 0 {
+		return
+	}
+	np := s.packets.Add(packets)
+	nb := s.bytes.Add(bytes)
+	if s.firstUse.Load() == 0 {
+		s.firstUse.CompareAndSwap(0, s.db.mono())
+	}
+	p := s.params.Load()
+	if p.cfg.Hard.counted() {
+		if r, ok := p.cfg.Hard.reached(np, nb); ok {
+			s.db.hardExpire(s, r)
+			return
+		}
+	}
+	if p.cfg.Soft.counted() && s.State() == StateValid {
+		if r, ok := p.cfg.Soft.reached(np, nb); ok {
+			s.db.softExpire(s, r)
+		}
+	}
+}
+
+// Drop counts n packets the data path dropped for reason r (DropOther if r
+// is out of range).
+func (s *SA) Drop(r DropReason, n uint64) {
+	if r >= NumDropReasons {
+		r = DropOther
+	}
+	s.drops[r].Add(n)
+}
+
+// Stats returns a snapshot of the state's counters.
+func (s *SA) Stats() Stats {
+	st := Stats{
+		State:    s.State(),
+		Packets:  s.packets.Load(),
+		Bytes:    s.bytes.Load(),
+		AddTime:  s.db.wall(s.addTime),
+		FirstUse: s.db.wall(s.firstUse.Load()),
+		SeqOut:   s.seqUsed.Load(),
+	}
+	for i := range s.drops {
+		st.Drops[i] = s.drops[i].Load()
+	}
+	return st
+}
+
+// ReplayTop returns the highest inbound sequence number accepted (0 for
+// none, or for an outbound state).
+func (s *SA) ReplayTop() uint64 {
+	if d := s.dec.Load(); d != nil && d.Replay != nil {
+		return d.Replay.Top()
+	}
+	return 0
+}
+
+// String describes the state without its keys.
+func (s *SA) String() string {
+	return fmt.Sprintf("%v state %v", s.params.Load().cfg, s.State())
+}
+
+// Format makes every fmt verb print String, so that no formatting of an
+// SA can show its keys.
+func (s *SA) Format(f fmt.State, _ rune) { io.WriteString(f, s.String()) }

@@ -1,0 +1,350 @@
+package sa
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/esp"
+)
+
+// newTransform builds transforms; tests wrap it to watch Zero.
+var newTransform = crypto.New
+
+// sadb is the state half of DB.
+type sadb struct {
+	mu         sync.Mutex
+	byKey      *lfTable[saKey, *SA]  // installed states by (SPI, dst)
+	inbound    *lfTable[u32Key, *SA] // installed inbound states by SPI
+	outByReqID *lfTable[u32Key, *SA] // newest live outbound state per reqid
+	reqids     map[uint32][]*SA      // live outbound states per reqid, oldest first
+	larval     map[uint32]*SA        // AllocSPI reservations
+	graveyard  []*SA                 // removed states whose transform awaits Zero
+	addSeq     uint64
+	retired    totals // counters of removed states
+}
+
+func (d *sadb) init() {
+	d.byKey = newLFTable[saKey, *SA]()
+	d.inbound = newLFTable[u32Key, *SA]()
+	d.outByReqID = newLFTable[u32Key, *SA]()
+	d.reqids = make(map[uint32][]*SA)
+	d.larval = make(map[uint32]*SA)
+}
+
+// LookupInbound returns the installed inbound state with this SPI, or nil.
+// It takes no lock and does not allocate.
+func (db *DB) LookupInbound(spi uint32) *SA {
+	s, _ := db.sadb.inbound.get(u32Key(spi))
+	return s
+}
+
+// GetSA returns the installed state with this SPI and outer destination.
+// It takes no lock and does not allocate.
+func (db *DB) GetSA(spi uint32, dst netip.Addr) (*SA, bool) {
+	return db.sadb.byKey.get(stateKey(spi, dst.Unmap()))
+}
+
+// OutboundSA returns the newest live outbound state of the reqid, or nil.
+// While the IKE daemon rekeys, the new state is installed before the old
+// one is deleted; traffic moves to the new one at once. It takes no lock
+// and does not allocate.
+func (db *DB) OutboundSA(reqid uint32) *SA {
+	s, _ := db.sadb.outByReqID.get(u32Key(reqid))
+	return s
+}
+
+// AddSA installs a state. It builds the crypto.Transform and the
+// esp.Encapsulator (DirOut) or the esp.Decapsulator with its ReplayWindow
+// (DirIn). An inbound SPI must be unused by other inbound states; AddSA
+// consumes an AllocSPI reservation of it.
+func (db *DB) AddSA(c Config) (*SA, error) {
+	if err := c.validate(false); err != nil {
+		return nil, err
+	}
+	s, err := db.newSA(&c)
+	if err != nil {
+		return nil, err
+	}
+	d := &db.sadb
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k := stateKey(s.spi, c.Dst.Unmap())
+	if _, ok := d.byKey.get(k); ok {
+		s.zeroKeys()
+		return nil, fmt.Errorf("sa: state spi 0x%08x dst %v already exists (delete it first or use UpdateSA)", s.spi, c.Dst)
+	}
+	if s.dir == DirIn {
+		if o, ok := d.inbound.get(u32Key(s.spi)); ok {
+			s.zeroKeys()
+			return nil, fmt.Errorf("sa: inbound SPI 0x%08x is in use by the state to %v", s.spi, o.params.Load().cfg.Dst)
+		}
+		delete(d.larval, s.spi)
+	}
+	d.addSeq++
+	s.addSeq = d.addSeq
+	s.addTime = db.mono()
+	s.state.Store(uint32(StateValid))
+	d.byKey.put(k, s)
+	if s.dir == DirIn {
+		d.inbound.put(u32Key(s.spi), s)
+	} else {
+		d.reqids[s.reqid] = append(d.reqids[s.reqid], s)
+		d.outByReqID.put(u32Key(s.reqid), s)
+	}
+	return s, nil
+}
+
+// newSA builds a state from a validated config, not yet installed.
+func (db *DB) newSA(c *Config) (*SA, error) {
+	t, err := newTransform(c.Suite, c.EncKey, c.IntegKey)
+	if err != nil {
+		return nil, fmt.Errorf("sa: state spi 0x%08x: %w", c.SPI, err)
+	}
+	s := &SA{
+		db:        db,
+		spi:       c.SPI,
+		dir:       c.Dir,
+		suite:     c.Suite,
+		reqid:     c.ReqID,
+		seqMax:    1<<32 - 1,
+		transform: t,
+		encKey:    append([]byte(nil), c.EncKey...),
+		integKey:  append([]byte(nil), c.IntegKey...),
+	}
+	if c.Suite.ESN {
+		s.seqMax = 1<<64 - 1
+	}
+	p := &params{cfg: c.public()}
+	s.params.Store(p)
+	s.publishCodec(p, nil)
+	return s, nil
+}
+
+// publishCodec publishes the encapsulator or decapsulator for p, keeping
+// the replay window of old.
+func (s *SA) publishCodec(p *params, old *esp.Decapsulator) {
+	if s.dir == DirOut {
+		s.enc.Store(&esp.Encapsulator{SPI: s.spi, Transform: s.transform, Outer: p.cfg.outer(), TFCPadTo: p.cfg.TFCPadTo})
+		return
+	}
+	var rw *esp.ReplayWindow
+	if old != nil {
+		rw = old.Replay
+	} else if p.cfg.ReplayWindow != 0 || s.suite.ESN {
+		rw = esp.NewReplayWindow(p.cfg.ReplayWindow, s.suite.ESN)
+	}
+	s.dec.Store(&esp.Decapsulator{Transform: s.transform, Replay: rw, ECN: p.cfg.ECN})
+}
+
+// UpdateSA changes an installed state's endpoints, UDP encapsulation
+// ports, lifetimes, selectors and outer options, keeping its sequence
+// numbers, replay window and counters. The state is the one with c's SPI,
+// direction and destination, or, if the destination is what changes, the
+// only one with c's SPI, direction and reqid. Keys (nil means unchanged),
+// algorithms, reqid and replay window size cannot change: delete the state
+// and add a new one instead.
+func (db *DB) UpdateSA(c Config) error {
+	if err := c.validate(true); err != nil {
+		return err
+	}
+	d := &db.sadb
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, err := d.findForUpdate(&c)
+	if err != nil {
+		return err
+	}
+	old := s.params.Load()
+	switch {
+	case c.Suite != s.suite:
+		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the algorithms (%v to %v): delete the state and add a new one", s.spi, s.suite, c.Suite)
+	case c.EncKey != nil && !sameKey(c.EncKey, s.encKey), c.IntegKey != nil && !sameKey(c.IntegKey, s.integKey):
+		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the keys: delete the state and add a new one", s.spi)
+	case c.ReqID != s.reqid:
+		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the reqid (%d to %d): delete the state and add a new one", s.spi, s.reqid, c.ReqID)
+	case s.dir == DirIn && c.ReplayWindow != old.cfg.ReplayWindow:
+		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the replay window (%d to %d): delete the state and add a new one", s.spi, old.cfg.ReplayWindow, c.ReplayWindow)
+	}
+	p := &params{cfg: c.public()}
+	oldKey, newKey := stateKey(s.spi, old.cfg.Dst), stateKey(s.spi, p.cfg.Dst)
+	if newKey != oldKey {
+		if _, ok := d.byKey.get(newKey); ok {
+			return fmt.Errorf("sa: state spi 0x%08x dst %v already exists", s.spi, p.cfg.Dst)
+		}
+		d.byKey.remove(oldKey)
+		d.byKey.put(newKey, s)
+	}
+	s.params.Store(p)
+	s.publishCodec(p, s.dec.Load())
+	return nil
+}
+
+// findForUpdate finds the state UpdateSA means. Called with d.mu held.
+func (d *sadb) findForUpdate(c *Config) (*SA, error) {
+	if s, ok := d.byKey.get(stateKey(c.SPI, c.Dst.Unmap())); ok && s.dir == c.Dir {
+		return s, nil
+	}
+	var cands []*SA
+	if c.Dir == DirIn {
+		if s, ok := d.inbound.get(u32Key(c.SPI)); ok && s.reqid == c.ReqID {
+			cands = append(cands, s)
+		}
+	} else {
+		for _, s := range d.reqids[c.ReqID] {
+			if s.spi == c.SPI {
+				cands = append(cands, s)
+			}
+		}
+	}
+	switch len(cands) {
+	case 0:
+		return nil, fmt.Errorf("sa: state spi 0x%08x dir %v dst %v reqid %d: %w", c.SPI, c.Dir, c.Dst, c.ReqID, ErrNotFound)
+	case 1:
+		return cands[0], nil
+	}
+	return nil, fmt.Errorf("sa: %d outbound states have spi 0x%08x and reqid %d: give the current destination", len(cands), c.SPI, c.ReqID)
+}
+
+// DeleteSA removes the state with this SPI and outer destination (or the
+// SPI reservation, whatever dst), zeroing its keys. It fires no event.
+func (db *DB) DeleteSA(spi uint32, dst netip.Addr) error {
+	d := &db.sadb
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, ok := d.byKey.get(stateKey(spi, dst.Unmap()))
+	if !ok {
+		if l := d.larval[spi]; l != nil {
+			delete(d.larval, spi)
+			l.state.Store(uint32(StateDead))
+			return nil
+		}
+		return fmt.Errorf("sa: state spi 0x%08x dst %v: %w", spi, dst, ErrNotFound)
+	}
+	db.removeLocked(s)
+	return nil
+}
+
+// SAs returns the installed states and SPI reservations, in the order
+// they were added.
+func (db *DB) SAs() []*SA {
+	d := &db.sadb
+	d.mu.Lock()
+	ss := make([]*SA, 0, d.byKey.len()+len(d.larval))
+	d.byKey.all(func(_ saKey, s *SA) bool { ss = append(ss, s); return true })
+	for _, s := range d.larval {
+		ss = append(ss, s)
+	}
+	d.mu.Unlock()
+	slices.SortFunc(ss, func(a, b *SA) int { return cmp.Compare(a.addSeq, b.addSeq) })
+	return ss
+}
+
+// FlushSAs removes every state and SPI reservation, zeroing their keys.
+// It fires no events.
+func (db *DB) FlushSAs() {
+	d := &db.sadb
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var ss []*SA
+	d.byKey.all(func(_ saKey, s *SA) bool { ss = append(ss, s); return true })
+	for _, s := range ss {
+		db.removeLocked(s)
+	}
+	for spi, l := range d.larval {
+		l.state.Store(uint32(StateDead))
+		delete(d.larval, spi)
+	}
+}
+
+// hardExpire removes s and fires a hard-expire event, unless it is
+// already dead.
+func (db *DB) hardExpire(s *SA, r ExpireReason) {
+	if s.State() == StateDead {
+		return
+	}
+	d := &db.sadb
+	d.mu.Lock()
+	removed := s.State() != StateDead
+	if removed {
+		db.removeLocked(s)
+	}
+	d.mu.Unlock()
+	if removed {
+		db.publish(s.expireEvent(EventHardExpire, r, db))
+	}
+}
+
+// softExpire marks s soft-expired and fires a soft-expire event, once.
+func (db *DB) softExpire(s *SA, r ExpireReason) {
+	if s.state.CompareAndSwap(uint32(StateValid), uint32(StateSoftExpired)) {
+		db.publish(s.expireEvent(EventSoftExpire, r, db))
+	}
+}
+
+// removeLocked takes s out of every index, marks it dead, zeroes its key
+// copies and queues its transform for zeroing. Called with sadb.mu held.
+func (db *DB) removeLocked(s *SA) {
+	d := &db.sadb
+	s.state.Store(uint32(StateDead))
+	k := stateKey(s.spi, s.params.Load().cfg.Dst)
+	if o, _ := d.byKey.get(k); o == s {
+		d.byKey.remove(k)
+	}
+	if s.dir == DirIn {
+		if o, _ := d.inbound.get(u32Key(s.spi)); o == s {
+			d.inbound.remove(u32Key(s.spi))
+		}
+	} else {
+		list := slices.DeleteFunc(d.reqids[s.reqid], func(o *SA) bool { return o == s })
+		if len(list) == 0 {
+			delete(d.reqids, s.reqid)
+			d.outByReqID.remove(u32Key(s.reqid))
+		} else {
+			d.reqids[s.reqid] = list
+			d.outByReqID.put(u32Key(s.reqid), list[len(list)-1])
+		}
+	}
+	d.retired.add(s)
+	clear(s.encKey)
+	clear(s.integKey)
+	s.deadAt = db.mono()
+	if db.opts.ZeroDelay < 0 {
+		s.zeroKeys()
+	} else {
+		d.graveyard = append(d.graveyard, s)
+	}
+}
+
+// zeroKeys erases the state's key material. Called with sadb.mu held, or
+// before the state is published.
+func (s *SA) zeroKeys() {
+	if s.zeroed {
+		return
+	}
+	s.zeroed = true
+	clear(s.encKey)
+	clear(s.integKey)
+	if s.transform != nil {
+		s.transform.Zero()
+	}
+}
+
+// buryDue zeroes the transforms of states removed at least ZeroDelay
+// before now. Called with sadb.mu held.
+func (db *DB) buryDue(now int64) {
+	d := &db.sadb
+	keep := d.graveyard[:0]
+	for _, s := range d.graveyard {
+		if now-s.deadAt >= int64(db.opts.ZeroDelay) {
+			s.zeroKeys()
+		} else {
+			keep = append(keep, s)
+		}
+	}
+	clear(d.graveyard[len(keep):])
+	d.graveyard = keep
+}
