@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-		"strings"
+	"strings"
 
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/esp"

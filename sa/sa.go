@@ -36,9 +36,9 @@ type SA struct {
 
 	// Outbound hot fields, each group on its own cache line: every worker
 	// reserves sequence numbers, then accounts, once per batch.
-	_       cacheLinePad
-	seqUsed atomic.Uint64 // last sequence number handed out
-	_       cacheLinePad
+	_        cacheLinePad
+	seqUsed  atomic.Uint64 // last sequence number handed out
+	_        cacheLinePad
 	packets  atomic.Uint64
 	bytes    atomic.Uint64
 	firstUse atomic.Int64 // mono(); 0: never used
