@@ -9,6 +9,17 @@
 // where plaintext is the payload, TFC and ESP padding, Pad Length and Next
 // Header. The caller (package esp) writes the header and the plaintext and
 // leaves room for the IV and the ICV; Seal fills them in.
+//
+// Families, one file each: aead.go holds the IV and AAD rules AES-GCM
+// (gcm.go, RFC 4106) and ChaCha20-Poly1305 (chacha20poly1305.go, RFC 7634)
+// share; gmac.go is AES-GMAC (RFC 4543); cbc.go is AES-CBC (RFC 3602) with
+// an HMAC; null.go is NULL encryption (RFC 2410) with an HMAC; hmac.go is
+// the truncated HMAC plumbing (RFC 2404, RFC 4868).
+//
+// Nothing on the data path allocates: ciphers that are safe for concurrent
+// use (cipher.AEAD, cipher.Block) are shared, and what is not (HMAC
+// hash.Hash, CBC cipher.BlockMode) or would escape to the heap (nonce and
+// AAD scratch) lives in per-transform sync.Pools.
 package crypto
 
 import "errors"
@@ -27,9 +38,12 @@ type Transform interface {
 	ICVSize() int
 	// Seal writes the IV, encrypts the plaintext and appends the ICV, in
 	// place. pkt spans the ESP header, IVSize bytes of room, the plaintext
-	// (a multiple of BlockSize) and ICVSize bytes of room. seq is the full
-	// 64-bit sequence number: AEAD transforms use it as the IV, and with ESN
-	// its high 32 bits are authenticated.
+	// (a positive multiple of BlockSize) and ICVSize bytes of room. seq is
+	// the full 64-bit sequence number: AEAD transforms use it as the IV,
+	// and with ESN its high 32 bits are authenticated. The SPI and the low
+	// 32 bits are read from the header the caller wrote. A pkt without
+	// that layout is a bug in the caller, not network input: Seal panics,
+	// as cipher.AEAD.Seal does for a nonce of the wrong size.
 	Seal(pkt []byte, seq uint64)
 	// Open verifies the ICV and decrypts pkt in place; pkt spans the ESP
 	// header through the ICV. seq is the full (ESN-inferred) sequence number.
@@ -37,8 +51,13 @@ type Transform interface {
 	// ErrAuthentication when the ICV does not verify and ErrMalformed when
 	// pkt cannot be a packet of this transform (too short, misaligned).
 	Open(pkt []byte, seq uint64) ([]byte, error)
-	// Zero erases the key material the transform holds. The transform must
-	// not be used afterwards.
+	// Zero erases the key material the transform holds (its copies of the
+	// integrity key, salt and IV generation key) and drops its ciphers. Key
+	// schedules inside crypto/aes, crypto/cipher and crypto/hmac are not
+	// reachable from outside the standard library and are left to the
+	// garbage collector. Zero must not run while a Seal or Open is in
+	// progress; afterwards Open fails with ErrAuthentication and Seal
+	// wipes the packet after the header, so that no plaintext leaves.
 	Zero()
 }
 
