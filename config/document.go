@@ -1,0 +1,246 @@
+package config
+
+import (
+	"fmt"
+
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/sa"
+)
+
+// document is the TOML layout of the file.
+type document struct {
+	SA     []saEntry     `toml:"sa"`
+	Policy []policyEntry `toml:"policy"`
+}
+
+// saEntry is one [[sa]] table.
+type saEntry struct {
+	SPI          uint32          `toml:"spi"`
+	Dir          string          `toml:"dir"`
+	Src          string          `toml:"src"`
+	Dst          string          `toml:"dst"`
+	Mode         string          `toml:"mode"`
+	Proto        string          `toml:"proto"`
+	Suite        string          `toml:"suite"`
+	EncKey       string          `toml:"enc_key"`
+	IntegKey     string          `toml:"integ_key"`
+	ReplayWindow *uint32         `toml:"replay_window"`
+	ESN          bool            `toml:"esn"`
+	Encap        *encapEntry     `toml:"encap"`
+	ReqID        uint32          `toml:"reqid"`
+	Selectors    []selectorEntry `toml:"selector"`
+	Soft         lifetimeEntry   `toml:"soft"`
+	Hard         lifetimeEntry   `toml:"hard"`
+	TTL          uint8           `toml:"ttl"`
+	DSCP         string          `toml:"dscp"`
+	ECN          *bool           `toml:"ecn"`
+	DF           string          `toml:"df"`
+	TFCPadTo     int             `toml:"tfc_pad_to"`
+}
+
+// encapEntry is the encap table of an SA: ESP-in-UDP ports.
+type encapEntry struct {
+	SrcPort uint16 `toml:"src_port"`
+	DstPort uint16 `toml:"dst_port"`
+}
+
+// selectorEntry is a traffic selector, of an SA or a policy.
+type selectorEntry struct {
+	Src      string `toml:"src"`
+	Dst      string `toml:"dst"`
+	Proto    string `toml:"proto"`
+	SrcPorts string `toml:"src_ports"`
+	DstPorts string `toml:"dst_ports"`
+}
+
+// lifetimeEntry is a soft or hard lifetime.
+type lifetimeEntry struct {
+	Bytes   string `toml:"bytes"`
+	Packets uint64 `toml:"packets"`
+	AddTime string `toml:"add_time"`
+	UseTime string `toml:"use_time"`
+}
+
+// policyEntry is one [[policy]] table.
+type policyEntry struct {
+	selectorEntry
+	Dir      string `toml:"dir"`
+	Action   string `toml:"action"`
+	Priority uint32 `toml:"priority"`
+	ReqID    uint32 `toml:"reqid"`
+	TmplSrc  string `toml:"tmpl_src"`
+	TmplDst  string `toml:"tmpl_dst"`
+}
+
+// DefaultReplayWindow is the anti-replay window of an SA that does not set one
+// (strongSwan's default).
+const DefaultReplayWindow = 32
+
+// config converts and validates an [[sa]] table.
+func (e *saEntry) config() (sa.Config, error) {
+	var c sa.Config
+	var err error
+	if e.SPI < 256 {
+		return c, fmt.Errorf("spi 0x%x is reserved (SPIs 0-255 are not valid, RFC 4303)", e.SPI)
+	}
+	c.SPI = e.SPI
+	if e.Dir == "" {
+		return c, fmt.Errorf("dir is required (in or out)")
+	}
+	if c.Dir, err = sa.ParseDirection(e.Dir); err != nil {
+		return c, err
+	}
+	if c.Dir == sa.DirFwd {
+		return c, fmt.Errorf("dir fwd is for policies; an SA is in or out")
+	}
+	if e.Mode != "" && e.Mode != "tunnel" {
+		return c, fmt.Errorf("mode %q is not supported (espd does tunnel mode)", e.Mode)
+	}
+	if e.Proto != "" && e.Proto != "esp" {
+		return c, fmt.Errorf("proto %q is not supported (espd does esp)", e.Proto)
+	}
+	if c.Src, err = ParseAddr("src", e.Src); err != nil {
+		return c, err
+	}
+	if c.Dst, err = ParseAddr("dst", e.Dst); err != nil {
+		return c, err
+	}
+	if c.Src.Is4() != c.Dst.Is4() {
+		return c, fmt.Errorf("src %s and dst %s are of different address families", c.Src, c.Dst)
+	}
+	if e.Suite == "" {
+		return c, fmt.Errorf("suite is required (e.g. aes128gcm16, chacha20poly1305, aes256-sha256)")
+	}
+	if c.Suite, err = crypto.ParseSuite(e.Suite); err != nil {
+		return c, err
+	}
+	if e.ESN {
+		c.Suite.ESN = true
+	}
+	if c.EncKey, err = ParseKey("enc_key", e.EncKey, c.Suite.EncKeyLen()); err != nil {
+		return c, err
+	}
+	if c.IntegKey, err = ParseKey("integ_key", e.IntegKey, c.Suite.IntegKeyLen()); err != nil {
+		return c, err
+	}
+	c.ReplayWindow = DefaultReplayWindow
+	if e.ReplayWindow != nil {
+		c.ReplayWindow = *e.ReplayWindow
+	}
+	if e.Encap != nil {
+		if e.Encap.SrcPort == 0 || e.Encap.DstPort == 0 {
+			return c, fmt.Errorf("encap needs both src_port and dst_port (4500 for NAT-T)")
+		}
+		c.EncapSrcPort, c.EncapDstPort = e.Encap.SrcPort, e.Encap.DstPort
+	}
+	c.ReqID = e.ReqID
+	for i := range e.Selectors {
+		s, err := e.Selectors[i].selector()
+		if err != nil {
+			return c, fmt.Errorf("selector #%d: %v", i+1, err)
+		}
+		c.Selectors = append(c.Selectors, s)
+	}
+	if c.Soft, err = e.Soft.lifetime("soft"); err != nil {
+		return c, err
+	}
+	if c.Hard, err = e.Hard.lifetime("hard"); err != nil {
+		return c, err
+	}
+	c.TTL = e.TTL
+	if c.CopyDSCP, c.DSCP, err = ParseDSCP(e.DSCP); err != nil {
+		return c, err
+	}
+	c.ECN = true
+	if e.ECN != nil {
+		c.ECN = *e.ECN
+	}
+	if c.DF, err = ParseDF(e.DF); err != nil {
+		return c, err
+	}
+	if e.TFCPadTo < 0 || e.TFCPadTo > 65535 {
+		return c, fmt.Errorf("tfc_pad_to %d is out of range 0-65535", e.TFCPadTo)
+	}
+	c.TFCPadTo = e.TFCPadTo
+	return c, nil
+}
+
+// selector converts a selector table.
+func (e *selectorEntry) selector() (sa.Selector, error) {
+	var s sa.Selector
+	var err error
+	if s.Src, err = ParsePrefix("src", e.Src); err != nil {
+		return s, err
+	}
+	if s.Dst, err = ParsePrefix("dst", e.Dst); err != nil {
+		return s, err
+	}
+	if s.Src.Addr().Is4() != s.Dst.Addr().Is4() {
+		return s, fmt.Errorf("src %s and dst %s are of different address families", s.Src, s.Dst)
+	}
+	if s.Proto, err = ParseProto(e.Proto); err != nil {
+		return s, err
+	}
+	if s.SrcPorts, err = ParsePortRange("src_ports", e.SrcPorts); err != nil {
+		return s, err
+	}
+	if s.DstPorts, err = ParsePortRange("dst_ports", e.DstPorts); err != nil {
+		return s, err
+	}
+	if err := s.Validate(); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// lifetime converts a soft or hard lifetime table.
+func (e *lifetimeEntry) lifetime(which string) (sa.Lifetime, error) {
+	var l sa.Lifetime
+	var err error
+	if l.Bytes, err = ParseBytes(which+".bytes", e.Bytes); err != nil {
+		return l, err
+	}
+	l.Packets = e.Packets
+	if l.AddTime, err = ParseDuration(which+".add_time", e.AddTime); err != nil {
+		return l, err
+	}
+	if l.UseTime, err = ParseDuration(which+".use_time", e.UseTime); err != nil {
+		return l, err
+	}
+	return l, nil
+}
+
+// policy converts and validates a [[policy]] table.
+func (e *policyEntry) policy() (sa.Policy, error) {
+	var p sa.Policy
+	var err error
+	if p.Selector, err = e.selectorEntry.selector(); err != nil {
+		return p, err
+	}
+	if e.Dir == "" {
+		return p, fmt.Errorf("dir is required (in, out or fwd)")
+	}
+	if p.Dir, err = sa.ParseDirection(e.Dir); err != nil {
+		return p, err
+	}
+	p.Action = sa.ActionProtect
+	if e.Action != "" {
+		if p.Action, err = sa.ParseAction(e.Action); err != nil {
+			return p, err
+		}
+	}
+	p.Priority = e.Priority
+	p.ReqID = e.ReqID
+	if p.Action == sa.ActionProtect && p.ReqID == 0 {
+		return p, fmt.Errorf("a protect policy needs a reqid that ties it to its SAs")
+	}
+	if e.TmplSrc != "" || e.TmplDst != "" {
+		if p.TmplSrc, err = ParseAddr("tmpl_src", e.TmplSrc); err != nil {
+			return p, err
+		}
+		if p.TmplDst, err = ParseAddr("tmpl_dst", e.TmplDst); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}

@@ -1,0 +1,210 @@
+package config
+
+import (
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/espd/espd/esp"
+	"github.com/espd/espd/sa"
+)
+
+// The parsers below read values the way the config file and espctl's command
+// line write them, so that both accept exactly the same syntax.
+
+// ParseAddr parses a required IPv4 or IPv6 address; name is the field name
+// used in the error.
+func ParseAddr(name, s string) (netip.Addr, error) {
+	if s == "" {
+		return netip.Addr{}, fmt.Errorf("%s is required (an IPv4 or IPv6 address)", name)
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("%s %q is not an IP address", name, s)
+	}
+	if a.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("%s %q: zoned addresses are not supported", name, s)
+	}
+	return a.Unmap(), nil
+}
+
+// ParsePrefix parses a prefix ("198.18.1.0/24", "2001:db8::/32"); a bare
+// address means a host prefix. name is the field name used in the error.
+func ParsePrefix(name, s string) (netip.Prefix, error) {
+	if s == "" {
+		return netip.Prefix{}, fmt.Errorf("%s is required (a prefix such as 198.18.1.0/24 or ::/0)", name)
+	}
+	if !strings.Contains(s, "/") {
+		a, err := ParseAddr(name, s)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%s %q is not a prefix", name, s)
+	}
+	if p != p.Masked() {
+		return netip.Prefix{}, fmt.Errorf("%s %q has host bits set (did you mean %s?)", name, s, p.Masked())
+	}
+	return p, nil
+}
+
+// protocols are the protocol names selectors accept.
+var protocols = map[string]uint8{
+	"any": 0, "icmp": 1, "igmp": 2, "ipip": 4, "tcp": 6, "udp": 17, "ipv6": 41,
+	"gre": 47, "esp": 50, "ah": 51, "icmpv6": 58, "ipv6-icmp": 58, "sctp": 132, "udplite": 136,
+}
+
+// ParseProto parses an IP protocol by name (tcp, udp, icmp, icmpv6, ...) or
+// number; "" and "any" mean any protocol (0).
+func ParseProto(s string) (uint8, error) {
+	if s == "" {
+		return 0, nil
+	}
+	if p, ok := protocols[strings.ToLower(s)]; ok {
+		return p, nil
+	}
+	n, err := strconv.ParseUint(s, 0, 8)
+	if err != nil {
+		return 0, fmt.Errorf("proto %q is neither a protocol name (tcp, udp, icmp, icmpv6, sctp, ...) nor a number 0-255", s)
+	}
+	return uint8(n), nil
+}
+
+// ProtoName returns the name ParseProto accepts for p, or its number.
+func ProtoName(p uint8) string {
+	best := ""
+	for n, v := range protocols {
+		if v == p && (best == "" || len(n) < len(best)) {
+			best = n
+		}
+	}
+	if best == "" {
+		return strconv.Itoa(int(p))
+	}
+	return best
+}
+
+// ParsePortRange parses "", "any", "443" or "1024-65535".
+func ParsePortRange(name, s string) (sa.PortRange, error) {
+	if s == "" || s == "any" {
+		return sa.PortRange{}, nil
+	}
+	lo, hi, isRange := strings.Cut(s, "-")
+	l, err := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	if err != nil {
+		return sa.PortRange{}, fmt.Errorf("%s %q: want a port or a range such as 1024-65535", name, s)
+	}
+	h := l
+	if isRange {
+		if h, err = strconv.ParseUint(strings.TrimSpace(hi), 10, 16); err != nil {
+			return sa.PortRange{}, fmt.Errorf("%s %q: want a port or a range such as 1024-65535", name, s)
+		}
+	}
+	if h < l {
+		return sa.PortRange{}, fmt.Errorf("%s %q: the range ends before it starts", name, s)
+	}
+	return sa.PortRange{Lo: uint16(l), Hi: uint16(h)}, nil
+}
+
+// ParseKey parses hex key material (an optional 0x prefix, optional ':'
+// separators) and checks its length; want 0 means no key is expected. Errors
+// never repeat the key.
+func ParseKey(name, s string, want int) ([]byte, error) {
+	s = strings.TrimPrefix(strings.TrimPrefix(strings.TrimSpace(s), "0x"), "0X")
+	s = strings.ReplaceAll(s, ":", "")
+	if want == 0 {
+		if s != "" {
+			return nil, fmt.Errorf("%s given, but the suite takes none", name)
+		}
+		return nil, nil
+	}
+	if s == "" {
+		return nil, fmt.Errorf("%s is required: %d bytes in hex", name, want)
+	}
+	k, err := hex.DecodeString(s)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not valid hex", name)
+	}
+	if len(k) != want {
+		n := len(k)
+		clear(k)
+		return nil, fmt.Errorf("%s is %d bytes; the suite needs %d", name, n, want)
+	}
+	return k, nil
+}
+
+// ParseBytes parses a byte count with an optional K, M, G or T suffix
+// (powers of 1024) or a kB/MB/GB suffix (powers of 1000); "" is 0.
+func ParseBytes(name, s string) (uint64, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, nil
+	}
+	mult := uint64(1)
+	num := s
+	suffixes := []struct {
+		s string
+		m uint64
+	}{{"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000 * 1000 * 1000}, {"TB", 1000 * 1000 * 1000 * 1000},
+		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40}, {"B", 1}}
+	for _, suf := range suffixes {
+		if strings.HasSuffix(strings.ToUpper(s), suf.s) {
+			mult, num = suf.m, strings.TrimSpace(s[:len(s)-len(suf.s)])
+			break
+		}
+	}
+	n, err := strconv.ParseUint(num, 10, 64)
+	if err != nil || (mult > 1 && n > ^uint64(0)/mult) {
+		return 0, fmt.Errorf("%s %q: want a byte count such as 1048576, 512M or 2G", name, s)
+	}
+	return n * mult, nil
+}
+
+// ParseDuration parses a Go duration ("90s", "1h30m") or a number of
+// seconds; "" is 0 (no limit).
+func ParseDuration(name, s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, nil
+	}
+	if n, err := strconv.ParseUint(s, 10, 32); err == nil {
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%s %q: want a duration such as 3600, 90s or 1h", name, s)
+	}
+	return d, nil
+}
+
+// ParseDSCP parses the outer DSCP setting: "" or "copy" copies the inner
+// packet's DSCP, a number 0-63 sets it.
+func ParseDSCP(s string) (copyDSCP bool, dscp uint8, err error) {
+	if s == "" || s == "copy" {
+		return true, 0, nil
+	}
+	n, err := strconv.ParseUint(s, 0, 8)
+	if err != nil || n > 63 {
+		return false, 0, fmt.Errorf("dscp %q: want copy or a number 0-63", s)
+	}
+	return false, uint8(n), nil
+}
+
+// ParseDF parses the outer DF setting: "" or "copy", "set", "clear".
+func ParseDF(s string) (esp.DFMode, error) {
+	switch s {
+	case "", "copy":
+		return esp.DFCopy, nil
+	case "set":
+		return esp.DFSet, nil
+	case "clear":
+		return esp.DFClear, nil
+	}
+	return 0, fmt.Errorf("df %q: want copy, set or clear", s)
+}
