@@ -59,15 +59,17 @@ func NewDB() *DB { return NewDBWithOptions(Options{}) }
 func NewDBWithOptions(o Options) *DB {
 	o.setDefaults()
 	db := &DB{opts: o}
-	db.epoch = o.Now()
+	// A second before now, so that mono() is never 0 ("never") for real
+	// times.
+	db.epoch = o.Now().Add(-time.Second)
 	db.sadb.init()
 	db.spdb.init()
 	db.evdb.init()
 	return db
 }
 
-// mono returns the time since the database was created, at least 1 ns so
-// that 0 can mean "never".
+// mono returns the time since epoch, at least 1 ns (even if the clock
+// went back) so that 0 can mean "never".
 func (db *DB) mono() int64 {
 	return max(int64(db.opts.Now().Sub(db.epoch)), 1)
 }
