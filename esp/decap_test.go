@@ -15,7 +15,7 @@ import (
 
 // sealRaw builds an ESP packet around an arbitrary plaintext (which must be
 // aligned), so that trailer checks can be tested with authentic packets.
-func sealRaw(t *testing.T, tr crypto.Transform, seq uint64, plaintext []byte) []byte {
+func sealRaw(t testing.TB, tr crypto.Transform, seq uint64, plaintext []byte) []byte {
 	t.Helper()
 	if len(plaintext)%tr.BlockSize() != 0 {
 		t.Fatalf("plaintext %d not aligned to %d", len(plaintext), tr.BlockSize())
@@ -150,7 +150,7 @@ func TestDecapsulateECN(t *testing.T) {
 }
 
 // sealedPacket returns one encapsulated packet's ESP part (a fresh copy).
-func sealedPacket(t *testing.T, tr crypto.Transform, o Outer, v, n int, seq uint64) []byte {
+func sealedPacket(t testing.TB, tr crypto.Transform, o Outer, v, n int, seq uint64) []byte {
 	t.Helper()
 	e := &Encapsulator{SPI: 0x1234, Transform: tr, Outer: o}
 	buf, off := place(inner(v, n, 0x02), MaxTrailer)
