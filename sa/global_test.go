@@ -39,18 +39,18 @@ func TestGlobalStats(t *testing.T) {
 
 func TestDropReasonOf(t *testing.T) {
 	cases := map[error]DropReason{
-		esp.ErrReplay:                DropReplay,
-		crypto.ErrAuthentication:     DropIntegrity,
-		esp.ErrPadding:               DropPadding,
-		esp.ErrMalformed:             DropMalformed,
-		crypto.ErrMalformed:          DropMalformed,
-		esp.ErrNextHeader:            DropNextHeader,
-		esp.ErrInner:                 DropInner,
-		esp.ErrDummy:                 DropDummy,
-		esp.ErrECNDrop:               DropECN,
-		esp.ErrTooBig:                DropTooBig,
-		esp.ErrTailroom:              DropTooBig,
-		errors.New("something else"): DropOther,
+		esp.ErrReplay:                            DropReplay,
+		crypto.ErrAuthentication:                 DropIntegrity,
+		esp.ErrPadding:                           DropPadding,
+		esp.ErrMalformed:                         DropMalformed,
+		crypto.ErrMalformed:                      DropMalformed,
+		esp.ErrNextHeader:                        DropNextHeader,
+		esp.ErrInner:                             DropInner,
+		esp.ErrDummy:                             DropDummy,
+		esp.ErrECNDrop:                           DropECN,
+		esp.ErrTooBig:                            DropTooBig,
+		esp.ErrTailroom:                          DropTooBig,
+		errors.New("something else"):             DropOther,
 		fmt.Errorf("wrapped: %w", esp.ErrReplay): DropReplay,
 	}
 	for err, want := range cases {

@@ -118,7 +118,7 @@ func TestTimeLifetimes(t *testing.T) {
 	if db.LookupInbound(0x2200) != nil || db.LookupInbound(0x2201) != nil || db.LookupInbound(0x2202) != forever {
 		t.Error("lookups disagree with the lifetimes")
 	}
-	if st := forever.Stats(); !st.AddTime.Equal(clock.Now().Add(-60 * time.Second)) || !st.FirstUse.IsZero() {
+	if st := forever.Stats(); !st.AddTime.Equal(clock.Now().Add(-60*time.Second)) || !st.FirstUse.IsZero() {
 		t.Errorf("forever: added %v, first use %v", st.AddTime, st.FirstUse)
 	}
 }
