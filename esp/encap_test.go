@@ -252,6 +252,10 @@ func TestEncapsulateErrors(t *testing.T) {
 		copy(b5[need:], innerV4(100, 0, false))
 		check("length field past n", b5, need, 99, ErrInner)
 		check("empty", b5, need, 0, ErrInner)
+		b7 := make([]byte, total)
+		copy(b7[need:], innerV4(100, 0, false))
+		b7[need+3] = 19 // total length below the header
+		check("length field below header", b7, need, 100, ErrInner)
 		check("negative offset", b5, -1, 10, ErrInner)
 		check("past capacity", b5, need, total, ErrInner)
 		v6 := innerV6(100, 0)
