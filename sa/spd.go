@@ -18,8 +18,10 @@ import (
 // Readers take no lock; the writer (serialized by DB.spdMu) publishes a new
 // tuple order when a tuple appears, disappears or its bound improves.
 type spd struct {
-	order  atomicSlice[tupleRef] // readers
-	tuples map[tupleID]*tuple    // writer only
+	// order holds the tuples in search order for readers: [0] all of
+	// them, [1] those an IPv4 flow can match, [2] those an IPv6 flow can.
+	order  [3]atomicSlice[tupleRef]
+	tuples map[tupleID]*tuple // writer only
 }
 
 // tupleID names a tuple: the family (famNone: any) and length of the
@@ -65,14 +67,14 @@ func prepareFlow(f *packet.Flow) flowBits {
 
 func newSPD() *spd {
 	s := &spd{tuples: make(map[tupleID]*tuple)}
-	s.order.store(nil)
+	s.publish()
 	return s
 }
 
 // flush removes every policy. Writer only.
 func (s *spd) flush() {
 	clear(s.tuples)
-	s.order.store(nil)
+	s.publish()
 }
 
 func tupleOf(sel *Selector) tupleID {
@@ -104,14 +106,17 @@ func (t *tuple) keyOfSelector(sel *Selector) polKey {
 
 // lookup returns the best policy matching f, or nil. It does not allocate.
 func (s *spd) lookup(f *flowBits) *policyEntry {
+	order := &s.order[0]
+	if f.sFam == f.dFam && f.sFam != famNone {
+		order = &s.order[famOrder(f.sFam)]
+	}
 	var best *policyEntry
-	for _, r := range s.order.load() {
+	for _, r := range order.load() {
 		if best != nil && best.rank.less(r.bound) {
 			break
 		}
 		t := r.t
-		if t.id.srcFam != famNone && t.id.srcFam != f.sFam ||
-			t.id.dstFam != famNone && t.id.dstFam != f.dFam {
+		if !famFits(t.id.srcFam, f.sFam) || !famFits(t.id.dstFam, f.dFam) {
 			continue
 		}
 		k := polKey{f.sHi & t.smHi, f.sLo & t.smLo, f.dHi & t.dmHi, f.dLo & t.dmLo}
@@ -199,7 +204,29 @@ func (s *spd) publish() {
 		refs = append(refs, tupleRef{t: t, bound: t.bound})
 	}
 	slices.SortFunc(refs, func(a, b tupleRef) int { return cmpRank(a.bound, b.bound) })
-	s.order.store(refs)
+	s.order[0].store(refs)
+	for _, fam := range []uint8{fam4, fam6} {
+		sub := make([]tupleRef, 0, len(refs))
+		for _, r := range refs {
+			if famFits(r.t.id.srcFam, fam) && famFits(r.t.id.dstFam, fam) {
+				sub = append(sub, r)
+			}
+		}
+		s.order[famOrder(fam)].store(sub)
+	}
+}
+
+// famFits reports whether a selector prefix of family sel can hold an
+// address of family fam.
+func famFits(sel, fam uint8) bool { return sel == famNone || sel == fam }
+
+// famOrder returns the index in spd.order of the tuples a flow of family
+// fam can match.
+func famOrder(fam uint8) int {
+	if fam == fam4 {
+		return 1
+	}
+	return 2
 }
 
 func cmpRank(a, b rank) int {
