@@ -134,7 +134,9 @@ func (s *SA) publishCodec(p *params, old *esp.Decapsulator) {
 	var rw *esp.ReplayWindow
 	if old != nil {
 		rw = old.Replay
-	} else if p.cfg.ReplayWindow != 0 || s.suite.ESN {
+	} else {
+		// Size 0 turns checking off but still tracks the highest sequence
+		// number, for ESN inference and ReplayTop.
 		rw = esp.NewReplayWindow(p.cfg.ReplayWindow, s.suite.ESN)
 	}
 	s.dec.Store(&esp.Decapsulator{Transform: s.transform, Replay: rw, ECN: p.cfg.ECN})

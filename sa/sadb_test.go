@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -60,6 +61,9 @@ func TestAddSARoundTrip(t *testing.T) {
 			}
 			if seq != 1 || string(inner) != string(want) {
 				t.Fatalf("decapsulated seq %d, %d bytes; want seq 1 and the original %d bytes", seq, len(inner), len(want))
+			}
+			if is.ReplayTop() != 1 || os.ReplayTop() != 0 {
+				t.Errorf("ReplayTop: inbound %d, outbound %d; want 1 and 0", is.ReplayTop(), os.ReplayTop())
 			}
 			gf, _ := packet.ParseFlow(inner)
 			if !is.AllowsInner(gf) {
@@ -306,5 +310,77 @@ func TestAllocSPI(t *testing.T) {
 			t.Fatalf("AllocSPI = 0x%x, %v", spi, err)
 		}
 		big[spi] = true
+	}
+}
+
+// TestAllocSPIConcurrent: callers allocating at once never get the same
+// SPI.
+func TestAllocSPIConcurrent(t *testing.T) {
+	db, _ := newTestDB(t)
+	const workers, each = 4, 200
+	got := make([][]uint32, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				spi, err := db.AllocSPI(0x1000, 0x1000+workers*each-1) // exactly enough
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got[w] = append(got[w], spi)
+			}
+		}()
+	}
+	wg.Wait()
+	seen := map[uint32]bool{}
+	for _, l := range got {
+		for _, spi := range l {
+			if seen[spi] {
+				t.Fatalf("SPI 0x%x handed out twice", spi)
+			}
+			seen[spi] = true
+		}
+	}
+	if len(seen) != workers*each {
+		t.Fatalf("%d SPIs handed out, want %d", len(seen), workers*each)
+	}
+}
+
+// TestAllowsInner: an inbound state's selectors are seen from the packets
+// that arrive: Src is the remote network.
+func TestAllowsInner(t *testing.T) {
+	db, _ := newTestDB(t)
+	c := testConfig(0x9000, DirIn, 1)
+	c.Selectors = []Selector{
+		{Src: pfx("198.19.1.0/24"), Dst: pfx("198.19.0.0/24")},
+		{Src: pfx("2001:db8:1::/48"), Dst: pfx("2001:db8::/48"), Proto: 58},
+	}
+	in := mustAdd(t, db, c)
+	cases := []struct {
+		f    packet.Flow
+		want bool
+	}{
+		{flow("198.19.1.5", "198.19.0.5", 6, 1, 2), true},
+		{flow("198.19.0.5", "198.19.1.5", 6, 1, 2), false}, // the wrong way round
+		{flow("198.19.2.5", "198.19.0.5", 6, 1, 2), false},
+		{flow("2001:db8:1::5", "2001:db8::5", 58, 128, 0), true},
+		{flow("2001:db8:1::5", "2001:db8::5", 6, 1, 2), false},
+	}
+	for _, tc := range cases {
+		if got := in.AllowsInner(tc.f); got != tc.want {
+			t.Errorf("AllowsInner(%v -> %v proto %d) = %v, want %v", tc.f.Src, tc.f.Dst, tc.f.Proto, got, tc.want)
+		}
+	}
+	f := cases[0].f
+	if n := testing.AllocsPerRun(100, func() { in.AllowsInner(f) }); n != 0 {
+		t.Errorf("AllowsInner allocates %v times", n)
+	}
+	// The state's config keeps its own copy of the selectors.
+	c.Selectors[0].Src = pfx("0.0.0.0/0")
+	if in.AllowsInner(flow("198.19.2.5", "198.19.0.5", 6, 1, 2)) {
+		t.Error("changing the caller's slice changed the state's selectors")
 	}
 }
