@@ -1,0 +1,115 @@
+package daemon
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/espd/espd/control"
+	"github.com/espd/espd/sa"
+)
+
+// The methods below implement control.Backend: what espctl and the
+// strongSwan plugin ask for through the control socket.
+var _ control.Backend = (*Daemon)(nil)
+
+// AddSA installs a state.
+func (d *Daemon) AddSA(c sa.Config) error {
+	defer clear(c.EncKey)
+	defer clear(c.IntegKey)
+	_, err := d.db.AddSA(c)
+	return err
+}
+
+// UpdateSA changes a state's endpoints, encapsulation, lifetimes,
+// selectors or outer options.
+func (d *Daemon) UpdateSA(c sa.Config) error { return d.db.UpdateSA(c) }
+
+// DeleteSA removes a state (its keys are zeroed).
+func (d *Daemon) DeleteSA(spi uint32, dst netip.Addr) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.db.DeleteSA(spi, dst); err != nil {
+		return err
+	}
+	delete(d.file.sas, saKey{spi, dst})
+	return nil
+}
+
+// GetSA returns a state without its keys.
+func (d *Daemon) GetSA(spi uint32, dst netip.Addr) (control.SAInfo, error) {
+	s, ok := d.db.GetSA(spi, dst)
+	if !ok {
+		return control.SAInfo{}, fmt.Errorf("SA 0x%08x to %s: %w", spi, dst, sa.ErrNotFound)
+	}
+	return control.InfoOf(s), nil
+}
+
+// ListSAs returns every state.
+func (d *Daemon) ListSAs() ([]control.SAInfo, error) {
+	states := d.db.SAs()
+	infos := make([]control.SAInfo, len(states))
+	for i, s := range states {
+		infos[i] = control.InfoOf(s)
+	}
+	return infos, nil
+}
+
+// FlushSAs removes every state.
+func (d *Daemon) FlushSAs() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.db.FlushSAs()
+	clear(d.file.sas)
+	return nil
+}
+
+// AddPolicy installs a policy and its route.
+func (d *Daemon) AddPolicy(p sa.Policy) (sa.Policy, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.addPolicyLocked(p)
+}
+
+// UpdatePolicy replaces a policy and moves its route.
+func (d *Daemon) UpdatePolicy(p sa.Policy) (sa.Policy, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.updatePolicyLocked(p)
+}
+
+// DeletePolicy removes a policy and its route.
+func (d *Daemon) DeletePolicy(sel sa.Selector, dir sa.Direction) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.deletePolicyLocked(sel, dir)
+}
+
+// GetPolicy returns a policy.
+func (d *Daemon) GetPolicy(sel sa.Selector, dir sa.Direction) (sa.Policy, error) {
+	p, ok := d.db.GetPolicy(sel, dir)
+	if !ok {
+		return p, fmt.Errorf("policy %s dir %s: %w", sel, dir, sa.ErrNotFound)
+	}
+	return p, nil
+}
+
+// ListPolicies returns every policy.
+func (d *Daemon) ListPolicies() ([]sa.Policy, error) { return d.db.Policies(), nil }
+
+// FlushPolicies removes every policy and its route.
+func (d *Daemon) FlushPolicies() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.flushPoliciesLocked()
+}
+
+// AllocSPI reserves an unused inbound SPI.
+func (d *Daemon) AllocSPI(lo, hi uint32) (uint32, error) { return d.db.AllocSPI(lo, hi) }
+
+// Stats returns the global counters.
+func (d *Daemon) Stats() (sa.GlobalStats, error) { return d.db.Stats(), nil }
+
+// Subscribe starts an event stream.
+func (d *Daemon) Subscribe(buffer int) (control.Subscription, error) {
+	return control.SubscribeDB(d.db, buffer), nil
+}

@@ -1,0 +1,184 @@
+// Package daemon is espd itself: it ties the SA and policy databases, the
+// data plane, the control socket, the configuration file and the metrics
+// endpoint together, and implements the control socket's Backend. cmd/espd
+// is a thin main around it.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/espd/espd/control"
+	"github.com/espd/espd/dataplane"
+	"github.com/espd/espd/sa"
+)
+
+// Options configure a Daemon.
+type Options struct {
+	// Dataplane configures the TUN device, routes, sockets and workers.
+	Dataplane dataplane.Config
+	// Control configures the control socket.
+	Control control.ServerConfig
+	// ConfigPath is the configuration file of static SAs and policies
+	// (docs/config.md); empty means none.
+	ConfigPath string
+	// MetricsListen is the address of the Prometheus endpoint (/metrics);
+	// empty means none.
+	MetricsListen string
+	// Logger receives the daemon's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Daemon is a running espd.
+type Daemon struct {
+	opts Options
+	log  *slog.Logger
+	db   *sa.DB
+	dp   *dataplane.Device
+	ctl  *control.Server
+
+	// mu serializes changes of states and policies that also touch routes
+	// or the file's bookkeeping (control requests and reloads).
+	mu   sync.Mutex
+	file fileState
+}
+
+// New prepares a daemon; Run starts it.
+func New(opts Options) (*Daemon, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	db := sa.NewDB()
+	dp, err := dataplane.New(opts.Dataplane, db, log.With("component", "dataplane"))
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{opts: opts, log: log, db: db, dp: dp}
+	d.file = fileState{sas: map[saKey]fileSA{}, policies: map[policyKey]sa.Policy{}}
+	return d, nil
+}
+
+// DB returns the daemon's SA and policy databases.
+func (d *Daemon) DB() *sa.DB { return d.db }
+
+// Run starts the data plane, loads the configuration file, serves the
+// control socket (and metrics) and runs until ctx is done or reload
+// returns; then it shuts down: control socket closed, every state deleted
+// (keys zeroed), routes, rules and the TUN removed. reload delivers SIGHUP.
+func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
+	if err := d.dp.Start(); err != nil {
+		return fmt.Errorf("data plane: %w", err)
+	}
+	defer func() { err = errors.Join(err, d.shutdown()) }()
+	d.log.Info("data plane up", "tun", d.dp.TUNName(), "workers", d.dp.Config().Workers,
+		"encap_port", d.dp.Config().EncapPort, "table", d.dp.Config().Table)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() { defer wg.Done(); d.db.Run(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); d.logEvents(ctx) }()
+
+	if d.opts.ConfigPath != "" {
+		if err := d.Reload(); err != nil {
+			return fmt.Errorf("configuration: %w", err)
+		}
+		d.log.Info("configuration loaded", "path", d.opts.ConfigPath, "states", len(d.file.sas), "policies", len(d.file.policies))
+	}
+
+	ccfg := d.opts.Control
+	if ccfg.Logf == nil {
+		clog := d.log.With("component", "control")
+		ccfg.Logf = func(format string, args ...any) { clog.Warn(fmt.Sprintf(format, args...)) }
+	}
+	ctl, err := control.Listen(d, ccfg)
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	d.ctl = ctl
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := ctl.Serve(); err != nil {
+			d.log.Error("control socket stopped", "err", err)
+		}
+	}()
+	d.log.Info("control socket listening", "path", ctl.Path())
+
+	if d.opts.MetricsListen != "" {
+		srv, err := d.serveMetrics()
+		if err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		defer srv.Close()
+	}
+
+	for {
+		select {
+		case <-ctx.Done():
+			d.log.Info("stopping")
+			return nil
+		case <-reload:
+			if err := d.Reload(); err != nil {
+				d.log.Error("configuration refused; running state unchanged", "err", err)
+			} else {
+				d.log.Info("configuration reloaded", "path", d.opts.ConfigPath, "states", len(d.file.sas), "policies", len(d.file.policies))
+			}
+		}
+	}
+}
+
+// shutdown closes the control socket, deletes every state (zeroing its
+// keys) and policy, and closes the data plane, which removes its routes,
+// rules and TUN device.
+func (d *Daemon) shutdown() error {
+	var errs []error
+	if d.ctl != nil {
+		errs = append(errs, d.ctl.Close())
+	}
+	d.mu.Lock()
+	d.db.FlushPolicies()
+	d.db.FlushSAs()
+	d.mu.Unlock()
+	errs = append(errs, d.dp.Close())
+	return errors.Join(errs...)
+}
+
+// logEvents logs expire and acquire events.
+func (d *Daemon) logEvents(ctx context.Context) {
+	sub := d.db.Subscribe(256)
+	defer sub.Close()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-sub.Events():
+			if !ok {
+				return
+			}
+			d.log.Info("event", "event", ev.String())
+		}
+	}
+}
+
+// serveMetrics starts the Prometheus endpoint.
+func (d *Daemon) serveMetrics() (*http.Server, error) {
+	ln, err := net.Listen("tcp", d.opts.MetricsListen)
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	d.log.Info("metrics listening", "addr", ln.Addr().String())
+	return srv, nil
+}

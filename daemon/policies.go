@@ -1,0 +1,67 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/espd/espd/sa"
+)
+
+// addPolicyLocked installs a policy and its route (an outbound protect or
+// drop policy routes its destination into the TUN, a bypass policy throws
+// it back to the main table). The policy is removed again if its route
+// cannot be installed. d.mu is held.
+func (d *Daemon) addPolicyLocked(p sa.Policy) (sa.Policy, error) {
+	p, err := d.db.AddPolicy(p)
+	if err != nil {
+		return p, err
+	}
+	if err := d.dp.InstallPolicyRoute(p); err != nil {
+		d.db.DeletePolicy(p.Selector, p.Dir)
+		return p, fmt.Errorf("route for policy %s: %w", p.Selector, err)
+	}
+	return p, nil
+}
+
+// updatePolicyLocked replaces a policy (same selector and direction),
+// moving its route reference when the action changes. d.mu is held.
+func (d *Daemon) updatePolicyLocked(p sa.Policy) (sa.Policy, error) {
+	old, ok := d.db.GetPolicy(p.Selector, p.Dir)
+	if !ok {
+		return p, fmt.Errorf("policy %s dir %s: %w", p.Selector, p.Dir, sa.ErrNotFound)
+	}
+	if err := d.dp.InstallPolicyRoute(p); err != nil {
+		return p, fmt.Errorf("route for policy %s: %w", p.Selector, err)
+	}
+	np, err := d.db.UpdatePolicy(p)
+	if err != nil {
+		d.dp.RemovePolicyRoute(p)
+		return np, err
+	}
+	if err := d.dp.RemovePolicyRoute(old); err != nil {
+		d.log.Warn("removing the previous route of an updated policy", "policy", old.String(), "err", err)
+	}
+	return np, nil
+}
+
+// deletePolicyLocked removes a policy and its route. d.mu is held.
+func (d *Daemon) deletePolicyLocked(sel sa.Selector, dir sa.Direction) error {
+	p, ok := d.db.GetPolicy(sel, dir)
+	if !ok {
+		return fmt.Errorf("policy %s dir %s: %w", sel, dir, sa.ErrNotFound)
+	}
+	if err := d.db.DeletePolicy(sel, dir); err != nil {
+		return err
+	}
+	delete(d.file.policies, policyKey{sel, dir})
+	return d.dp.RemovePolicyRoute(p)
+}
+
+// flushPoliciesLocked removes every policy and its route. d.mu is held.
+func (d *Daemon) flushPoliciesLocked() error {
+	var errs []error
+	for _, p := range d.db.Policies() {
+		errs = append(errs, d.deletePolicyLocked(p.Selector, p.Dir))
+	}
+	return errors.Join(errs...)
+}
