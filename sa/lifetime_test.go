@@ -164,6 +164,17 @@ func TestZeroDelay(t *testing.T) {
 	if !zeroed(s) {
 		t.Fatal("transform not zeroed after ZeroDelay")
 	}
+	// Without Run, the next AddSA or DeleteSA zeroes what is due.
+	s2 := mustAdd(t, db, testConfig(0x2401, DirOut, 1))
+	s3 := mustAdd(t, db, testConfig(0x2402, DirOut, 1))
+	db.DeleteSA(0x2401, remote)
+	clock.Advance(500 * time.Millisecond)
+	db.DeleteSA(0x2402, remote)
+	clock.Advance(500 * time.Millisecond)
+	mustAdd(t, db, testConfig(0x2403, DirOut, 1))
+	if !zeroed(s2) || zeroed(s3) {
+		t.Fatalf("after AddSA: zeroed %v and %v, want true and false", zeroed(s2), zeroed(s3))
+	}
 }
 
 // TestRun drives Run with a short real tick and a fake clock.

@@ -72,6 +72,7 @@ func (db *DB) AddSA(c Config) (*SA, error) {
 	d := &db.sadb
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	db.buryDue(db.mono())
 	k := stateKey(s.spi, c.Dst.Unmap())
 	if _, ok := d.byKey.get(k); ok {
 		s.zeroKeys()
@@ -217,6 +218,7 @@ func (db *DB) DeleteSA(spi uint32, dst netip.Addr) error {
 	d := &db.sadb
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	db.buryDue(db.mono())
 	s, ok := d.byKey.get(stateKey(spi, dst.Unmap()))
 	if !ok {
 		if l := d.larval[spi]; l != nil {
@@ -336,17 +338,15 @@ func (s *SA) zeroKeys() {
 }
 
 // buryDue zeroes the transforms of states removed at least ZeroDelay
-// before now. Called with sadb.mu held.
+// before now. The graveyard is in order of removal, so it stops at the
+// first state not yet due. Called with sadb.mu held: by Run's tick, and by
+// AddSA and DeleteSA so that keys are zeroed even where Run is not running.
 func (db *DB) buryDue(now int64) {
 	d := &db.sadb
-	keep := d.graveyard[:0]
-	for _, s := range d.graveyard {
-		if now-s.deadAt >= int64(db.opts.ZeroDelay) {
-			s.zeroKeys()
-		} else {
-			keep = append(keep, s)
-		}
+	i := 0
+	for ; i < len(d.graveyard) && now-d.graveyard[i].deadAt >= int64(db.opts.ZeroDelay); i++ {
+		d.graveyard[i].zeroKeys()
 	}
-	clear(d.graveyard[len(keep):])
-	d.graveyard = keep
+	clear(d.graveyard[:i])
+	d.graveyard = d.graveyard[i:]
 }
