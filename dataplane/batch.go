@@ -1,0 +1,130 @@
+package dataplane
+
+import (
+	"sync"
+
+	"github.com/espd/espd/esp"
+	"github.com/espd/espd/sa"
+)
+
+// cause says why an element is not sent or written; pass means it goes on.
+type cause uint8
+
+const (
+	pass        cause = iota
+	dropCounted       // counted where it was dropped (reader stage)
+	dropSA            // refused by esp/crypto: counted per state with reason
+	dropSelector
+	dropInner
+)
+
+// elem is one packet of a batch.
+type elem struct {
+	buf []byte // BufferSize bytes, owned by the batch
+
+	sa  *sa.SA
+	enc *esp.Encapsulator // outbound
+	dec *esp.Decapsulator // inbound: the Decapsulator the worker calls
+	win *esp.ReplayWindow // inbound: the state's window, advanced in order; nil: none
+
+	// Outbound: the inner packet is buf[start:end] until a worker
+	// encapsulates it, the outer packet after. Inbound: the ESP packet,
+	// then the inner packet.
+	start, end int
+	innerLen   int    // bytes accounted to the state
+	seq        uint64 // sequence number
+	authentic  bool   // inbound: the ICV verified; record seq in win
+	tos        uint8  // inbound: outer TOS / Traffic Class
+	mtu        int    // outbound: path MTU to the peer
+	frag       bool   // outbound: the outer packet may be fragmented
+	drop       cause
+	reason     sa.DropReason // for dropSA
+}
+
+// batch is the unit every stage passes on. mu is locked while the batch
+// waits for its crypto; the worker that processes it unlocks it, and the
+// in-order stage locks it to wait for that.
+type batch struct {
+	mu    sync.Mutex
+	out   bool // outbound
+	elems []elem
+	n     int // elements in use
+
+	// I/O vectors, allocated with the batch.
+	bufs  [][]byte
+	sizes []int
+	msgs  []Message
+}
+
+// pool recycles batches and their buffers.
+type pool struct {
+	p    sync.Pool
+	size int // elements per batch
+}
+
+func newPool(size int) *pool {
+	bp := &pool{size: size}
+	bp.p.New = func() any {
+		b := &batch{
+			elems: make([]elem, size),
+			bufs:  make([][]byte, size),
+			sizes: make([]int, size),
+			msgs:  make([]Message, size),
+		}
+		for i := range b.elems {
+			b.elems[i].buf = make([]byte, BufferSize)
+		}
+		return b
+	}
+	return bp
+}
+
+func (p *pool) get() *batch { return p.p.Get().(*batch) }
+
+// put clears the batch's references to states and returns it.
+func (p *pool) put(b *batch) {
+	for i := range b.n {
+		e := &b.elems[i]
+		e.sa, e.enc, e.dec, e.win = nil, nil, nil, nil
+	}
+	b.n = 0
+	p.p.Put(b)
+}
+
+// queues are one direction's bounded queues. A batch enters inorder
+// before crypto, and the in-order stage, which holds at most one batch it
+// has taken out of inorder, cannot finish it before a worker took it out of
+// crypto. So crypto never holds more than len(inorder)+1 batches, and with
+// one more slot than inorder a push to it after a successful push to
+// inorder never blocks.
+type queues struct {
+	crypto  chan *batch
+	inorder chan *batch
+	wg      sync.WaitGroup // producers; the last one closes the queues
+}
+
+func newQueues(n int) *queues {
+	return &queues{crypto: make(chan *batch, n+1), inorder: make(chan *batch, n)}
+}
+
+// push hands b to the workers and the in-order stage, or reports false if
+// the in-order queue is full. b must be locked.
+func (q *queues) push(b *batch) bool {
+	select {
+	case q.inorder <- b:
+		q.crypto <- b
+		return true
+	default:
+		return false
+	}
+}
+
+// producerDone is called by each producer when it stops.
+func (q *queues) producerDone() { q.wg.Done() }
+
+// closeWhenDone closes the queues once every producer has stopped.
+func (q *queues) closeWhenDone() {
+	q.wg.Wait()
+	close(q.crypto)
+	close(q.inorder)
+}

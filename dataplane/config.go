@@ -1,0 +1,97 @@
+package dataplane
+
+import (
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/espd/espd/routing"
+	"github.com/espd/espd/tun"
+)
+
+// BufferSize is the size of every packet buffer. It holds the largest
+// TUN packet (MTU up to BufferSize-esp.MaxHeadroom-esp.MaxTrailer) with its
+// ESP framing, an outer packet of a jumbo-frame path, and leaves the TUN
+// driver room to coalesce several segments into one on write.
+const BufferSize = 16 << 10
+
+// Defaults for Config.
+const (
+	DefaultKeepalive = 20 * time.Second
+	DefaultOuterMTU  = 1500
+	DefaultQueueLen  = 32
+	DefaultBatch     = 128
+	DefaultICMPRate  = 100
+)
+
+// Config configures a Device. The zero value is usable: every field has a
+// default.
+type Config struct {
+	// TUN is the cleartext interface (name, MTU).
+	TUN tun.Config
+	// Table, Mark and RulePriority configure the routes and rules (see
+	// package routing); zero means routing's defaults. Mark is also the
+	// SO_MARK of the outer sockets.
+	Table        int
+	Mark         uint32
+	RulePriority int
+	// EncapPort is the ESP-in-UDP port (RFC 3948); 0 means 4500.
+	EncapPort uint16
+	// NoIPv6 opens no IPv6 sockets and installs no IPv6 rule.
+	NoIPv6 bool
+	// Workers is the number of crypto goroutines; 0 means GOMAXPROCS.
+	Workers int
+	// OuterMTU is the MTU of the path to the peers. 0 means the MTU of
+	// the route to each peer (refreshed every 30 s), or DefaultOuterMTU
+	// without a router (fakes).
+	OuterMTU int
+	// QueueLen is how many batches per direction may wait for crypto and
+	// sending; 0 means DefaultQueueLen.
+	QueueLen int
+	// Batch is the number of outer packets per recvmmsg; 0 means
+	// DefaultBatch.
+	Batch int
+	// RecvBuffer, if > 0, is the outer sockets' SO_RCVBUF (forced).
+	RecvBuffer int
+	// Keepalive is the NAT-keepalive interval for outbound states with
+	// UDP encapsulation; 0 means DefaultKeepalive, negative disables.
+	Keepalive time.Duration
+	// ICMPRate bounds the "fragmentation needed" and "packet too big"
+	// errors written to the TUN, per second; 0 means DefaultICMPRate,
+	// negative disables them.
+	ICMPRate int
+}
+
+func (c *Config) setDefaults() error {
+	if c.TUN.MTU == 0 {
+		c.TUN.MTU = tun.DefaultMTU
+	}
+	if c.TUN.MTU > BufferSize-MaxFraming {
+		return fmt.Errorf("dataplane: TUN MTU %d above %d", c.TUN.MTU, BufferSize-MaxFraming)
+	}
+	if c.Mark == 0 {
+		c.Mark = routing.DefaultMark
+	}
+	if c.EncapPort == 0 {
+		c.EncapPort = DefaultEncapPort
+	}
+	if c.Workers <= 0 {
+		c.Workers = runtime.GOMAXPROCS(0)
+	}
+	if c.QueueLen <= 0 {
+		c.QueueLen = DefaultQueueLen
+	}
+	if c.Batch <= 0 {
+		c.Batch = DefaultBatch
+	}
+	if c.OuterMTU < 0 || c.OuterMTU > 65535 || (c.OuterMTU > 0 && c.OuterMTU < 576) {
+		return fmt.Errorf("dataplane: outer MTU %d out of range 576..65535", c.OuterMTU)
+	}
+	if c.Keepalive == 0 {
+		c.Keepalive = DefaultKeepalive
+	}
+	if c.ICMPRate == 0 {
+		c.ICMPRate = DefaultICMPRate
+	}
+	return nil
+}

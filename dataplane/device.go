@@ -1,0 +1,252 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/espd/espd/esp"
+	"github.com/espd/espd/routing"
+	"github.com/espd/espd/sa"
+	"github.com/espd/espd/tun"
+)
+
+// TUN is the cleartext side of the pipeline; *tun.Device implements it.
+type TUN interface {
+	// BatchSize is the number of buffers Read wants.
+	BatchSize() int
+	// MTU is the interface MTU: the largest packet Read returns.
+	MTU() int
+	// Read reads packets into bufs[i][offset:] and their sizes into sizes.
+	Read(bufs [][]byte, sizes []int, offset int) (int, error)
+	// Write writes the packets bufs[i][offset:]; offset is at least
+	// tun.MinWriteOffset. It is called from two goroutines at once (the
+	// inbound writer and the outbound reader's ICMP errors).
+	Write(bufs [][]byte, offset int) error
+	// Close makes blocked and later Reads fail.
+	Close() error
+}
+
+// Router installs routes into the TUN; *routing.Router implements it.
+type Router interface {
+	AddRoute(p netip.Prefix, k routing.Kind) error
+	RemoveRoute(p netip.Prefix, k routing.Kind) error
+	// PathMTU is the MTU of the route to an outer destination.
+	PathMTU(dst netip.Addr) (int, error)
+	Close() error
+}
+
+// IO is what a Device runs on: the kernel's (Start) or fakes (StartWith).
+// The Device owns it from StartWith on and closes it in Close.
+type IO struct {
+	TUN       TUN
+	Receivers []Receiver
+	Sender    Sender
+	// Router is optional: without it InstallPolicyRoute fails and the
+	// outer MTU is Config.OuterMTU or DefaultOuterMTU.
+	Router Router
+}
+
+// Device is the data plane: a TUN device, outer sockets, routes, and the
+// pipeline between them, driven by the states and policies of an sa.DB.
+type Device struct {
+	cfg Config
+	db  *sa.DB
+	log *slog.Logger
+
+	io   IO
+	pool *pool
+	out  *queues
+	in   *queues
+
+	shadows shadows
+	stats   counters
+	fragID  atomic.Uint32
+	closing atomic.Bool
+	started bool
+	stop    chan struct{}
+	wg      sync.WaitGroup
+
+	mu        sync.Mutex // serializes Start/StartWith/Close and route changes
+	closed    bool
+	closeErr  error
+	logLimits [numLogLimits]atomic.Int64 // unix nanoseconds of the last log
+}
+
+// New returns a Device that is not started. log may be nil.
+func New(cfg Config, db *sa.DB, log *slog.Logger) (*Device, error) {
+	if db == nil {
+		return nil, errors.New("dataplane: nil sa.DB")
+	}
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &Device{cfg: cfg, db: db, log: log, stop: make(chan struct{})}
+	d.fragID.Store(uint32(time.Now().UnixNano()))
+	return d, nil
+}
+
+// Config returns the configuration with defaults filled in.
+func (d *Device) Config() Config { return d.cfg }
+
+// Start creates the TUN device, the routing rules and the outer sockets in
+// the calling thread's network namespace and starts the pipeline.
+func (d *Device) Start() (err error) {
+	var io IO
+	defer func() {
+		if err != nil {
+			closeIO(io)
+		}
+	}()
+	dev, err := tun.Create(d.cfg.TUN)
+	if err != nil {
+		return err
+	}
+	io.TUN = dev
+	d.cfg.TUN.Name = dev.Name()
+	r, err := routing.New(routing.Config{
+		LinkIndex: dev.Index(), LinkName: dev.Name(),
+		Table: d.cfg.Table, Mark: d.cfg.Mark, Priority: d.cfg.RulePriority, NoIPv6: d.cfg.NoIPv6,
+	})
+	if err != nil {
+		return err
+	}
+	io.Router = r
+	d.cfg.Table = r.Table()
+	socks, err := OpenSockets(SocketConfig{
+		Mark: d.cfg.Mark, EncapPort: d.cfg.EncapPort, NoIPv6: d.cfg.NoIPv6,
+		Batch: d.cfg.Batch, RecvBuffer: d.cfg.RecvBuffer,
+	})
+	if err != nil {
+		return err
+	}
+	io.Receivers = socks.Receivers()
+	io.Sender = socks.Sender()
+	return d.StartWith(io)
+}
+
+// closeIO closes what Start opened, routes first so that traffic stops
+// entering the TUN.
+func closeIO(io IO) error {
+	var errs []error
+	if io.Router != nil {
+		errs = append(errs, io.Router.Close())
+	}
+	if io.TUN != nil {
+		errs = append(errs, io.TUN.Close())
+	}
+	for _, r := range io.Receivers {
+		errs = append(errs, r.Close())
+	}
+	if io.Sender != nil {
+		errs = append(errs, io.Sender.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// StartWith starts the pipeline on io.
+func (d *Device) StartWith(io IO) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.started || d.closed {
+		return errors.New("dataplane: device already started")
+	}
+	if io.TUN == nil || io.Sender == nil {
+		return errors.New("dataplane: IO needs a TUN and a Sender")
+	}
+	if io.TUN.MTU() > BufferSize-MaxFraming {
+		return fmt.Errorf("dataplane: TUN MTU %d above %d", io.TUN.MTU(), BufferSize-MaxFraming)
+	}
+	d.started = true
+	d.io = io
+	d.pool = newPool(max(io.TUN.BatchSize(), d.cfg.Batch))
+	d.out = newQueues(d.cfg.QueueLen)
+	d.in = newQueues(d.cfg.QueueLen)
+
+	d.out.wg.Add(1)
+	d.wg.Add(1)
+	go d.readTUN()
+	d.in.wg.Add(len(io.Receivers))
+	for _, r := range io.Receivers {
+		d.wg.Add(1)
+		go d.readOuter(r)
+	}
+	d.wg.Add(5 + d.cfg.Workers)
+	go func() { defer d.wg.Done(); d.out.closeWhenDone() }()
+	go func() { defer d.wg.Done(); d.in.closeWhenDone() }()
+	for range d.cfg.Workers {
+		go d.worker()
+	}
+	go d.sendLoop()
+	go d.writeLoop()
+	go d.housekeeping()
+	d.log.Info("data plane started", "workers", d.cfg.Workers, "batch", d.pool.size, "queue", d.cfg.QueueLen)
+	return nil
+}
+
+// MaxFraming is the room around an inner packet in its buffer: the
+// headroom and trailer of the largest ESP framing.
+const MaxFraming = esp.MaxHeadroom + esp.MaxTrailer
+
+// Close stops the pipeline, removes the routes and rules, and closes the
+// TUN device and the sockets. Packets in flight are sent or written.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return d.closeErr
+	}
+	d.closed = true
+	if !d.started {
+		return nil
+	}
+	d.closing.Store(true)
+	close(d.stop)
+	var errs []error
+	if d.io.Router != nil {
+		errs = append(errs, d.io.Router.Close())
+	}
+	errs = append(errs, d.io.TUN.Close())
+	for _, r := range d.io.Receivers {
+		errs = append(errs, r.Close())
+	}
+	d.wg.Wait()
+	errs = append(errs, d.io.Sender.Close())
+	d.closeErr = errors.Join(errs...)
+	d.log.Info("data plane stopped")
+	return d.closeErr
+}
+
+// Stats returns a snapshot of the global counters.
+func (d *Device) Stats() Stats { return d.stats.snapshot() }
+
+// TUNName returns the name of the TUN interface (after Start).
+func (d *Device) TUNName() string { return d.cfg.TUN.Name }
+
+type logLimit int
+
+const (
+	logTUNRead logLimit = iota
+	logOuterRead
+	logTUNWrite
+	logSend
+	logKeepalive
+	numLogLimits
+)
+
+// logf logs at most once a second per kind.
+func (d *Device) logf(k logLimit, msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := d.logLimits[k].Load()
+	if now-last < int64(time.Second) || !d.logLimits[k].CompareAndSwap(last, now) {
+		return
+	}
+	d.log.Warn(msg, args...)
+}

@@ -1,0 +1,174 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/esp"
+	"github.com/espd/espd/packet"
+	"github.com/espd/espd/sa"
+)
+
+var (
+	local4 = netip.MustParseAddr("198.18.0.1")
+	peer4  = netip.MustParseAddr("198.18.0.2")
+	local6 = netip.MustParseAddr("2001:db8::1")
+	peer6  = netip.MustParseAddr("2001:db8::2")
+)
+
+// harness is one Device on fakes. With loop, what it sends comes back to
+// its receiver, so that a packet read from the TUN is encrypted, received,
+// decrypted and written back to the TUN.
+type harness struct {
+	t    testing.TB
+	d    *Device
+	db   *sa.DB
+	tun  *fakeTUN
+	tx   *fakeSender
+	rx   *fakeReceiver
+	wire *wire
+}
+
+func newHarness(t testing.TB, cfg Config, loop bool) *harness {
+	t.Helper()
+	h := &harness{t: t, db: sa.NewDB(), tun: newFakeTUN(64, 1400), wire: newWire(1024)}
+	h.tx = &fakeSender{record: true}
+	if loop {
+		h.tx.wire = h.wire
+	}
+	h.rx = newFakeReceiver(h.wire)
+	d, err := New(cfg, h.db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.d = d
+	statsHook = d.Stats
+	if err := d.StartWith(IO{TUN: h.tun, Receivers: []Receiver{h.rx}, Sender: h.tx}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return h
+}
+
+func testKey(n int, seed byte) []byte {
+	k := make([]byte, n)
+	for i := range k {
+		k[i] = seed + byte(i)
+	}
+	return k
+}
+
+// tunnel describes one protected inner network and the states for it.
+type tunnel struct {
+	reqid           uint32
+	spi             uint32
+	dst             netip.Prefix // inner destination network
+	suite           string
+	local, peer     netip.Addr // outer
+	sport, dport    uint16     // ESP-in-UDP when dport != 0
+	inSelectors     []sa.Selector
+	df              uint8 // esp.DFMode
+	skipOut, skipIn bool
+}
+
+// add installs the tunnel's outbound policy and, unless skipped, its
+// outbound state and an inbound state with the same SPI and keys (so that a
+// looped-back packet decrypts).
+func (h *harness) add(tn tunnel) (out, in *sa.SA) {
+	h.t.Helper()
+	if tn.suite == "" {
+		tn.suite = "aes128gcm16"
+	}
+	if !tn.local.IsValid() {
+		tn.local, tn.peer = local4, peer4
+	}
+	suite, err := crypto.ParseSuite(tn.suite)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if _, err := h.db.AddPolicy(sa.Policy{
+		Selector: sa.Selector{Dst: tn.dst}, Dir: sa.DirOut, Action: sa.ActionProtect,
+		ReqID: tn.reqid, TmplSrc: tn.local, TmplDst: tn.peer,
+	}); err != nil {
+		h.t.Fatal(err)
+	}
+	base := sa.Config{
+		SPI: tn.spi, Suite: suite, ReqID: tn.reqid, ReplayWindow: 128,
+		EncKey: testKey(suite.EncKeyLen(), byte(tn.spi)), IntegKey: testKey(suite.IntegKeyLen(), byte(tn.spi>>8)),
+		EncapSrcPort: tn.sport, EncapDstPort: tn.dport, ECN: true,
+	}
+	if !tn.skipOut {
+		c := base
+		c.Dir, c.Src, c.Dst = sa.DirOut, tn.local, tn.peer
+		c.DF = dfMode(tn.df)
+		if out, err = h.db.AddSA(c); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	if !tn.skipIn {
+		c := base
+		c.Dir, c.Src, c.Dst = sa.DirIn, tn.peer, tn.local
+		c.Selectors = tn.inSelectors
+		if in, err = h.db.AddSA(c); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	return out, in
+}
+
+// udpPacket builds an IPv4 or IPv6 UDP packet of total length size (at
+// least header + 8) whose payload starts with the 64-bit counter n.
+func udpPacket(src, dst netip.Addr, sport, dport uint16, n uint64, size int, df bool) []byte {
+	hl := packet.IPv4HeaderLen
+	if src.Is6() {
+		hl = packet.IPv6HeaderLen
+	}
+	size = max(size, hl+packet.UDPHeaderLen+8)
+	p := make([]byte, size)
+	u := p[hl:]
+	packet.PutUDPHeader(u, sport, dport, len(u)-packet.UDPHeaderLen)
+	binary.BigEndian.PutUint64(u[packet.UDPHeaderLen:], n)
+	for i := packet.UDPHeaderLen + 8; i < len(u); i++ {
+		u[i] = byte(i)
+	}
+	if src.Is4() {
+		packet.PutIPv4Header(p, packet.IPv4Header{TotalLen: uint16(size), DF: df, TTL: 64, Protocol: packet.ProtoUDP, Src: src, Dst: dst})
+	} else {
+		packet.PutIPv6Header(p, packet.IPv6Header{PayloadLen: uint16(len(u)), NextHeader: packet.ProtoUDP, HopLimit: 64, Src: src, Dst: dst})
+	}
+	packet.SetUDPChecksum(u, src, dst)
+	return p
+}
+
+// counterOf returns the counter udpPacket put in p.
+func counterOf(p []byte) uint64 {
+	hl := packet.IPv6HeaderLen
+	if p[0]>>4 == 4 {
+		hl = int(p[0]&0xf) * 4
+	}
+	return binary.BigEndian.Uint64(p[hl+packet.UDPHeaderLen:])
+}
+
+// waitFor polls cond every millisecond for up to 5 s.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			if h, ok := t.(interface{ Logf(string, ...any) }); ok && statsHook != nil {
+				h.Logf("%+v", statsHook())
+			}
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func dfMode(m uint8) esp.DFMode { return esp.DFMode(m) }
+
+// statsHook, set by the latest harness, lets waitFor log the device's
+// counters when it times out.
+var statsHook func() Stats

@@ -1,0 +1,235 @@
+package dataplane
+
+import (
+	"errors"
+	"net"
+	"os"
+	"unsafe"
+
+	"github.com/espd/espd/esp"
+	"github.com/espd/espd/packet"
+	"github.com/espd/espd/sa"
+	"github.com/espd/espd/tun"
+)
+
+// readOuter is an inbound producer: one per outer socket.
+func (d *Device) readOuter(r Receiver) {
+	defer d.wg.Done()
+	defer d.in.producerDone()
+	bs := min(d.cfg.Batch, d.pool.size)
+	for {
+		b := d.pool.get()
+		b.out = false
+		for i := range bs {
+			b.msgs[i].Buf = b.elems[i].buf
+		}
+		n, err := r.Receive(b.msgs[:bs])
+		if n > 0 {
+			d.classifyIn(b, n)
+		} else {
+			d.pool.put(b)
+		}
+		if err != nil {
+			if d.closing.Load() || errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			d.stats[cReadErrors].Add(1)
+			d.logf(logOuterRead, "outer socket read failed", "err", err)
+		}
+	}
+}
+
+// classifyIn finds the inbound state of each of the n packets received
+// into b and queues b.
+func (d *Device) classifyIn(b *batch, n int) {
+	var l local
+	var (
+		haveSPI bool
+		spi     uint32
+		s       *sa.SA
+		dec     *esp.Decapsulator
+		win     *esp.ReplayWindow
+	)
+	b.n = n
+	live := 0
+	for i := range n {
+		m := &b.msgs[i]
+		e := &b.elems[i]
+		*e = elem{buf: e.buf, drop: dropCounted}
+		l[cRxPackets]++
+		if m.Err != nil {
+			l[cMalformed]++
+			continue
+		}
+		p := e.buf[m.Start:m.End]
+		l[cRxBytes] += uint64(len(p))
+		if m.UDP {
+			switch esp.ClassifyUDP(p) {
+			case esp.UDPESP:
+			case esp.UDPKeepalive:
+				l[cKeepalivesRx]++
+				continue
+			case esp.UDPIKE:
+				l[cIKE]++
+				continue
+			default:
+				l[cMalformed]++
+				continue
+			}
+		}
+		id, okSPI := esp.SPI(p)
+		if !okSPI || len(p) < esp.HeaderLen {
+			l[cMalformed]++
+			continue
+		}
+		if !haveSPI || id != spi {
+			haveSPI, spi = true, id
+			s, dec, win = d.db.LookupInbound(id), nil, nil
+			if s != nil && s.Alive() {
+				dec = s.Decapsulator()
+			}
+			if dec != nil && dec.Replay != nil {
+				win = dec.Replay
+				dec = &d.shadows.get(s, dec).dec
+			}
+		}
+		if dec == nil {
+			l[cInvalidSPI]++
+			continue
+		}
+		e.sa, e.dec, e.win = s, dec, win
+		e.start, e.end, e.tos = m.Start, m.End, m.TOS
+		e.drop = pass
+		live++
+	}
+	if live > 0 {
+		b.mu.Lock()
+		if !d.in.push(b) {
+			b.mu.Unlock()
+			l[cQueueDrops] += uint64(live)
+			d.db.CountGlobal(sa.GlobalQueueDrop, uint64(live))
+			d.pool.put(b)
+		}
+	} else {
+		d.pool.put(b)
+	}
+	d.countGlobal(&l)
+	l.flush(&d.stats)
+}
+
+// decrypt is the workers' inbound step: replay check, decryption and the
+// state's selector check of the inner packet (done here, in parallel,
+// rather than in the in-order writer). The writer advances the replay
+// window (see replay.go).
+func decrypt(b *batch) {
+	for i := range b.n {
+		e := &b.elems[i]
+		if e.drop != pass {
+			continue
+		}
+		inner, err := open(e)
+		if err != nil {
+			e.drop, e.reason = dropSA, sa.DropReasonOf(err)
+			continue
+		}
+		e.start = offsetIn(e.buf, inner)
+		e.end = e.start + len(inner)
+		e.innerLen = len(inner)
+		f, err := packet.ParseFlow(inner)
+		if err != nil {
+			e.drop, e.reason = dropSA, sa.DropInner
+			continue
+		}
+		if !e.sa.AllowsInner(f) {
+			e.drop, e.reason = dropSelector, sa.DropSelector
+		}
+	}
+}
+
+// offsetIn returns the offset of sub, a non-empty sub-slice of buf (whose
+// capacity the transform may have limited), in buf.
+func offsetIn(buf, sub []byte) int {
+	return int(uintptr(unsafe.Pointer(unsafe.SliceData(sub))) - uintptr(unsafe.Pointer(unsafe.SliceData(buf))))
+}
+
+// inWriter is the in-order TUN writer's state.
+type inWriter struct {
+	acct accounting
+}
+
+// writeLoop is the inbound in-order stage: it takes batches in the order
+// they were received, waits for their crypto and writes them to the TUN.
+func (d *Device) writeLoop() {
+	defer d.wg.Done()
+	w := &inWriter{}
+	for b := range d.in.inorder {
+		b.mu.Lock()
+		d.writeBatch(w, b)
+		b.mu.Unlock()
+		d.pool.put(b)
+	}
+}
+
+func (d *Device) writeBatch(w *inWriter, b *batch) {
+	var l local
+	j := 0
+	for i := range b.n {
+		e := &b.elems[i]
+		if e.authentic {
+			if err := e.win.Update(e.seq); err != nil {
+				// Another packet with this number was in flight.
+				e.drop, e.reason = dropSA, sa.DropReplay
+			}
+		}
+		switch e.drop {
+		case pass:
+		case dropSA:
+			w.acct.drop(e.sa, e.reason)
+			l[cCryptoDrops]++
+			continue
+		case dropSelector:
+			w.acct.drop(e.sa, e.reason)
+			l[cSelectorDrop]++
+			continue
+		default:
+			continue
+		}
+		w.acct.add(e.sa, e.innerLen)
+		b.bufs[j] = e.buf[e.start-tun.MinWriteOffset : e.end]
+		j++
+		l[cTUNTxBytes] += uint64(e.innerLen)
+	}
+	w.acct.flush()
+	if j > 0 {
+		l[cTUNTxPackets] += uint64(j)
+		if err := d.io.TUN.Write(b.bufs[:j], tun.MinWriteOffset); err != nil {
+			l[cTUNWriteErrors]++
+			d.logf(logTUNWrite, "TUN write failed", "packets", j, "err", err)
+		}
+	}
+	l.flush(&d.stats)
+}
+
+// worker runs the crypto of both directions.
+func (d *Device) worker() {
+	defer d.wg.Done()
+	out, in := d.out.crypto, d.in.crypto
+	for out != nil || in != nil {
+		select {
+		case b, ok := <-out:
+			if !ok {
+				out = nil
+				continue
+			}
+			encrypt(b)
+			b.mu.Unlock()
+		case b, ok := <-in:
+			if !ok {
+				in = nil
+				continue
+			}
+			decrypt(b)
+			b.mu.Unlock()
+		}
+	}
+}

@@ -1,0 +1,342 @@
+package dataplane
+
+import (
+	"errors"
+	"os"
+
+	"github.com/espd/espd/esp"
+	"github.com/espd/espd/packet"
+	"github.com/espd/espd/sa"
+	"github.com/espd/espd/tun"
+)
+
+// outReader is the TUN reader's state. The lookups it caches are valid for
+// one batch only, so that policy and state changes apply from the next
+// batch on and a dead state is never used.
+type outReader struct {
+	// previous packet's flow and policy
+	havePol bool
+	flow    packet.Flow
+	pol     sa.Policy
+	polOK   bool
+	// previous protect policy's reqid and its state
+	haveSA   bool
+	reqid    uint32
+	s        *sa.SA
+	enc      *esp.Encapsulator
+	mtu      int
+	innerMTU int
+
+	runs []seqRun
+	pmtu pmtuCache
+	icmp icmpSender
+}
+
+// seqRun counts one state's packets in a batch and hands out the sequence
+// numbers reserved for them.
+type seqRun struct {
+	s           *sa.SA
+	count, left int
+	next        uint64
+}
+
+// readTUN is the outbound producer.
+func (d *Device) readTUN() {
+	defer d.wg.Done()
+	defer d.out.producerDone()
+	r := &outReader{runs: make([]seqRun, 0, 16)}
+	r.pmtu.init(d)
+	r.icmp.init(d)
+	bs := min(d.io.TUN.BatchSize(), d.pool.size)
+	for {
+		b := d.pool.get()
+		b.out = true
+		for i := range bs {
+			b.bufs[i] = b.elems[i].buf
+		}
+		n, err := d.io.TUN.Read(b.bufs[:bs], b.sizes[:bs], esp.MaxHeadroom)
+		if n > 0 {
+			d.classifyOut(r, b, n)
+		} else {
+			d.pool.put(b)
+		}
+		if err != nil && !errors.Is(err, tun.ErrTooManySegments) {
+			if d.closing.Load() || errors.Is(err, os.ErrClosed) {
+				return
+			}
+			d.stats[cReadErrors].Add(1)
+			d.logf(logTUNRead, "TUN read failed", "err", err)
+		}
+	}
+}
+
+// classifyOut looks up the policy and state of each of the n packets read
+// into b, reserves their sequence numbers and queues b.
+func (d *Device) classifyOut(r *outReader, b *batch, n int) {
+	var l local
+	r.havePol, r.haveSA = false, false
+	b.n = n
+	live := 0
+	for i := range n {
+		e := &b.elems[i]
+		*e = elem{buf: e.buf, start: esp.MaxHeadroom, end: esp.MaxHeadroom + b.sizes[i]}
+		pkt := e.buf[e.start:e.end]
+		l[cTUNRxPackets]++
+		l[cTUNRxBytes] += uint64(len(pkt))
+		e.drop = dropCounted
+		f, err := packet.ParseFlow(pkt)
+		if err != nil {
+			l[cMalformed]++
+			continue
+		}
+		if !r.havePol || f != r.flow {
+			r.pol, r.polOK = d.db.LookupPolicy(sa.DirOut, f)
+			r.flow, r.havePol = f, true
+		}
+		if !r.polOK {
+			l[cNoPolicy]++
+			continue
+		}
+		switch r.pol.Action {
+		case sa.ActionProtect:
+		case sa.ActionBypass:
+			l[cBypassInTUN]++
+			continue
+		default:
+			l[cPolicyDrops]++
+			continue
+		}
+		if !r.haveSA || r.reqid != r.pol.ReqID {
+			r.lookupSA(d, r.pol.ReqID)
+		}
+		if r.s == nil {
+			l[cNoSA]++
+			d.db.Acquire(r.pol, f)
+			continue
+		}
+		if len(pkt) > r.innerMTU {
+			if !d.fragmentable(r, pkt, &l) {
+				r.s.Drop(sa.DropTooBig, 1)
+				continue
+			}
+			e.frag = true
+		}
+		e.sa, e.enc, e.mtu, e.innerLen = r.s, r.enc, r.mtu, len(pkt)
+		e.drop = pass
+		live++
+	}
+	if live > 0 {
+		r.reserve(b)
+		b.mu.Lock()
+		if !d.out.push(b) {
+			b.mu.Unlock()
+			l[cQueueDrops] += uint64(live)
+			d.db.CountGlobal(sa.GlobalQueueDrop, uint64(live))
+			d.pool.put(b)
+		}
+	} else {
+		d.pool.put(b)
+	}
+	d.countGlobal(&l)
+	l.flush(&d.stats)
+}
+
+// lookupSA finds the live outbound state of reqid and its framing.
+func (r *outReader) lookupSA(d *Device, reqid uint32) {
+	r.haveSA, r.reqid = true, reqid
+	r.s, r.enc = nil, nil
+	s := d.db.OutboundSA(reqid)
+	if s == nil || !s.Alive() {
+		return
+	}
+	enc := s.Encapsulator()
+	if enc == nil {
+		return
+	}
+	r.s, r.enc = s, enc
+	r.mtu = r.pmtu.get(enc.Outer.Dst)
+	r.innerMTU = enc.InnerMTU(r.mtu)
+}
+
+// fragmentable decides what happens to pkt, too large for the state's
+// inner MTU: an IPv4 packet without DF (or an IPv6 packet no larger than
+// the IPv6 minimum MTU, which every link must carry) travels in outer
+// fragments; any other draws a "fragmentation needed" or "packet too big"
+// error and is dropped.
+func (d *Device) fragmentable(r *outReader, pkt []byte, l *local) bool {
+	mtu := r.innerMTU
+	if pkt[0]>>4 == 4 {
+		if pkt[6]&0x40 == 0 {
+			return true
+		}
+	} else {
+		if len(pkt) <= minIPv6MTU {
+			return true
+		}
+		mtu = max(mtu, minIPv6MTU)
+	}
+	l[cTooBig]++
+	r.icmp.tooBig(pkt, mtu, l)
+	return false
+}
+
+const minIPv6MTU = 1280
+
+// reserve reserves the sequence numbers of b's live packets, once per
+// state, and assigns them in order. Packets a state cannot number (it ran
+// out of sequence numbers) are dropped.
+func (r *outReader) reserve(b *batch) {
+	runs := r.runs[:0]
+	last := 0
+	for i := range b.n {
+		e := &b.elems[i]
+		if e.drop != pass {
+			continue
+		}
+		if last < len(runs) && runs[last].s == e.sa {
+			runs[last].count++
+			continue
+		}
+		found := false
+		for j := range runs {
+			if runs[j].s == e.sa {
+				runs[j].count++
+				last, found = j, true
+				break
+			}
+		}
+		if !found {
+			runs = append(runs, seqRun{s: e.sa, count: 1})
+			last = len(runs) - 1
+		}
+	}
+	for j := range runs {
+		runs[j].next, runs[j].left = runs[j].s.ReserveSeq(runs[j].count)
+	}
+	last = 0
+	for i := range b.n {
+		e := &b.elems[i]
+		if e.drop != pass {
+			continue
+		}
+		if runs[last].s != e.sa {
+			for j := range runs {
+				if runs[j].s == e.sa {
+					last = j
+					break
+				}
+			}
+		}
+		run := &runs[last]
+		if run.left == 0 {
+			e.drop, e.reason = dropSA, sa.DropSequence
+			continue
+		}
+		e.seq = run.next
+		run.next++
+		run.left--
+	}
+	for j := range runs {
+		runs[j].s = nil
+	}
+	r.runs = runs[:0]
+}
+
+// encrypt is the workers' outbound step.
+func encrypt(b *batch) {
+	for i := range b.n {
+		e := &b.elems[i]
+		if e.drop != pass {
+			continue
+		}
+		p, err := e.enc.Encapsulate(e.buf, e.start, e.end-e.start, e.seq)
+		if err != nil {
+			e.drop, e.reason = dropSA, sa.DropReasonOf(err)
+			continue
+		}
+		e.start, e.end = p.Start, p.End
+	}
+}
+
+// outSender is the in-order sender's state.
+type outSender struct {
+	pkts  [][]byte
+	frags [][]byte // fragment buffers, reused
+	nfrag int
+	acct  accounting
+}
+
+// sendLoop is the outbound in-order stage: it takes batches in the order
+// they were read, waits for their crypto and sends them.
+func (d *Device) sendLoop() {
+	defer d.wg.Done()
+	s := &outSender{pkts: make([][]byte, 0, 2*d.pool.size)}
+	for b := range d.out.inorder {
+		b.mu.Lock()
+		d.sendBatch(s, b)
+		b.mu.Unlock()
+		d.pool.put(b)
+	}
+}
+
+func (d *Device) sendBatch(s *outSender, b *batch) {
+	var l local
+	s.pkts = s.pkts[:0]
+	s.nfrag = 0
+	for i := range b.n {
+		e := &b.elems[i]
+		switch e.drop {
+		case pass:
+		case dropSA:
+			s.acct.drop(e.sa, e.reason)
+			l[cCryptoDrops]++
+			continue
+		default:
+			continue
+		}
+		s.acct.add(e.sa, e.innerLen)
+		pkt := e.buf[e.start:e.end]
+		if len(pkt) <= e.mtu || !e.frag {
+			s.pkts = append(s.pkts, pkt)
+			continue
+		}
+		k, err := d.fragment(s, pkt, e.mtu)
+		if err != nil {
+			s.acct.drop(e.sa, sa.DropTooBig)
+			l[cTooBig]++
+			continue
+		}
+		l[cFragments] += uint64(k)
+	}
+	s.acct.flush()
+	if len(s.pkts) > 0 {
+		n, err := d.io.Sender.Send(s.pkts)
+		l[cTxPackets] += uint64(len(s.pkts))
+		for _, p := range s.pkts {
+			l[cTxBytes] += uint64(len(p))
+		}
+		if failed := len(s.pkts) - n; failed > 0 {
+			l[cSendErrors] += uint64(failed)
+			d.logf(logSend, "outer send failed", "packets", failed, "err", err)
+		}
+	}
+	l.flush(&d.stats)
+}
+
+// countGlobal mirrors the batch's drops that concern no state into the
+// sa.DB's global counters.
+func (d *Device) countGlobal(l *local) {
+	for _, m := range [...]struct {
+		c counter
+		g sa.GlobalReason
+	}{
+		{cInvalidSPI, sa.GlobalInvalidSPI},
+		{cMalformed, sa.GlobalMalformed},
+		{cPolicyDrops, sa.GlobalPolicyDrop},
+		{cNoSA, sa.GlobalNoState},
+	} {
+		if l[m.c] != 0 {
+			d.db.CountGlobal(m.g, l[m.c])
+		}
+	}
+}

@@ -1,0 +1,381 @@
+package dataplane
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/esp"
+	"github.com/espd/espd/packet"
+	"github.com/espd/espd/routing"
+	"github.com/espd/espd/sa"
+)
+
+type routingKind = routing.Kind
+
+var innerSrc4, innerSrc6 = netip.MustParseAddr("198.19.100.1"), netip.MustParseAddr("2001:db8:100::1")
+
+// TestOrderUnderManyWorkers sends interleaved traffic of four tunnels (IPv4
+// and IPv6 inside, raw and UDP-encapsulated, IPv4 and IPv6 outside)
+// through a looped-back device with 8 workers, and checks that every
+// state's sequence numbers leave in order without gaps and that every
+// flow's packets come back out of the TUN in order.
+func TestOrderUnderManyWorkers(t *testing.T) {
+	h := newHarness(t, Config{Workers: 8, QueueLen: 1024}, true)
+	tunnels := []tunnel{
+		{reqid: 1, spi: 0x101, dst: netip.MustParsePrefix("198.19.1.0/24")},
+		{reqid: 2, spi: 0x102, dst: netip.MustParsePrefix("198.19.2.0/24"), sport: 4500, dport: 4500},
+		{reqid: 3, spi: 0x103, dst: netip.MustParsePrefix("2001:db8:3::/48"), local: local6, peer: peer6},
+		{reqid: 4, spi: 0x104, dst: netip.MustParsePrefix("2001:db8:4::/48"), local: local6, peer: peer6, sport: 4500, dport: 4500, suite: "aes256-sha256"},
+	}
+	dsts := []netip.Addr{
+		netip.MustParseAddr("198.19.1.9"), netip.MustParseAddr("198.19.2.9"),
+		netip.MustParseAddr("2001:db8:3::9"), netip.MustParseAddr("2001:db8:4::9"),
+	}
+	for _, tn := range tunnels {
+		h.add(tn)
+	}
+	const batches, per = 150, 40
+	next := make([]uint64, len(tunnels))
+	for i := range batches {
+		pkts := make([][]byte, 0, per)
+		for j := range per {
+			k := (i*7 + j*j) % len(tunnels) // interleave the tunnels irregularly
+			src := innerSrc4
+			if dsts[k].Is6() {
+				src = innerSrc6
+			}
+			pkts = append(pkts, udpPacket(src, dsts[k], 1000+uint16(k), 2000, next[k], 100+j*20, false))
+			next[k]++
+		}
+		h.tun.in <- pkts
+	}
+	const total = batches * per
+	waitFor(t, "all packets back in the TUN", func() bool { return h.tun.count.Load() >= total })
+
+	// Inner order per flow.
+	seen := make(map[netip.Addr]uint64)
+	for _, p := range h.tun.packets() {
+		f, err := packet.ParseFlow(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := counterOf(p); c != seen[f.Dst] {
+			t.Fatalf("flow to %v: packet %d arrived when %d was due", f.Dst, c, seen[f.Dst])
+		}
+		seen[f.Dst]++
+	}
+	for k, d := range dsts {
+		if seen[d] != next[k] {
+			t.Errorf("flow to %v: %d packets back, %d sent", d, seen[d], next[k])
+		}
+	}
+	// Outer sequence numbers per SPI: 1, 2, 3, ... in sending order.
+	seqs := make(map[uint32]uint32)
+	for _, p := range h.tx.packets() {
+		var m Message
+		m.Buf = make([]byte, BufferSize)
+		deliver(&m, p)
+		e := m.Buf[m.Start:m.End]
+		spi, _ := esp.SPI(e)
+		seq, _ := esp.SeqLow(e)
+		if seq != seqs[spi]+1 {
+			t.Fatalf("SPI %#x: sequence number %d after %d", spi, seq, seqs[spi])
+		}
+		seqs[spi] = seq
+	}
+	st := h.d.Stats()
+	if st.TUNRxPackets != total || st.TxPackets != total || st.RxPackets != total || st.TUNTxPackets != total {
+		t.Errorf("stats %+v", st)
+	}
+	for _, s := range h.db.SAs() {
+		if got := s.Stats().Packets; got != uint64(next[s.ReqID()-1]) {
+			t.Errorf("state %v accounted %d packets, want %d", s, got, next[s.ReqID()-1])
+		}
+	}
+}
+
+// oneOut sends one packet through a non-looped harness and returns the
+// outer packet.
+func (h *harness) oneOut(p []byte) []byte {
+	h.t.Helper()
+	before := len(h.tx.packets())
+	h.tun.in <- [][]byte{p}
+	waitFor(h.t, "an outer packet", func() bool { return len(h.tx.packets()) > before })
+	return h.tx.packets()[before]
+}
+
+func TestDropsCounted(t *testing.T) {
+	h := newHarness(t, Config{Workers: 4}, false)
+	tn := tunnel{reqid: 7, spi: 0x700, dst: netip.MustParsePrefix("198.19.7.0/24")}
+	out, in := h.add(tn)
+	dst := netip.MustParseAddr("198.19.7.7")
+	inner := udpPacket(innerSrc4, dst, 1, 2, 42, 200, false)
+	outer := h.oneOut(inner)
+	if out.Stats().Packets != 1 {
+		t.Fatalf("outbound state accounted %d packets", out.Stats().Packets)
+	}
+
+	// Accepted once, then a replay.
+	h.wire.inject(outer)
+	waitFor(t, "the inner packet", func() bool { return h.tun.count.Load() == 1 })
+	if got := h.tun.packets()[0]; !bytes.Equal(got, inner) {
+		t.Fatalf("decrypted % x\nwant % x", got, inner)
+	}
+	h.wire.inject(outer)
+	waitFor(t, "a replay drop", func() bool { return in.Stats().Drops[sa.DropReplay] == 1 })
+
+	// Tampered: a flipped bit in the ciphertext.
+	bad := append([]byte(nil), h.oneOut(inner)...)
+	bad[len(bad)-20] ^= 1
+	h.wire.inject(bad)
+	waitFor(t, "an integrity drop", func() bool { return in.Stats().Drops[sa.DropIntegrity] == 1 })
+
+	// Unknown SPI.
+	unknown := append([]byte(nil), outer...)
+	binary.BigEndian.PutUint32(unknown[packet.IPv4HeaderLen:], 0xdead)
+	h.wire.inject(unknown)
+	waitFor(t, "an invalid SPI", func() bool { return h.d.Stats().InvalidSPI == 1 })
+
+	// Selector mismatch: an inbound state for another inner source.
+	tn2 := tunnel{reqid: 8, spi: 0x800, dst: netip.MustParsePrefix("198.19.8.0/24"),
+		inSelectors: []sa.Selector{{Src: netip.MustParsePrefix("198.19.200.0/24")}}}
+	_, in2 := h.add(tn2)
+	h.wire.inject(h.oneOut(udpPacket(innerSrc4, netip.MustParseAddr("198.19.8.8"), 1, 2, 0, 100, false)))
+	waitFor(t, "a selector drop", func() bool { return in2.Stats().Drops[sa.DropSelector] == 1 })
+	if h.d.Stats().SelectorDrop != 1 {
+		t.Errorf("SelectorDrop = %d", h.d.Stats().SelectorDrop)
+	}
+
+	// No state: an acquire event.
+	sub := h.db.Subscribe(8)
+	defer sub.Close()
+	h.add(tunnel{reqid: 9, spi: 0x900, dst: netip.MustParsePrefix("198.19.9.0/24"), skipOut: true, skipIn: true})
+	h.tun.in <- [][]byte{udpPacket(innerSrc4, netip.MustParseAddr("198.19.9.9"), 1, 2, 0, 100, false)}
+	select {
+	case ev := <-sub.Events():
+		if ev.Kind != sa.EventAcquire || ev.ReqID != 9 || ev.Flow.Dst != netip.MustParseAddr("198.19.9.9") {
+			t.Errorf("event %v", ev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no acquire event")
+	}
+	waitFor(t, "a no-SA drop", func() bool { return h.d.Stats().NoSA == 1 })
+
+	// Bypass and drop policies, no policy, malformed.
+	for _, p := range []sa.Policy{
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.10.0/24")}, Dir: sa.DirOut, Action: sa.ActionBypass},
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.11.0/24")}, Dir: sa.DirOut, Action: sa.ActionDrop},
+	} {
+		if _, err := h.db.AddPolicy(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.tun.in <- [][]byte{
+		udpPacket(innerSrc4, netip.MustParseAddr("198.19.10.1"), 1, 2, 0, 100, false),
+		udpPacket(innerSrc4, netip.MustParseAddr("198.19.11.1"), 1, 2, 0, 100, false),
+		udpPacket(innerSrc4, netip.MustParseAddr("198.19.12.1"), 1, 2, 0, 100, false),
+		{0x45, 0, 0},
+	}
+	waitFor(t, "outbound drops", func() bool {
+		s := h.d.Stats()
+		return s.BypassInTUN == 1 && s.PolicyDrops == 1 && s.NoPolicy == 1 && s.Malformed == 1
+	})
+
+	// Keepalive and IKE on the encapsulation port, and a dummy-free run:
+	// nothing of them reaches the TUN.
+	ka := outerUDP(peer4, local4, 4500, 4500, []byte{0xff})
+	ike := outerUDP(peer4, local4, 4500, 4500, append(make([]byte, 4), make([]byte, 28)...))
+	h.wire.inject(ka)
+	h.wire.inject(ike)
+	waitFor(t, "keepalive and IKE counts", func() bool {
+		s := h.d.Stats()
+		return s.KeepalivesRx == 1 && s.IKE == 1
+	})
+	if n := h.tun.count.Load(); n != 1 {
+		t.Errorf("%d packets reached the TUN, want only the first", n)
+	}
+	if s := h.d.Stats(); s.CryptoDrops != 2 {
+		t.Errorf("CryptoDrops = %d, want 2 (replay, integrity)", s.CryptoDrops)
+	}
+	if g := h.db.Stats(); g.InvalidSPI != 1 || g.NoState != 1 || g.Acquires != 1 {
+		t.Errorf("sa.DB global counters %+v", g)
+	}
+}
+
+// outerUDP builds an IPv4 or IPv6 UDP datagram for the wire.
+func outerUDP(src, dst netip.Addr, sport, dport uint16, payload []byte) []byte {
+	hl := packet.IPv4HeaderLen
+	if src.Is6() {
+		hl = packet.IPv6HeaderLen
+	}
+	p := make([]byte, hl+packet.UDPHeaderLen+len(payload))
+	packet.PutUDPHeader(p[hl:], sport, dport, len(payload))
+	copy(p[hl+packet.UDPHeaderLen:], payload)
+	if src.Is4() {
+		packet.PutIPv4Header(p, packet.IPv4Header{TotalLen: uint16(len(p)), TTL: 64, Protocol: packet.ProtoUDP, Src: src, Dst: dst})
+	} else {
+		packet.PutIPv6Header(p, packet.IPv6Header{PayloadLen: uint16(len(p) - hl), NextHeader: packet.ProtoUDP, HopLimit: 64, Src: src, Dst: dst})
+	}
+	packet.SetUDPChecksum(p[hl:], src, dst)
+	return p
+}
+
+func TestDeadStateNeverUsed(t *testing.T) {
+	h := newHarness(t, Config{}, false)
+	out, _ := h.add(tunnel{reqid: 3, spi: 0x300, dst: netip.MustParsePrefix("198.19.3.0/24")})
+	dst := netip.MustParseAddr("198.19.3.3")
+	h.oneOut(udpPacket(innerSrc4, dst, 1, 2, 0, 100, false))
+	if err := h.db.DeleteSA(out.SPI(), peer4); err != nil {
+		t.Fatal(err)
+	}
+	h.tun.in <- [][]byte{udpPacket(innerSrc4, dst, 1, 2, 1, 100, false)}
+	waitFor(t, "a no-SA drop", func() bool { return h.d.Stats().NoSA == 1 })
+	if n := len(h.tx.packets()); n != 1 {
+		t.Errorf("%d packets sent, want 1 (none after the delete)", n)
+	}
+}
+
+func TestQueueFullDropsWithoutBlocking(t *testing.T) {
+	h := newHarness(t, Config{Workers: 1, QueueLen: 1}, false)
+	h.tx.gate = make(chan struct{})
+	h.add(tunnel{reqid: 1, spi: 0x100, dst: netip.MustParsePrefix("198.19.1.0/24")})
+	dst := netip.MustParseAddr("198.19.1.1")
+	const batches = 20
+	for i := range batches {
+		h.tun.in <- [][]byte{udpPacket(innerSrc4, dst, 1, 2, uint64(i), 100, false)}
+	}
+	// The sender is stuck, yet the reader takes every batch and drops
+	// what does not fit.
+	waitFor(t, "the reader to read everything", func() bool { return h.d.Stats().TUNRxPackets == batches })
+	if d := h.d.Stats().QueueDrops; d < batches-3 {
+		t.Errorf("QueueDrops = %d, want at least %d", d, batches-3)
+	}
+	close(h.tx.gate)
+	waitFor(t, "the queued packets to leave", func() bool {
+		s := h.d.Stats()
+		return s.TxPackets+s.QueueDrops == batches
+	})
+	// What was sent is in order.
+	for i, p := range h.tx.packets() {
+		var m Message
+		m.Buf = make([]byte, BufferSize)
+		deliver(&m, p)
+		if seq, _ := esp.SeqLow(m.Buf[m.Start:m.End]); i > 0 && seq <= 1 {
+			t.Errorf("packet %d has sequence number %d", i, seq)
+		}
+	}
+}
+
+func TestKeepalives(t *testing.T) {
+	h := newHarness(t, Config{Keepalive: -1}, false)
+	h.add(tunnel{reqid: 1, spi: 0x100, dst: netip.MustParsePrefix("198.19.1.0/24"), sport: 4500, dport: 4501})
+	h.add(tunnel{reqid: 2, spi: 0x200, dst: netip.MustParsePrefix("198.19.2.0/24")}) // raw: none
+	h.add(tunnel{reqid: 3, spi: 0x300, dst: netip.MustParsePrefix("2001:db8:3::/48"), local: local6, peer: peer6, sport: 4500, dport: 4502})
+	if n := h.d.sendKeepalives(); n != 2 {
+		t.Fatalf("sent %d keepalives, want 2", n)
+	}
+	got := map[uint16]bool{}
+	for _, p := range h.tx.packets() {
+		var m Message
+		m.Buf = make([]byte, 2048)
+		deliver(&m, p)
+		if m.Err != nil || !m.UDP || !bytes.Equal(m.Buf[m.Start:m.End], []byte{0xff}) || m.Src.Port() != 4500 {
+			t.Errorf("keepalive %+v", m)
+		}
+		if p[0]>>4 == 6 {
+			if !packet.UDPChecksumValid(p[packet.IPv6HeaderLen:], m.Src.Addr(), m.Dst.Addr()) {
+				t.Error("IPv6 keepalive UDP checksum invalid")
+			}
+		}
+		got[m.Dst.Port()] = true
+	}
+	if !got[4501] || !got[4502] {
+		t.Errorf("keepalives to ports %v", got)
+	}
+	if h.d.Stats().KeepalivesTx != 2 {
+		t.Errorf("KeepalivesTx = %d", h.d.Stats().KeepalivesTx)
+	}
+}
+
+func TestKeepaliveTimer(t *testing.T) {
+	h := newHarness(t, Config{Keepalive: 20 * time.Millisecond}, false)
+	h.add(tunnel{reqid: 1, spi: 0x100, dst: netip.MustParsePrefix("198.19.1.0/24"), sport: 4500, dport: 4500})
+	waitFor(t, "two timed keepalives", func() bool { return h.d.Stats().KeepalivesTx >= 2 })
+}
+
+// fakeRouter records route references.
+type fakeRouter struct {
+	refs   map[string]int
+	closed bool
+}
+
+func (r *fakeRouter) AddRoute(p netip.Prefix, k routingKind) error {
+	r.refs[fmt.Sprint(p, k)]++
+	return nil
+}
+
+func (r *fakeRouter) RemoveRoute(p netip.Prefix, k routingKind) error {
+	key := fmt.Sprint(p, k)
+	if r.refs[key] == 0 {
+		return fmt.Errorf("no %s", key)
+	}
+	r.refs[key]--
+	return nil
+}
+func (r *fakeRouter) PathMTU(netip.Addr) (int, error) { return 1300, nil }
+func (r *fakeRouter) Close() error                    { r.closed = true; return nil }
+
+func TestPolicyRoutes(t *testing.T) {
+	db := sa.NewDB()
+	d, err := New(Config{}, db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &fakeRouter{refs: map[string]int{}}
+	if err := d.StartWith(IO{TUN: newFakeTUN(8, 1400), Sender: &fakeSender{}, Router: r}); err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	pols := []sa.Policy{
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.7/16")}, Dir: sa.DirOut, Action: sa.ActionProtect},
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16"), Proto: 6}, Dir: sa.DirOut, Action: sa.ActionDrop},
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.5.0/24")}, Dir: sa.DirOut, Action: sa.ActionBypass},
+		{Selector: sa.Selector{}, Dir: sa.DirOut, Action: sa.ActionProtect},
+		{Selector: sa.Selector{Src: netip.MustParsePrefix("2001:db8::/32")}, Dir: sa.DirOut, Action: sa.ActionProtect},
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16")}, Dir: sa.DirIn, Action: sa.ActionProtect},
+	}
+	for _, p := range pols {
+		if err := d.InstallPolicyRoute(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string]int{
+		"198.19.0.0/16 tunnel": 2, "198.19.5.0/24 throw": 1, "0.0.0.0/0 tunnel": 1, "::/0 tunnel": 2,
+	}
+	for k, v := range want {
+		if r.refs[k] != v {
+			t.Errorf("%s: %d references, want %d (all: %v)", k, r.refs[k], v, r.refs)
+		}
+	}
+	for _, p := range pols {
+		if err := d.RemovePolicyRoute(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, v := range r.refs {
+		if v != 0 {
+			t.Errorf("%s: %d references left", k, v)
+		}
+	}
+	d.Close()
+	if !r.closed {
+		t.Error("Close did not close the router")
+	}
+	if err := d.InstallPolicyRoute(pols[0]); err == nil {
+		t.Error("InstallPolicyRoute after Close succeeded")
+	}
+}
