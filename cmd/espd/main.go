@@ -1,0 +1,105 @@
+// Command espd is the userspace IPsec ESP data plane daemon: it carries the
+// cleartext of a TUN device through ESP tunnels to peer gateways. States
+// and policies come from its control socket (espctl, the strongSwan plugin)
+// and from an optional configuration file (docs/config.md).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/espd/espd/control"
+	"github.com/espd/espd/daemon"
+	"github.com/espd/espd/dataplane"
+	"github.com/espd/espd/tun"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "espd:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("espd", flag.ContinueOnError)
+	var (
+		opts      daemon.Options
+		dp        = &opts.Dataplane
+		udpPort   uint
+		mark      uint
+		logFormat string
+		logLevel  string
+	)
+	fs.StringVar(&dp.TUN.Name, "tun", tun.DefaultName, "name of the cleartext TUN device")
+	fs.IntVar(&dp.TUN.MTU, "mtu", tun.DefaultMTU, "MTU of the TUN device")
+	fs.IntVar(&dp.OuterMTU, "outer-mtu", 0, "MTU of the path to the peers (0: the route's MTU)")
+	fs.IntVar(&dp.Workers, "workers", 0, "crypto workers (0: GOMAXPROCS)")
+	fs.UintVar(&udpPort, "udp-port", uint(dataplane.DefaultEncapPort), "ESP-in-UDP port (RFC 3948)")
+	fs.UintVar(&mark, "mark", 0, "SO_MARK of espd's outer packets, kept out of the TUN by a policy-routing rule (0: default)")
+	fs.IntVar(&dp.Table, "table", 0, "routing table of the routes into the TUN (0: default)")
+	fs.BoolVar(&dp.NoIPv6, "no-ipv6", false, "open no IPv6 sockets and install no IPv6 rule")
+	fs.DurationVar(&dp.Keepalive, "keepalive", dataplane.DefaultKeepalive, "NAT keepalive interval for UDP-encapsulated SAs (negative: off)")
+	fs.StringVar(&opts.Control.Path, "socket", control.DefaultSocketPath, "control socket path")
+	fs.StringVar(&opts.Control.Group, "socket-group", "", "group (name or gid) whose members may use the control socket besides root")
+	fs.StringVar(&opts.ConfigPath, "config", "", "configuration file of static SAs and policies, re-read on SIGHUP")
+	fs.StringVar(&opts.MetricsListen, "metrics-listen", "", "address of the Prometheus /metrics endpoint (e.g. 127.0.0.1:9585)")
+	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if udpPort == 0 || udpPort > 65535 {
+		return fmt.Errorf("--udp-port %d out of range 1-65535", udpPort)
+	}
+	dp.EncapPort = uint16(udpPort)
+	if mark > 0xffffffff {
+		return fmt.Errorf("--mark %d out of range", mark)
+	}
+	dp.Mark = uint32(mark)
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %v", err)
+	}
+	hopts := &slog.HandlerOptions{Level: level}
+	switch logFormat {
+	case "text":
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, hopts))
+	case "json":
+		opts.Logger = slog.New(slog.NewJSONHandler(os.Stderr, hopts))
+	default:
+		return fmt.Errorf("--log-format %q: want text or json", logFormat)
+	}
+
+	d, err := daemon.New(opts)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	reload := make(chan struct{}, 1)
+	go func() {
+		for range hup {
+			select {
+			case reload <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	start := time.Now()
+	err = d.Run(ctx, reload)
+	opts.Logger.Info("stopped", "uptime", time.Since(start).Round(time.Second).String(), "err", err)
+	return err
+}
