@@ -151,8 +151,11 @@ func (e *Encapsulator) Encapsulate(buf []byte, off, n int, seq uint64) (Packet, 
 	var nh uint8
 	switch inner[0] >> 4 {
 	case 4:
+		if n < packet.IPv4HeaderLen {
+			return Packet{}, ErrInner
+		}
 		tl := int(binary.BigEndian.Uint16(inner[2:4]))
-		if n < packet.IPv4HeaderLen || tl > n || tl < int(inner[0]&0x0f)*4 || tl < packet.IPv4HeaderLen {
+		if tl > n || tl < int(inner[0]&0x0f)*4 || tl < packet.IPv4HeaderLen {
 			return Packet{}, ErrInner
 		}
 		nh = NextHeaderIPv4

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"testing"
 
@@ -364,4 +365,44 @@ func TestEncapsulateAllocs(t *testing.T) {
 	}
 	_ = errors.Is
 	_ = binary.BigEndian
+}
+
+func TestEncapsulateRandomInner(t *testing.T) {
+	ft := &fakeTransform{iv: 8, bs: 4, icv: 16, key: 1}
+	e := &Encapsulator{SPI: 1, Transform: ft, Outer: outers()[1].o}
+	d := &Decapsulator{Transform: ft}
+	r := rand.New(rand.NewPCG(11, 12))
+	ok := 0
+	for range 20000 {
+		n := r.IntN(120)
+		buf := make([]byte, MaxHeadroom+n+MaxTrailer)
+		in := buf[MaxHeadroom : MaxHeadroom+n]
+		for i := range in {
+			in[i] = byte(r.Uint32())
+		}
+		switch k := r.IntN(4); {
+		case k == 0 && n >= 20: // plausible IPv4: length field within n
+			in[0] = 0x40 | in[0]&0x0f
+			binary.BigEndian.PutUint16(in[2:4], uint16(20+r.IntN(n-19)))
+		case k == 1 && n >= 40: // plausible IPv6
+			in[0] = 0x60 | in[0]&0x0f
+			binary.BigEndian.PutUint16(in[4:6], uint16(r.IntN(n-39)))
+		}
+		want := append([]byte(nil), in...)
+		p, err := e.Encapsulate(buf[:MaxHeadroom+n], MaxHeadroom, n, 1)
+		if err != nil {
+			if err != ErrInner {
+				t.Fatalf("% x: %v", want, err)
+			}
+			continue
+		}
+		got, _, err := d.Decapsulate(buf[p.ESP:p.End], 0)
+		if err != nil || !bytes.Equal(got, want[:len(got)]) {
+			t.Fatalf("% x: round trip: %v", want, err)
+		}
+		ok++
+	}
+	if ok < 1000 {
+		t.Fatalf("only %d of 20000 random inner packets were encapsulated", ok)
+	}
 }
