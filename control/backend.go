@@ -1,0 +1,73 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+
+	"github.com/espd/espd/sa"
+)
+
+// Backend is what the Server calls to carry out requests. The daemon
+// implements it over sa.DB (plus routes); its methods may be called from
+// many connections at once and must not block for long.
+//
+// The code of an ERROR reply comes from the error returned: the Errno of an
+// *Error or a syscall.Errno in its chain; else ENOENT for sa.ErrNotFound,
+// EEXIST for sa.ErrPolicyExists, ETIMEDOUT for context.DeadlineExceeded,
+// and EINVAL for anything else (sa reports invalid configurations as plain
+// errors). The error's text becomes the reply's message.
+type Backend interface {
+	// AddSA installs a state (SA_ADD). The keys in c belong to the
+	// backend once passed.
+	AddSA(c sa.Config) error
+	// UpdateSA changes a state (SA_UPDATE), as sa.DB.UpdateSA: c is the
+	// state's configuration from GetSA with the request's changes
+	// applied; nil keys mean unchanged.
+	UpdateSA(c sa.Config) error
+	// DeleteSA removes the state (or SPI reservation) with this SPI and
+	// outer destination (SA_DEL).
+	DeleteSA(spi uint32, dst netip.Addr) error
+	// GetSA returns a state without its keys (SA_GET).
+	GetSA(spi uint32, dst netip.Addr) (SAInfo, error)
+	// ListSAs returns every state and SPI reservation (SA_LIST, STATS).
+	ListSAs() ([]SAInfo, error)
+	// FlushSAs removes every state (SA_FLUSH).
+	FlushSAs() error
+	// AddPolicy installs a policy and returns it with its index
+	// (POLICY_ADD).
+	AddPolicy(p sa.Policy) (sa.Policy, error)
+	// UpdatePolicy replaces the policy with p's selector and direction
+	// (POLICY_UPDATE).
+	UpdatePolicy(p sa.Policy) (sa.Policy, error)
+	// DeletePolicy removes the policy with this selector and direction
+	// (POLICY_DEL).
+	DeletePolicy(sel sa.Selector, dir sa.Direction) error
+	// GetPolicy returns the policy with this selector and direction
+	// (POLICY_GET).
+	GetPolicy(sel sa.Selector, dir sa.Direction) (sa.Policy, error)
+	// ListPolicies returns every policy (POLICY_LIST).
+	ListPolicies() ([]sa.Policy, error)
+	// FlushPolicies removes every policy (POLICY_FLUSH).
+	FlushPolicies() error
+	// AllocSPI reserves an unused inbound SPI in [lo, hi] (SPI_ALLOC).
+	AllocSPI(lo, hi uint32) (uint32, error)
+	// Stats returns the global counters (STATS).
+	Stats() (sa.GlobalStats, error)
+	// Subscribe starts an event stream buffering up to buffer events
+	// (SUBSCRIBE). SubscribeDB adapts sa.DB.Subscribe.
+	Subscribe(buffer int) (Subscription, error)
+}
+
+// backendErrno classifies the errors of the sa package and of contexts.
+func backendErrno(err error) Errno {
+	switch {
+	case errors.Is(err, sa.ErrNotFound):
+		return ENOENT
+	case errors.Is(err, sa.ErrPolicyExists):
+		return EEXIST
+	case errors.Is(err, context.DeadlineExceeded):
+		return ETIMEDOUT
+	}
+	return EINVAL
+}

@@ -1,0 +1,85 @@
+package control
+
+import "github.com/espd/espd/sa"
+
+// putPolicy appends a policy: the POLICY_ADD and POLICY_UPDATE requests
+// and the POLICY_GET reply (index is 0 in requests).
+func putPolicy(b *Builder, p sa.Policy) {
+	putSelector(b, AttrSelector, p.Selector)
+	b.U32(AttrDir, dirToWire[p.Dir])
+	b.U32(AttrAction, actionToWire[p.Action])
+	b.U32(AttrPriority, p.Priority)
+	b.U32(AttrReqID, p.ReqID)
+	if p.Index != 0 {
+		b.U32(AttrIndex, p.Index)
+	}
+	b.Addr(AttrTmplSrc, p.TmplSrc)
+	b.Addr(AttrTmplDst, p.TmplDst)
+}
+
+// readPolicyDir reads a policy direction, which may be fwd.
+func readPolicyDir(r *reader) (sa.Direction, bool) {
+	v, ok := r.u32(AttrDir)
+	if !ok {
+		return 0, false
+	}
+	d, valid := dirFromWire(v)
+	if !valid {
+		r.fail(EINVAL, AttrDir, "DIR (4) of a policy must be 1 (in), 2 (out) or 3 (fwd), not %d", v)
+		return 0, false
+	}
+	return d, true
+}
+
+// readPolicySelector reads the single SELECTOR of a policy.
+func readPolicySelector(r *reader) (sa.Selector, bool) {
+	v, ok := r.one(AttrSelector)
+	if !ok {
+		return sa.Selector{}, false
+	}
+	return readSelector(r, Attr{Type: AttrSelector, Value: v}), true
+}
+
+// readPolicy reads POLICY_ADD, POLICY_UPDATE and the POLICY_GET reply.
+func readPolicy(attrs []Attr) (sa.Policy, error) {
+	r := newReader(attrs)
+	var p sa.Policy
+	var ok bool
+	p.Selector, ok = readPolicySelector(r)
+	r.require(AttrSelector, ok)
+	p.Dir, ok = readPolicyDir(r)
+	r.require(AttrDir, ok)
+	p.Action = sa.ActionProtect
+	if v, ok := r.u32(AttrAction); ok {
+		a, valid := actionFromWire(v)
+		if !valid {
+			r.fail(EINVAL, AttrAction, "ACTION (32) must be 1 (protect), 2 (bypass) or 3 (drop), not %d", v)
+		}
+		p.Action = a
+	}
+	p.Priority, _ = r.u32(AttrPriority)
+	p.ReqID, _ = r.u32(AttrReqID)
+	p.Index, _ = r.u32(AttrIndex)
+	p.TmplSrc, _ = r.addr(AttrTmplSrc)
+	p.TmplDst, _ = r.addr(AttrTmplDst)
+	if p.TmplSrc.IsValid() && p.TmplDst.IsValid() && p.TmplSrc.Is4() != p.TmplDst.Is4() {
+		r.fail(EINVAL, AttrTmplDst, "TMPL_SRC %v and TMPL_DST %v are of different families", p.TmplSrc, p.TmplDst)
+	}
+	return p, r.error()
+}
+
+// putPolicyID appends what names a policy: its selector and direction.
+func putPolicyID(b *Builder, sel sa.Selector, dir sa.Direction) {
+	putSelector(b, AttrSelector, sel)
+	b.U32(AttrDir, dirToWire[dir])
+}
+
+// readPolicyID reads POLICY_DEL and POLICY_GET requests.
+func readPolicyID(attrs []Attr) (sa.Selector, sa.Direction, error) {
+	r := newReader(attrs)
+	sel, ok := readPolicySelector(r)
+	r.require(AttrSelector, ok)
+	dir, ok := readPolicyDir(r)
+	r.require(AttrDir, ok)
+	return sel, dir, r.error()
+}

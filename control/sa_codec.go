@@ -1,0 +1,501 @@
+package control
+
+import (
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/sa"
+)
+
+// SAInfo is what SA_GET and SA_LIST return about a state: its
+// configuration without keys and its counters.
+type SAInfo struct {
+	Config sa.Config // EncKey and IntegKey are always nil
+	Stats  sa.Stats
+	// ReplayTop is the highest inbound sequence number accepted (0 for
+	// none and for outbound states).
+	ReplayTop uint64
+}
+
+// InfoOf returns the SAInfo of an installed state, for Backend
+// implementations over sa.DB.
+func InfoOf(s *sa.SA) SAInfo {
+	return SAInfo{Config: s.Config(), Stats: s.Stats(), ReplayTop: s.ReplayTop()}
+}
+
+// Fields says which fields of an sa.Config an SA_UPDATE changes.
+type Fields uint32
+
+// Fields of an SA_UPDATE. FieldSrc and FieldDst travel as NEW_SRC and
+// NEW_DST; the others as the attributes of SA_ADD.
+const (
+	FieldSrc Fields = 1 << iota
+	FieldDst
+	FieldDir
+	FieldSuite
+	FieldKeys
+	FieldReplayWindow
+	FieldEncap
+	FieldReqID
+	FieldSelectors
+	FieldSoft
+	FieldHard
+	FieldTTL
+	FieldDSCP
+	FieldCopyDSCP
+	FieldECN
+	FieldDF
+	FieldTFC
+	// FieldsAll is every field.
+	FieldsAll Fields = 1<<iota - 1
+)
+
+// SAUpdate is an SA_UPDATE request: SPI and Dst name the state (Dst is its
+// current destination); the fields of Config named by Fields replace the
+// state's, the others keep their values.
+type SAUpdate struct {
+	SPI    uint32
+	Dst    netip.Addr
+	Config sa.Config
+	Fields Fields
+}
+
+// Apply returns cur with the fields of u applied: the configuration the
+// server passes to Backend.UpdateSA. The keys stay nil (unchanged) unless
+// u carries them.
+func (u SAUpdate) Apply(cur sa.Config) sa.Config {
+	c := cur
+	n := u.Config
+	f := u.Fields
+	if f&FieldSrc != 0 {
+		c.Src = n.Src
+	}
+	if f&FieldDst != 0 {
+		c.Dst = n.Dst
+	}
+	if f&FieldDir != 0 {
+		c.Dir = n.Dir
+	}
+	if f&FieldSuite != 0 {
+		c.Suite = n.Suite
+	}
+	c.EncKey, c.IntegKey = nil, nil
+	if f&FieldKeys != 0 {
+		c.EncKey, c.IntegKey = n.EncKey, n.IntegKey
+	}
+	if f&FieldReplayWindow != 0 {
+		c.ReplayWindow = n.ReplayWindow
+	}
+	if f&FieldEncap != 0 {
+		c.EncapSrcPort, c.EncapDstPort = n.EncapSrcPort, n.EncapDstPort
+	}
+	if f&FieldReqID != 0 {
+		c.ReqID = n.ReqID
+	}
+	if f&FieldSelectors != 0 {
+		c.Selectors = n.Selectors
+	}
+	if f&FieldSoft != 0 {
+		c.Soft = n.Soft
+	}
+	if f&FieldHard != 0 {
+		c.Hard = n.Hard
+	}
+	if f&FieldTTL != 0 {
+		c.TTL = n.TTL
+	}
+	if f&FieldDSCP != 0 {
+		c.DSCP = n.DSCP
+	}
+	if f&FieldCopyDSCP != 0 {
+		c.CopyDSCP = n.CopyDSCP
+	}
+	if f&FieldECN != 0 {
+		c.ECN = n.ECN
+	}
+	if f&FieldDF != 0 {
+		c.DF = n.DF
+	}
+	if f&FieldTFC != 0 {
+		c.TFCPadTo = n.TFCPadTo
+	}
+	return c
+}
+
+// putSuite appends the algorithm attributes: the IKEv2 IDs and the
+// strongSwan-style name.
+func putSuite(b *Builder, s crypto.Suite) {
+	b.String(AttrAlgName, s.String())
+	b.U32(AttrEncAlg, uint32(s.Encryption))
+	b.U32(AttrEncKeyLen, uint32(s.KeyBits))
+	if s.Integrity != crypto.AuthNone {
+		b.U32(AttrIntegAlg, uint32(s.Integrity))
+	}
+	b.Bool(AttrESN, s.ESN)
+}
+
+func putSelector(b *Builder, t AttrType, s sa.Selector) {
+	b.Nest(t)
+	b.Prefix(SelSrc, s.Src)
+	b.Prefix(SelDst, s.Dst)
+	if s.Proto != 0 {
+		b.U32(SelProto, uint32(s.Proto))
+	}
+	if !s.SrcPorts.Any() {
+		b.U16Pair(SelSrcPorts, s.SrcPorts.Lo, s.SrcPorts.Hi)
+	}
+	if !s.DstPorts.Any() {
+		b.U16Pair(SelDstPorts, s.DstPorts.Lo, s.DstPorts.Hi)
+	}
+	b.End()
+}
+
+func putLifetime(b *Builder, t AttrType, l sa.Lifetime) {
+	if l == (sa.Lifetime{}) {
+		return
+	}
+	b.Nest(t)
+	if l.Bytes != 0 {
+		b.U64(LtBytes, l.Bytes)
+	}
+	if l.Packets != 0 {
+		b.U64(LtPackets, l.Packets)
+	}
+	if l.AddTime > 0 {
+		b.U64(LtAddTime, durationToWire(l.AddTime))
+	}
+	if l.UseTime > 0 {
+		b.U64(LtUseTime, durationToWire(l.UseTime))
+	}
+	b.End()
+}
+
+// putSAFields appends the attributes of the fields f of c; FieldSrc and
+// FieldDst as SRC and DST unless update, where they go as NEW_SRC and
+// NEW_DST.
+func putSAFields(b *Builder, c sa.Config, f Fields, update bool) {
+	srcT, dstT := AttrSrc, AttrDst
+	if update {
+		srcT, dstT = AttrNewSrc, AttrNewDst
+	}
+	if f&FieldSrc != 0 {
+		b.Addr(srcT, c.Src)
+	}
+	if f&FieldDst != 0 {
+		b.Addr(dstT, c.Dst)
+	}
+	if f&FieldDir != 0 {
+		b.U32(AttrDir, dirToWire[c.Dir])
+	}
+	if f&FieldReqID != 0 {
+		b.U32(AttrReqID, c.ReqID)
+	}
+	if f&FieldSuite != 0 {
+		putSuite(b, c.Suite)
+	}
+	if f&FieldKeys != 0 {
+		if c.EncKey != nil {
+			b.Raw(AttrEncKey, c.EncKey)
+		}
+		if c.IntegKey != nil {
+			b.Raw(AttrIntegKey, c.IntegKey)
+		}
+	}
+	if f&FieldReplayWindow != 0 {
+		b.U32(AttrReplayWindow, c.ReplayWindow)
+	}
+	if f&FieldEncap != 0 {
+		b.U16Pair(AttrEncap, c.EncapSrcPort, c.EncapDstPort)
+	}
+	if f&FieldSelectors != 0 {
+		for _, s := range c.Selectors {
+			putSelector(b, AttrSelector, s)
+		}
+	}
+	if f&FieldSoft != 0 {
+		putLifetime(b, AttrLifeSoft, c.Soft)
+	}
+	if f&FieldHard != 0 {
+		putLifetime(b, AttrLifeHard, c.Hard)
+	}
+	if f&FieldTTL != 0 {
+		b.U32(AttrTTL, uint32(c.TTL))
+	}
+	if f&FieldDSCP != 0 {
+		b.U32(AttrDSCP, uint32(c.DSCP))
+	}
+	if f&FieldCopyDSCP != 0 {
+		b.Bool(AttrCopyDSCP, c.CopyDSCP)
+	}
+	if f&FieldECN != 0 {
+		b.Bool(AttrECN, c.ECN)
+	}
+	if f&FieldDF != 0 {
+		b.U32(AttrDF, dfToWire[c.DF])
+	}
+	if f&FieldTFC != 0 {
+		b.U32(AttrTFCPad, uint32(c.TFCPadTo))
+	}
+}
+
+// putSAConfig appends a whole state: SA_ADD (with keys) or the
+// configuration part of an SA_GET reply (without).
+func putSAConfig(b *Builder, c sa.Config, keys bool) {
+	b.U32(AttrSPI, c.SPI)
+	b.U32(AttrProto, ProtoESP)
+	b.U32(AttrMode, ModeTunnel)
+	f := FieldsAll
+	if !keys {
+		f &^= FieldKeys
+	}
+	putSAFields(b, c, f, false)
+}
+
+// readSuite reads the algorithm attributes; ok is false when there are
+// none.
+func readSuite(r *reader) (s crypto.Suite, ok bool) {
+	name, hasName := r.str(AttrAlgName)
+	enc, hasEnc := r.u32max(AttrEncAlg, 0xFFFF)
+	bits, hasBits := r.u32max(AttrEncKeyLen, 0xFFFF)
+	integ, hasInteg := r.u32max(AttrIntegAlg, 0xFFFF)
+	esn, _ := r.boolean(AttrESN)
+	if r.err != nil {
+		return crypto.Suite{}, false
+	}
+	if !hasName && !hasEnc {
+		if hasBits || hasInteg {
+			r.fail(EINVAL, AttrEncAlg, "ENC_KEYLEN or INTEG_ALG given without ENC_ALG")
+		}
+		return crypto.Suite{}, false
+	}
+	var byName, byID crypto.Suite
+	if hasName {
+		p, err := crypto.ParseSuite(name)
+		if err != nil {
+			r.fail(EINVAL, AttrAlgName, "ALG_NAME %q: %v", name, err)
+			return crypto.Suite{}, false
+		}
+		nameESN := false
+		for _, tok := range strings.Split(strings.ToLower(name), "-") {
+			nameESN = nameESN || tok == "esn"
+		}
+		p.ESN = esn || nameESN
+		byName = p
+	}
+	if hasEnc {
+		p, err := crypto.SuiteFromIDs(crypto.EncryptionID(enc), int(bits), crypto.IntegrityID(integ), esn)
+		if err != nil {
+			r.fail(EINVAL, AttrEncAlg, "ENC_ALG %d ENC_KEYLEN %d INTEG_ALG %d: %v", enc, bits, integ, err)
+			return crypto.Suite{}, false
+		}
+		byID = p
+		if hasName {
+			byID.ESN = byName.ESN
+			if byID != byName {
+				r.fail(EINVAL, AttrAlgName, "ALG_NAME %q disagrees with ENC_ALG %d ENC_KEYLEN %d INTEG_ALG %d (%v)", name, enc, bits, integ, byID)
+				return crypto.Suite{}, false
+			}
+		}
+		return byID, true
+	}
+	return byName, true
+}
+
+func readSelector(r *reader, a Attr) sa.Selector {
+	n := r.nested(a, spaceSelector)
+	var s sa.Selector
+	s.Src, _ = n.prefix(SelSrc)
+	s.Dst, _ = n.prefix(SelDst)
+	p, _ := n.u32max(SelProto, 255)
+	s.Proto = uint8(p)
+	s.SrcPorts.Lo, s.SrcPorts.Hi, _ = n.pair(SelSrcPorts)
+	s.DstPorts.Lo, s.DstPorts.Hi, _ = n.pair(SelDstPorts)
+	if n.err == nil && s.Src.IsValid() && s.Dst.IsValid() && s.Src.Addr().Is4() != s.Dst.Addr().Is4() {
+		n.fail(EINVAL, SelDst, "SEL_SRC %v and SEL_DST %v are of different families", s.Src, s.Dst)
+	}
+	r.absorb(n)
+	return s
+}
+
+func readLifetime(r *reader, t AttrType) (sa.Lifetime, bool) {
+	n, ok := r.nest(t, spaceLifetime)
+	if !ok {
+		return sa.Lifetime{}, false
+	}
+	var l sa.Lifetime
+	l.Bytes, _ = n.u64(LtBytes)
+	l.Packets, _ = n.u64(LtPackets)
+	l.AddTime = readDuration(n, LtAddTime)
+	l.UseTime = readDuration(n, LtUseTime)
+	r.absorb(n)
+	return l, true
+}
+
+// readDuration reads a u64 of nanoseconds as a Duration.
+func readDuration(r *reader, t AttrType) time.Duration {
+	v, ok := r.u64(t)
+	if !ok {
+		return 0
+	}
+	d, ok := durationFromWire(v)
+	if !ok {
+		r.fail(EINVAL, t, "%s: %d ns overflows", attrName(r.space, t), v)
+	}
+	return d
+}
+
+// readSAFields reads every SA attribute present into c and reports which
+// fields it set. SRC and DST are read as FieldSrc and FieldDst unless
+// update, where NEW_SRC and NEW_DST are.
+func readSAFields(r *reader, c *sa.Config, update bool) Fields {
+	var f Fields
+	set := func(x Fields, ok bool) {
+		if ok {
+			f |= x
+		}
+	}
+	srcT, dstT := AttrSrc, AttrDst
+	if update {
+		srcT, dstT = AttrNewSrc, AttrNewDst
+	}
+	var ok bool
+	c.Src, ok = r.addr(srcT)
+	set(FieldSrc, ok)
+	c.Dst, ok = r.addr(dstT)
+	set(FieldDst, ok)
+	if c.Src.IsValid() && c.Dst.IsValid() && c.Src.Is4() != c.Dst.Is4() {
+		r.fail(EINVAL, dstT, "%s %v and %s %v are of different families", attrName(spaceTop, srcT), c.Src, attrName(spaceTop, dstT), c.Dst)
+	}
+	if v, ok := r.u32(AttrDir); ok {
+		d, valid := dirFromWire(v)
+		if !valid || d == sa.DirFwd {
+			r.fail(EINVAL, AttrDir, "DIR (4) of a state must be 1 (in) or 2 (out), not %d", v)
+		}
+		c.Dir = d
+		f |= FieldDir
+	}
+	if v, ok := r.u32(AttrProto); ok && v != ProtoESP {
+		r.fail(EPROTONOSUPPORT, AttrProto, "IPsec protocol %d is not supported: espd implements ESP (50) only", v)
+	}
+	if v, ok := r.u32(AttrMode); ok && v != ModeTunnel {
+		r.fail(EOPNOTSUPP, AttrMode, "mode %d is not supported: espd implements tunnel mode (2) only", v)
+	}
+	c.ReqID, ok = r.u32(AttrReqID)
+	set(FieldReqID, ok)
+	c.Suite, ok = readSuite(r)
+	set(FieldSuite, ok)
+	ek, hasEK := r.bytes(AttrEncKey)
+	ik, hasIK := r.bytes(AttrIntegKey)
+	if hasEK || hasIK {
+		c.EncKey, c.IntegKey = ek, ik
+		if c.EncKey == nil {
+			c.EncKey = []byte{}
+		}
+		if c.IntegKey == nil {
+			c.IntegKey = []byte{}
+		}
+		f |= FieldKeys
+	}
+	c.ReplayWindow, ok = r.u32(AttrReplayWindow)
+	set(FieldReplayWindow, ok)
+	c.EncapSrcPort, c.EncapDstPort, ok = r.pair(AttrEncap)
+	set(FieldEncap, ok)
+	if sels := r.all(AttrSelector); len(sels) > 0 {
+		for _, a := range sels {
+			c.Selectors = append(c.Selectors, readSelector(r, a))
+		}
+		f |= FieldSelectors
+	}
+	c.Soft, ok = readLifetime(r, AttrLifeSoft)
+	set(FieldSoft, ok)
+	c.Hard, ok = readLifetime(r, AttrLifeHard)
+	set(FieldHard, ok)
+	v, ok := r.u32max(AttrTTL, 255)
+	c.TTL = uint8(v)
+	set(FieldTTL, ok)
+	v, ok = r.u32max(AttrDSCP, 63)
+	c.DSCP = uint8(v)
+	set(FieldDSCP, ok)
+	c.CopyDSCP, ok = r.boolean(AttrCopyDSCP)
+	set(FieldCopyDSCP, ok)
+	c.ECN, ok = r.boolean(AttrECN)
+	set(FieldECN, ok)
+	if v, ok := r.u32(AttrDF); ok {
+		m, valid := dfFromWire(v)
+		if !valid {
+			r.fail(EINVAL, AttrDF, "DF (24) must be 0 (copy), 1 (set) or 2 (clear), not %d", v)
+		}
+		c.DF = m
+		f |= FieldDF
+	}
+	v, ok = r.u32max(AttrTFCPad, 65535)
+	c.TFCPadTo = int(v)
+	set(FieldTFC, ok)
+	return f
+}
+
+// readSAAdd reads an SA_ADD request.
+func readSAAdd(attrs []Attr) (sa.Config, error) {
+	r := newReader(attrs)
+	var c sa.Config
+	spi, hasSPI := r.u32(AttrSPI)
+	c.SPI = spi
+	f := readSAFields(r, &c, false)
+	r.require(AttrSPI, hasSPI)
+	r.require(AttrSrc, f&FieldSrc != 0)
+	r.require(AttrDst, f&FieldDst != 0)
+	r.require(AttrDir, f&FieldDir != 0)
+	if r.err == nil && f&FieldSuite == 0 {
+		r.fail(EINVAL, AttrAlgName, "missing algorithm: ALG_NAME (8) or ENC_ALG (9)")
+	}
+	if r.err == nil && f&FieldKeys == 0 {
+		c.EncKey, c.IntegKey = []byte{}, []byte{}
+	}
+	return c, r.error()
+}
+
+// readSAUpdate reads an SA_UPDATE request.
+func readSAUpdate(attrs []Attr) (SAUpdate, error) {
+	r := newReader(attrs)
+	var u SAUpdate
+	var ok bool
+	u.SPI, ok = r.u32(AttrSPI)
+	r.require(AttrSPI, ok)
+	u.Dst, ok = r.addr(AttrDst)
+	r.require(AttrDst, ok)
+	r.addr(AttrSrc) // the current source: checked, not needed
+	u.Config.SPI = u.SPI
+	u.Fields = readSAFields(r, &u.Config, true)
+	return u, r.error()
+}
+
+// readSAID reads the SPI and DST that SA_DEL, SA_GET and STATS name.
+func readSAID(r *reader) (uint32, netip.Addr) {
+	spi, ok := r.u32(AttrSPI)
+	r.require(AttrSPI, ok)
+	dst, ok := r.addr(AttrDst)
+	r.require(AttrDst, ok)
+	return spi, dst
+}
+
+// putSAInfo appends an SA_GET reply body.
+func putSAInfo(b *Builder, in SAInfo) {
+	putSAConfig(b, in.Config, false)
+	putSAStats(b, in.Stats, in.ReplayTop)
+}
+
+// readSAInfo reads an SA_GET reply body.
+func readSAInfo(attrs []Attr) (SAInfo, error) {
+	r := newReader(attrs)
+	var in SAInfo
+	in.Config.SPI, _ = r.u32(AttrSPI)
+	readSAFields(r, &in.Config, false)
+	in.Config.EncKey, in.Config.IntegKey = nil, nil
+	if n, ok := r.nest(AttrSAStats, spaceSAStats); ok {
+		in.Stats, in.ReplayTop = readSAStats(n)
+		r.absorb(n)
+	}
+	return in, r.error()
+}
