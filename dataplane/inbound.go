@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"time"
 	"unsafe"
 
 	"github.com/espd/espd/esp"
@@ -30,11 +31,18 @@ func (d *Device) readOuter(r Receiver) {
 			d.pool.put(b)
 		}
 		if err != nil {
-			if d.closing.Load() || errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) {
+			if d.closing.Load() {
+				return
+			}
+			if errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) {
+				d.log.Error("outer socket closed under the data plane: its receiver stopped")
 				return
 			}
 			d.stats[cReadErrors].Add(1)
 			d.logf(logOuterRead, "outer socket read failed", "err", err)
+			if n == 0 {
+				time.Sleep(readErrorPause)
+			}
 		}
 	}
 }
@@ -57,7 +65,7 @@ func (d *Device) classifyIn(b *batch, n int) {
 		e := &b.elems[i]
 		*e = elem{buf: e.buf, drop: dropCounted}
 		l[cRxPackets]++
-		if m.Err != nil {
+		if m.Err != nil || m.Start < RecvOffset || m.Start > m.End || m.End > len(e.buf) {
 			l[cMalformed]++
 			continue
 		}

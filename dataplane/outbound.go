@@ -3,6 +3,7 @@ package dataplane
 import (
 	"errors"
 	"os"
+	"time"
 
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/packet"
@@ -61,11 +62,18 @@ func (d *Device) readTUN() {
 			d.pool.put(b)
 		}
 		if err != nil && !errors.Is(err, tun.ErrTooManySegments) {
-			if d.closing.Load() || errors.Is(err, os.ErrClosed) {
+			if d.closing.Load() {
+				return
+			}
+			if errors.Is(err, os.ErrClosed) {
+				d.log.Error("TUN device closed under the data plane: outbound stopped")
 				return
 			}
 			d.stats[cReadErrors].Add(1)
 			d.logf(logTUNRead, "TUN read failed", "err", err)
+			if n == 0 {
+				time.Sleep(readErrorPause) // do not spin on a persistent error
+			}
 		}
 	}
 }
@@ -79,11 +87,15 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 	live := 0
 	for i := range n {
 		e := &b.elems[i]
-		*e = elem{buf: e.buf, start: esp.MaxHeadroom, end: esp.MaxHeadroom + b.sizes[i]}
-		pkt := e.buf[e.start:e.end]
+		*e = elem{buf: e.buf, drop: dropCounted}
 		l[cTUNRxPackets]++
+		if sz := b.sizes[i]; sz <= 0 || sz > len(e.buf)-MaxFraming {
+			l[cMalformed]++
+			continue
+		}
+		e.start, e.end = esp.MaxHeadroom, esp.MaxHeadroom+b.sizes[i]
+		pkt := e.buf[e.start:e.end]
 		l[cTUNRxBytes] += uint64(len(pkt))
-		e.drop = dropCounted
 		f, err := packet.ParseFlow(pkt)
 		if err != nil {
 			l[cMalformed]++
@@ -181,6 +193,10 @@ func (d *Device) fragmentable(r *outReader, pkt []byte, l *local) bool {
 }
 
 const minIPv6MTU = 1280
+
+// readErrorPause is how long a reader waits after a read that failed
+// without returning packets.
+const readErrorPause = 10 * time.Millisecond
 
 // reserve reserves the sequence numbers of b's live packets, once per
 // state, and assigns them in order. Packets a state cannot number (it ran

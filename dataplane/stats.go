@@ -6,12 +6,14 @@ import "sync/atomic"
 // bytes, drops by reason) are in sa.SA.Stats.
 type Stats struct {
 	// TUNRxPackets and TUNRxBytes count cleartext packets read from the
-	// TUN; TUNTxPackets and TUNTxBytes those written to it (ICMP errors
+	// TUN; TUNTxPackets and TUNTxBytes those handed to it (ICMP errors
 	// included).
 	TUNRxPackets, TUNRxBytes uint64
 	TUNTxPackets, TUNTxBytes uint64
-	// RxPackets and RxBytes count outer packets received, TxPackets and
-	// TxBytes those sent (each fragment counts; keepalives included).
+	// RxPackets counts outer packets received and RxBytes their ESP (or
+	// UDP payload) bytes; TxPackets and TxBytes count outer packets handed
+	// to the sockets, IP headers included (each fragment counts;
+	// keepalives included), SendErrors those the kernel refused.
 	RxPackets, RxBytes uint64
 	TxPackets, TxBytes uint64
 
