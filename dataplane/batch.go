@@ -18,6 +18,16 @@ const (
 	dropInner
 )
 
+// fragMode says whether an outbound packet's outer packet may be
+// fragmented.
+type fragMode uint8
+
+const (
+	noFrag    fragMode = iota
+	fragOK             // an IPv4 inner packet without DF: unless the outer DF is set
+	fragForce          // an IPv6 inner packet within the IPv6 minimum MTU: always
+)
+
 // elem is one packet of a batch.
 type elem struct {
 	buf []byte // BufferSize bytes, owned by the batch
@@ -31,12 +41,12 @@ type elem struct {
 	// encapsulates it, the outer packet after. Inbound: the ESP packet,
 	// then the inner packet.
 	start, end int
-	innerLen   int    // bytes accounted to the state
-	seq        uint64 // sequence number
-	authentic  bool   // inbound: the ICV verified; record seq in win
-	tos        uint8  // inbound: outer TOS / Traffic Class
-	mtu        int    // outbound: path MTU to the peer
-	frag       bool   // outbound: the outer packet may be fragmented
+	innerLen   int      // bytes accounted to the state
+	seq        uint64   // sequence number
+	authentic  bool     // inbound: the ICV verified; record seq in win
+	tos        uint8    // inbound: outer TOS / Traffic Class
+	mtu        int      // outbound: path MTU to the peer
+	frag       fragMode // outbound: whether the outer packet may be fragmented
 	drop       cause
 	reason     sa.DropReason // for dropSA
 }

@@ -19,7 +19,7 @@ const BufferSize = 16 << 10
 const (
 	DefaultKeepalive = 20 * time.Second
 	DefaultOuterMTU  = 1500
-	DefaultQueueLen  = 32
+	DefaultQueueLen  = 16
 	DefaultBatch     = 128
 	DefaultICMPRate  = 100
 )

@@ -127,11 +127,10 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 			continue
 		}
 		if len(pkt) > r.innerMTU {
-			if !d.fragmentable(r, pkt, &l) {
+			if e.frag = d.fragmentable(r, pkt, &l); e.frag == noFrag {
 				r.s.Drop(sa.DropTooBig, 1)
 				continue
 			}
-			e.frag = true
 		}
 		e.sa, e.enc, e.mtu, e.innerLen = r.s, r.enc, r.mtu, len(pkt)
 		e.drop = pass
@@ -171,25 +170,26 @@ func (r *outReader) lookupSA(d *Device, reqid uint32) {
 }
 
 // fragmentable decides what happens to pkt, too large for the state's
-// inner MTU: an IPv4 packet without DF (or an IPv6 packet no larger than
-// the IPv6 minimum MTU, which every link must carry) travels in outer
-// fragments; any other draws a "fragmentation needed" or "packet too big"
-// error and is dropped.
-func (d *Device) fragmentable(r *outReader, pkt []byte, l *local) bool {
+// inner MTU: an IPv4 packet without DF travels in outer fragments (unless
+// the state sets the outer DF); an IPv6 packet no larger than the IPv6
+// minimum MTU, which every path must carry, does too, whatever the outer
+// DF; any other draws a "fragmentation needed" or "packet too big" error
+// and is dropped (noFrag).
+func (d *Device) fragmentable(r *outReader, pkt []byte, l *local) fragMode {
 	mtu := r.innerMTU
 	if pkt[0]>>4 == 4 {
 		if pkt[6]&0x40 == 0 {
-			return true
+			return fragOK
 		}
 	} else {
 		if len(pkt) <= minIPv6MTU {
-			return true
+			return fragForce
 		}
 		mtu = max(mtu, minIPv6MTU)
 	}
 	l[cTooBig]++
 	r.icmp.tooBig(pkt, mtu, l)
-	return false
+	return noFrag
 }
 
 const minIPv6MTU = 1280
@@ -312,9 +312,12 @@ func (d *Device) sendBatch(s *outSender, b *batch) {
 		}
 		s.acct.add(e.sa, e.innerLen)
 		pkt := e.buf[e.start:e.end]
-		if len(pkt) <= e.mtu || !e.frag {
+		if len(pkt) <= e.mtu || e.frag == noFrag {
 			s.pkts = append(s.pkts, pkt)
 			continue
+		}
+		if e.frag == fragForce {
+			clearDF(pkt)
 		}
 		k, err := d.fragment(s, pkt, e.mtu)
 		if err != nil {

@@ -105,6 +105,21 @@ func (s *icmpSender) tooBig(pkt []byte, mtu int, l *local) {
 	l[cTUNTxBytes] += uint64(n)
 }
 
+// clearDF clears the DF bit of an IPv4 packet, updating its checksum; it
+// leaves IPv6 packets alone.
+func clearDF(pkt []byte) {
+	if pkt[0]>>4 != 4 {
+		return
+	}
+	old := binary.BigEndian.Uint16(pkt[6:8])
+	if old&packet.IPv4DontFragment == 0 {
+		return
+	}
+	v := old &^ packet.IPv4DontFragment
+	binary.BigEndian.PutUint16(pkt[6:8], v)
+	binary.BigEndian.PutUint16(pkt[10:12], packet.UpdateChecksum16(binary.BigEndian.Uint16(pkt[10:12]), old, v))
+}
+
 var errFragMTU = errors.New("dataplane: MTU too small to fragment")
 
 // fragment splits the outer packet pkt into fragments of at most mtu

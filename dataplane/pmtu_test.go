@@ -197,3 +197,38 @@ func TestFragmentIPv6(t *testing.T) {
 		t.Error("MTU 50 accepted")
 	}
 }
+
+// TestIPv6MinimumMTU: on a path whose inner MTU is below 1280, IPv6 packets
+// up to 1280 bytes still go through, in outer fragments with DF cleared,
+// and larger ones draw a packet too big announcing 1280.
+func TestIPv6MinimumMTU(t *testing.T) {
+	h := newHarness(t, Config{OuterMTU: 1300}, false)
+	out, _ := h.add(tunnel{reqid: 1, spi: 0x100, dst: netip.MustParsePrefix("2001:db8:2::/48")})
+	if m := out.Encapsulator().InnerMTU(1300); m >= minIPv6MTU {
+		t.Fatalf("inner MTU %d: the test needs one below 1280", m)
+	}
+	dst := netip.MustParseAddr("2001:db8:2::1")
+	inner := udpPacket(innerSrc6, dst, 1, 2, 0, minIPv6MTU, false)
+	h.tun.in <- [][]byte{inner}
+	waitFor(t, "fragments", func() bool { return len(h.tx.packets()) == 2 })
+	frags := h.tx.packets()
+	for _, f := range frags {
+		if len(f) > 1300 || binary.BigEndian.Uint16(f[6:8])&packet.IPv4DontFragment != 0 {
+			t.Errorf("fragment of %d bytes, flags %#x", len(f), f[6])
+		}
+		if _, err := packet.ParseIPv4Header(f); err != nil {
+			t.Errorf("fragment header: %v", err)
+		}
+	}
+	h.wire.inject(reassemble(t, frags))
+	waitFor(t, "the decrypted packet", func() bool { return h.tun.count.Load() == 1 })
+	if !bytes.Equal(h.tun.packets()[0], inner) {
+		t.Error("decrypted packet differs")
+	}
+	h.tun.in <- [][]byte{udpPacket(innerSrc6, dst, 1, 2, 0, minIPv6MTU+1, false)}
+	waitFor(t, "a packet too big", func() bool { return h.tun.count.Load() == 2 })
+	m6 := h.tun.packets()[1][packet.IPv6HeaderLen:]
+	if m6[0] != packet.ICMPv6PacketTooBigMsg || binary.BigEndian.Uint32(m6[4:8]) != minIPv6MTU {
+		t.Errorf("ICMPv6 type %d MTU %d, want 2/1280", m6[0], binary.BigEndian.Uint32(m6[4:8]))
+	}
+}

@@ -34,7 +34,7 @@ type Stats struct {
 	KeepalivesTx uint64 // NAT-keepalives sent
 	IKE          uint64 // non-ESP-marked (IKE) datagrams on the encapsulation port
 	SelectorDrop uint64 // inner packet outside its state's selectors
-	CryptoDrops  uint64 // refused by esp/crypto: replay, integrity, padding, ... (per reason in the state's Stats)
+	CryptoDrops  uint64 // refused by a state: replay, integrity, padding, sequence exhausted, ... (per reason in its Stats)
 
 	// Both directions.
 	QueueDrops     uint64 // batches' packets dropped because a queue was full
