@@ -192,7 +192,7 @@ func putSAFields(b *Builder, c sa.Config, f Fields, update bool) {
 	if f&FieldReqID != 0 {
 		b.U32(AttrReqID, c.ReqID)
 	}
-	if f&FieldSuite != 0 {
+	if f&FieldSuite != 0 && c.Suite != (crypto.Suite{}) { // an SPI reservation has none
 		putSuite(b, c.Suite)
 	}
 	if f&FieldKeys != 0 {

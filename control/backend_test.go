@@ -1,0 +1,67 @@
+package control
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/espd/espd/sa"
+)
+
+// dbBackend is the Backend the tests serve: a real sa.DB.
+type dbBackend struct{ db *sa.DB }
+
+func (b dbBackend) AddSA(c sa.Config) error {
+	if _, ok := b.db.GetSA(c.SPI, c.Dst); ok {
+		return Errorf(EEXIST, "state spi 0x%08x dst %v already exists", c.SPI, c.Dst)
+	}
+	_, err := b.db.AddSA(c)
+	return err
+}
+
+func (b dbBackend) UpdateSA(c sa.Config) error { return b.db.UpdateSA(c) }
+
+func (b dbBackend) DeleteSA(spi uint32, dst netip.Addr) error { return b.db.DeleteSA(spi, dst) }
+
+func (b dbBackend) GetSA(spi uint32, dst netip.Addr) (SAInfo, error) {
+	s, ok := b.db.GetSA(spi, dst)
+	if !ok {
+		return SAInfo{}, fmt.Errorf("state spi 0x%08x dst %v: %w", spi, dst, sa.ErrNotFound)
+	}
+	return InfoOf(s), nil
+}
+
+func (b dbBackend) ListSAs() ([]SAInfo, error) {
+	var out []SAInfo
+	for _, s := range b.db.SAs() {
+		out = append(out, InfoOf(s))
+	}
+	return out, nil
+}
+
+func (b dbBackend) FlushSAs() error { b.db.FlushSAs(); return nil }
+
+func (b dbBackend) AddPolicy(p sa.Policy) (sa.Policy, error) { return b.db.AddPolicy(p) }
+
+func (b dbBackend) UpdatePolicy(p sa.Policy) (sa.Policy, error) { return b.db.UpdatePolicy(p) }
+
+func (b dbBackend) DeletePolicy(sel sa.Selector, dir sa.Direction) error {
+	return b.db.DeletePolicy(sel, dir)
+}
+
+func (b dbBackend) GetPolicy(sel sa.Selector, dir sa.Direction) (sa.Policy, error) {
+	p, ok := b.db.GetPolicy(sel, dir)
+	if !ok {
+		return sa.Policy{}, fmt.Errorf("policy %v dir %v: %w", sel, dir, sa.ErrNotFound)
+	}
+	return p, nil
+}
+
+func (b dbBackend) ListPolicies() ([]sa.Policy, error) { return b.db.Policies(), nil }
+
+func (b dbBackend) FlushPolicies() error { b.db.FlushPolicies(); return nil }
+
+func (b dbBackend) AllocSPI(lo, hi uint32) (uint32, error) { return b.db.AllocSPI(lo, hi) }
+
+func (b dbBackend) Stats() (sa.GlobalStats, error) { return b.db.Stats(), nil }
+
+func (b dbBackend) Subscribe(buffer int) (Subscription, error) { return SubscribeDB(b.db, buffer), nil }

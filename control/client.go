@@ -1,0 +1,493 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/espd/espd/sa"
+)
+
+// ErrClosed is returned by requests on a closed Client.
+var ErrClosed = errors.New("control: connection closed")
+
+// clientEventBuffer is how many events a Client holds for a Subscribe
+// reader that falls behind; beyond it they are dropped and counted in the
+// next event's Lost.
+const clientEventBuffer = 1024
+
+// Client is a connection to espd's control socket. Its methods are safe
+// for concurrent use; each sends one request and waits for its reply or
+// for the context to end.
+type Client struct {
+	nc *net.UnixConn
+
+	wmu sync.Mutex // serializes writes
+
+	mu      sync.Mutex
+	seq     uint32
+	pending map[uint32]*call
+	err     error      // why the connection ended
+	refusal *Error     // an unsolicited ERROR (sequence 0): why the server hung up
+	events  chan Event // nil until Subscribe
+	lost    uint64     // events dropped since the last one delivered
+	done    chan struct{}
+
+	// Server is what the server said in its HELLO reply.
+	Server HelloInfo
+}
+
+// call is one request waiting for its reply.
+type call struct {
+	parts []*Message
+	err   error
+	done  chan struct{}
+}
+
+// Dial connects to the socket at path (DefaultSocketPath if empty) and
+// negotiates the protocol version with HELLO.
+func Dial(ctx context.Context, path string) (*Client, error) {
+	if path == "" {
+		path = DefaultSocketPath
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("control: %w", err)
+	}
+	c := &Client{nc: nc.(*net.UnixConn), pending: map[uint32]*call{}, done: make(chan struct{})}
+	go c.readLoop()
+	h, err := c.Hello(ctx)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.Server = h
+	return c, nil
+}
+
+// Close closes the connection; pending requests fail with ErrClosed and
+// the event channel closes.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = ErrClosed
+	}
+	c.mu.Unlock()
+	err := c.nc.Close()
+	<-c.done
+	return err
+}
+
+// readLoop reads messages and hands them to the waiting calls and to the
+// event channel, until the connection ends.
+func (c *Client) readLoop() {
+	defer close(c.done)
+	var err error
+	for {
+		var m *Message
+		m, _, _, err = ReadMessage(c.nc, nil)
+		if err != nil {
+			break
+		}
+		c.dispatch(m)
+	}
+	c.mu.Lock()
+	if c.err == nil {
+		switch {
+		case c.refusal != nil:
+			c.err = c.refusal
+		case err != nil:
+			c.err = fmt.Errorf("control: connection lost: %w", err)
+		}
+	}
+	for seq, cl := range c.pending {
+		cl.err = c.err
+		close(cl.done)
+		delete(c.pending, seq)
+	}
+	if c.events != nil {
+		close(c.events)
+	}
+	c.mu.Unlock()
+	c.nc.Close()
+}
+
+func (c *Client) dispatch(m *Message) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m.Type == MsgEvent && m.Flags&FlagReply == 0 {
+		if c.events == nil {
+			return
+		}
+		e, err := readEvent(m.Attrs)
+		if err != nil {
+			c.lost++
+			return
+		}
+		e.Lost += c.lost
+		select {
+		case c.events <- e:
+			c.lost = 0
+		default:
+			c.lost = e.Lost + 1
+		}
+		return
+	}
+	cl := c.pending[m.Seq]
+	if cl == nil {
+		if m.Type == MsgError {
+			if e, err := readError(m.Attrs); err == nil {
+				c.refusal = e
+			}
+		}
+		return
+	}
+	switch {
+	case m.Type == MsgError:
+		e, err := readError(m.Attrs)
+		if err != nil {
+			cl.err = fmt.Errorf("control: malformed ERROR reply: %w", err)
+		} else {
+			cl.err = e
+		}
+	case m.Flags&FlagMulti != 0:
+		cl.parts = append(cl.parts, m)
+		return
+	case m.Type == MsgDone:
+	default:
+		cl.parts = append(cl.parts, m)
+	}
+	delete(c.pending, m.Seq)
+	close(cl.done)
+}
+
+// do sends a request built by fill and returns its reply messages: one for
+// a single reply, the parts (without DONE) for a multi-part one.
+func (c *Client) do(ctx context.Context, t MsgType, fill func(*Builder)) ([]*Message, error) {
+	cl := &call{done: make(chan struct{})}
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.seq++
+	if c.seq == 0 {
+		c.seq = 1 // 0 is for unsolicited errors
+	}
+	seq := c.seq
+	c.pending[seq] = cl
+	c.mu.Unlock()
+
+	b := NewBuilder(Version, t, 0, seq)
+	if fill != nil {
+		fill(b)
+	}
+	msg, err := b.Bytes()
+	if err == nil {
+		err = c.send(ctx, msg)
+	}
+	clear(b.buf) // keys do not linger
+	if err != nil {
+		c.forget(seq)
+		return nil, err
+	}
+	select {
+	case <-cl.done:
+		if cl.err != nil {
+			return nil, cl.err
+		}
+		for _, m := range cl.parts {
+			if m.Type != t {
+				return nil, fmt.Errorf("control: %v request answered with %v", t, m.Type)
+			}
+		}
+		return cl.parts, nil
+	case <-ctx.Done():
+		c.forget(seq)
+		return nil, ctx.Err()
+	}
+}
+
+func (c *Client) forget(seq uint32) {
+	c.mu.Lock()
+	delete(c.pending, seq)
+	c.mu.Unlock()
+}
+
+// send writes one message, giving up when ctx ends; a partial write
+// breaks the framing, so the connection is then closed.
+func (c *Client) send(ctx context.Context, msg []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	dl, _ := ctx.Deadline()
+	c.nc.SetWriteDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { c.nc.SetWriteDeadline(time.Unix(1, 0)) })
+	n, err := c.nc.Write(msg)
+	stop()
+	if err != nil {
+		if n > 0 {
+			c.nc.Close()
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("control: %w", err)
+	}
+	return nil
+}
+
+// single returns the attributes of a single reply.
+func single(parts []*Message, err error) ([]Attr, error) {
+	if err != nil {
+		return nil, err
+	}
+	if len(parts) != 1 {
+		return nil, fmt.Errorf("control: %d replies to a single request", len(parts))
+	}
+	return parts[0].Attrs, nil
+}
+
+// Hello negotiates the protocol version; Dial already did.
+func (c *Client) Hello(ctx context.Context) (HelloInfo, error) {
+	attrs, err := single(c.do(ctx, MsgHello, func(b *Builder) {
+		for _, v := range SupportedVersions {
+			b.U32(AttrVersion, uint32(v))
+		}
+	}))
+	if err != nil {
+		return HelloInfo{}, err
+	}
+	return readHelloReply(attrs)
+}
+
+// AddSA installs a state (SA_ADD).
+func (c *Client) AddSA(ctx context.Context, cfg sa.Config) error {
+	_, err := c.do(ctx, MsgSAAdd, func(b *Builder) { putSAConfig(b, cfg, true) })
+	return err
+}
+
+// UpdateSA changes a state (SA_UPDATE): the fields u.Fields of u.Config
+// replace those of the state with u.SPI and u.Dst.
+func (c *Client) UpdateSA(ctx context.Context, u SAUpdate) error {
+	_, err := c.do(ctx, MsgSAUpdate, func(b *Builder) {
+		b.U32(AttrSPI, u.SPI)
+		b.Addr(AttrDst, u.Dst)
+		putSAFields(b, u.Config, u.Fields, true)
+	})
+	return err
+}
+
+// DeleteSA removes a state or SPI reservation (SA_DEL).
+func (c *Client) DeleteSA(ctx context.Context, spi uint32, dst netip.Addr) error {
+	_, err := c.do(ctx, MsgSADel, func(b *Builder) {
+		b.U32(AttrSPI, spi)
+		b.Addr(AttrDst, dst)
+	})
+	return err
+}
+
+// GetSA returns a state's configuration (without keys) and counters
+// (SA_GET).
+func (c *Client) GetSA(ctx context.Context, spi uint32, dst netip.Addr) (SAInfo, error) {
+	attrs, err := single(c.do(ctx, MsgSAGet, func(b *Builder) {
+		b.U32(AttrSPI, spi)
+		b.Addr(AttrDst, dst)
+	}))
+	if err != nil {
+		return SAInfo{}, err
+	}
+	return readSAInfo(attrs)
+}
+
+// ListSAs returns every state and SPI reservation (SA_LIST).
+func (c *Client) ListSAs(ctx context.Context) ([]SAInfo, error) {
+	parts, err := c.do(ctx, MsgSAList, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]SAInfo, 0, len(parts))
+	for _, m := range parts {
+		in, err := readSAInfo(m.Attrs)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, in)
+	}
+	return out, nil
+}
+
+// FlushSAs removes every state (SA_FLUSH).
+func (c *Client) FlushSAs(ctx context.Context) error {
+	_, err := c.do(ctx, MsgSAFlush, nil)
+	return err
+}
+
+// AllocSPI reserves an unused inbound SPI in [lo, hi] (SPI_ALLOC); lo and
+// hi both 0 mean the default range.
+func (c *Client) AllocSPI(ctx context.Context, lo, hi uint32) (uint32, error) {
+	attrs, err := single(c.do(ctx, MsgSPIAlloc, func(b *Builder) {
+		if lo != 0 || hi != 0 {
+			b.U32(AttrSPIMin, lo)
+			b.U32(AttrSPIMax, hi)
+		}
+	}))
+	if err != nil {
+		return 0, err
+	}
+	r := newReader(attrs)
+	spi, ok := r.u32(AttrSPI)
+	r.require(AttrSPI, ok)
+	return spi, r.error()
+}
+
+// AddPolicy installs a policy and returns it with its index (POLICY_ADD).
+func (c *Client) AddPolicy(ctx context.Context, p sa.Policy) (sa.Policy, error) {
+	return c.policyReply(c.do(ctx, MsgPolicyAdd, func(b *Builder) { p.Index = 0; putPolicy(b, p) }))
+}
+
+// UpdatePolicy replaces the policy with p's selector and direction
+// (POLICY_UPDATE).
+func (c *Client) UpdatePolicy(ctx context.Context, p sa.Policy) (sa.Policy, error) {
+	return c.policyReply(c.do(ctx, MsgPolicyUpdate, func(b *Builder) { p.Index = 0; putPolicy(b, p) }))
+}
+
+// GetPolicy returns the policy with this selector and direction
+// (POLICY_GET).
+func (c *Client) GetPolicy(ctx context.Context, sel sa.Selector, dir sa.Direction) (sa.Policy, error) {
+	return c.policyReply(c.do(ctx, MsgPolicyGet, func(b *Builder) { putPolicyID(b, sel, dir) }))
+}
+
+func (c *Client) policyReply(parts []*Message, err error) (sa.Policy, error) {
+	attrs, err := single(parts, err)
+	if err != nil {
+		return sa.Policy{}, err
+	}
+	return readPolicy(attrs)
+}
+
+// DeletePolicy removes the policy with this selector and direction
+// (POLICY_DEL).
+func (c *Client) DeletePolicy(ctx context.Context, sel sa.Selector, dir sa.Direction) error {
+	_, err := c.do(ctx, MsgPolicyDel, func(b *Builder) { putPolicyID(b, sel, dir) })
+	return err
+}
+
+// ListPolicies returns every policy (POLICY_LIST).
+func (c *Client) ListPolicies(ctx context.Context) ([]sa.Policy, error) {
+	parts, err := c.do(ctx, MsgPolicyList, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sa.Policy, 0, len(parts))
+	for _, m := range parts {
+		p, err := readPolicy(m.Attrs)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// FlushPolicies removes every policy (POLICY_FLUSH).
+func (c *Client) FlushPolicies(ctx context.Context) error {
+	_, err := c.do(ctx, MsgPolicyFlush, nil)
+	return err
+}
+
+// Stats is the STATS reply: the global counters and each state's.
+type Stats struct {
+	Global sa.GlobalStats
+	// SAs holds one entry per state; of their Config only SPI, Src, Dst,
+	// Dir and ReqID are filled in.
+	SAs []SAInfo
+}
+
+// Stats returns the global counters and those of every state (STATS).
+func (c *Client) Stats(ctx context.Context) (Stats, error) {
+	return c.stats(ctx, nil)
+}
+
+// SAStats returns the global counters and those of one state (STATS).
+func (c *Client) SAStats(ctx context.Context, spi uint32, dst netip.Addr) (Stats, error) {
+	return c.stats(ctx, func(b *Builder) {
+		b.U32(AttrSPI, spi)
+		b.Addr(AttrDst, dst)
+	})
+}
+
+func (c *Client) stats(ctx context.Context, fill func(*Builder)) (Stats, error) {
+	parts, err := c.do(ctx, MsgStats, fill)
+	if err != nil {
+		return Stats{}, err
+	}
+	var st Stats
+	for i, m := range parts {
+		r := newReader(m.Attrs)
+		if i == 0 {
+			n, ok := r.nest(AttrGlobalStats, spaceGlobalStats)
+			r.require(AttrGlobalStats, ok)
+			if ok {
+				st.Global = readGlobalStats(n)
+				r.absorb(n)
+			}
+			if err := r.error(); err != nil {
+				return Stats{}, err
+			}
+			continue
+		}
+		var in SAInfo
+		var ok bool
+		in.Config.SPI, ok = r.u32(AttrSPI)
+		r.require(AttrSPI, ok)
+		in.Config.Dst, _ = r.addr(AttrDst) // none for an SPI reservation
+		in.Config.Src, _ = r.addr(AttrSrc)
+		if v, ok := r.u32(AttrDir); ok {
+			in.Config.Dir, _ = dirFromWire(v)
+		}
+		in.Config.ReqID, _ = r.u32(AttrReqID)
+		if n, ok := r.nest(AttrSAStats, spaceSAStats); ok {
+			in.Stats, in.ReplayTop = readSAStats(n)
+			r.absorb(n)
+		}
+		if err := r.error(); err != nil {
+			return Stats{}, err
+		}
+		st.SAs = append(st.SAs, in)
+	}
+	if len(parts) == 0 {
+		return Stats{}, errors.New("control: empty STATS reply")
+	}
+	return st, nil
+}
+
+// Subscribe asks for EVENT messages of the kinds given (all if none) and
+// returns the channel they arrive on. The channel closes when the
+// connection does. A reader that falls behind loses events; each event's
+// Lost counts those lost before it, here or in the server.
+func (c *Client) Subscribe(ctx context.Context, kinds ...EventKind) (<-chan Event, error) {
+	c.mu.Lock()
+	if c.events != nil {
+		c.mu.Unlock()
+		return nil, Errorf(EALREADY, "already subscribed")
+	}
+	ch := make(chan Event, clientEventBuffer)
+	c.events = ch
+	c.mu.Unlock()
+	mask := MaskOf(kinds...)
+	if _, err := c.do(ctx, MsgSubscribe, func(b *Builder) { b.U32(AttrEventMask, uint32(mask)) }); err != nil {
+		c.mu.Lock()
+		if c.err == nil { // the channel stays ours to drop
+			c.events = nil
+		}
+		c.mu.Unlock()
+		return nil, err
+	}
+	return ch, nil
+}

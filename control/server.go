@@ -1,0 +1,338 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultSocketPath is where espd listens unless told otherwise.
+const DefaultSocketPath = "/run/espd/espd.sock"
+
+// ServerConfig tunes a Server. Zero fields take their defaults.
+type ServerConfig struct {
+	// Path is the socket's path; default DefaultSocketPath. Its directory
+	// is created if missing, mode 0700 (0750 and owned by Group when one
+	// is given).
+	Path string
+	// Group, a group name or a numeric gid, lets the members of the group
+	// use the socket besides root: the socket is then mode 0660 and owned
+	// by the group. Empty: root only (mode 0600).
+	Group string
+	// MaxConns bounds the connections served at once; default 64. Beyond
+	// it a client gets an EAGAIN error and is disconnected.
+	MaxConns int
+	// MessageTimeout bounds how long the rest of a message may take once
+	// its first byte arrived; default 5 s. ETIMEDOUT, then disconnect.
+	MessageTimeout time.Duration
+	// IdleTimeout disconnects a client that sends nothing for this long,
+	// unless it is subscribed to events; default 0: never.
+	IdleTimeout time.Duration
+	// WriteTimeout bounds each write to a client; a client that does not
+	// read for this long is disconnected. Default 5 s.
+	WriteTimeout time.Duration
+	// EventQueue is how many events wait for a subscriber before new ones
+	// are dropped and counted; default 1024.
+	EventQueue int
+	// Logf logs refused peers and broken connections; nil: silent.
+	Logf func(format string, args ...any)
+}
+
+func (c *ServerConfig) setDefaults() {
+	if c.Path == "" {
+		c.Path = DefaultSocketPath
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 64
+	}
+	if c.MessageTimeout <= 0 {
+		c.MessageTimeout = 5 * time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 5 * time.Second
+	}
+	if c.EventQueue <= 0 {
+		c.EventQueue = 1024
+	}
+	if c.Logf == nil {
+		c.Logf = func(string, ...any) {}
+	}
+}
+
+// maxSkip is the largest oversized message the server reads past to keep
+// the connection; beyond it the connection is closed.
+const maxSkip = 1 << 20
+
+// Server serves the control protocol on a Unix socket.
+type Server struct {
+	backend Backend
+	cfg     ServerConfig
+	ln      *net.UnixListener
+	gid     int // -1: root only
+
+	mu sync.Mutex
+	// isMember reports whether uid has gid among its groups; replaceable
+	// in tests.
+	isMember func(uid, gid uint32) bool
+	conns    map[*conn]struct{}
+	closed   bool
+	wg       sync.WaitGroup
+
+	active   atomic.Int64
+	accepted atomic.Uint64
+	refused  atomic.Uint64
+}
+
+// ServerStats counts what the server did.
+type ServerStats struct {
+	// Active is the number of connections being served.
+	Active int
+	// Accepted counts connections served; Refused those turned away
+	// (credentials or MaxConns).
+	Accepted, Refused uint64
+}
+
+// Listen creates the socket (and its directory) and returns a Server ready
+// to Serve. A stale socket file is replaced; one with a live server behind
+// it is an error.
+func Listen(b Backend, cfg ServerConfig) (*Server, error) {
+	if b == nil {
+		return nil, errors.New("control: nil Backend")
+	}
+	cfg.setDefaults()
+	s := &Server{backend: b, cfg: cfg, gid: -1, conns: map[*conn]struct{}{}, isMember: userInGroup}
+	if cfg.Group != "" {
+		gid, err := lookupGroup(cfg.Group)
+		if err != nil {
+			return nil, err
+		}
+		s.gid = gid
+	}
+	dir := filepath.Dir(cfg.Path)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		mode := os.FileMode(0o700)
+		if s.gid >= 0 {
+			mode = 0o750
+		}
+		if err := os.MkdirAll(dir, mode); err != nil {
+			return nil, fmt.Errorf("control: %w", err)
+		}
+		if err := os.Chmod(dir, mode); err != nil {
+			return nil, fmt.Errorf("control: %w", err)
+		}
+		if s.gid >= 0 {
+			if err := os.Chown(dir, 0, s.gid); err != nil {
+				return nil, fmt.Errorf("control: %w", err)
+			}
+		}
+	}
+	if fi, err := os.Lstat(cfg.Path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("control: %s exists and is not a socket", cfg.Path)
+		}
+		if c, err := net.DialTimeout("unix", cfg.Path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("control: %s is in use by a running server", cfg.Path)
+		}
+		if err := os.Remove(cfg.Path); err != nil {
+			return nil, fmt.Errorf("control: removing stale socket: %w", err)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("control: %w", err)
+	}
+	mode := os.FileMode(0o600)
+	if s.gid >= 0 {
+		mode = 0o660
+		if err := os.Chown(cfg.Path, 0, s.gid); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("control: %w", err)
+		}
+	}
+	if err := os.Chmod(cfg.Path, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("control: %w", err)
+	}
+	s.ln = ln
+	return s, nil
+}
+
+// lookupGroup resolves a group name or numeric gid.
+func lookupGroup(g string) (int, error) {
+	if n, err := strconv.Atoi(g); err == nil && n >= 0 {
+		return n, nil
+	}
+	gr, err := user.LookupGroup(g)
+	if err != nil {
+		return 0, fmt.Errorf("control: group %q: %w", g, err)
+	}
+	return strconv.Atoi(gr.Gid)
+}
+
+// userInGroup reports whether the user uid has gid among its supplementary
+// groups (from the user and group databases).
+func userInGroup(uid, gid uint32) bool {
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil {
+		return false
+	}
+	ids, err := u.GroupIds()
+	if err != nil {
+		return false
+	}
+	return slices.Contains(ids, strconv.FormatUint(uint64(gid), 10))
+}
+
+// Path returns the socket's path.
+func (s *Server) Path() string { return s.cfg.Path }
+
+// Stats returns the server's counters.
+func (s *Server) Stats() ServerStats {
+	return ServerStats{Active: int(s.active.Load()), Accepted: s.accepted.Load(), Refused: s.refused.Load()}
+}
+
+// Serve accepts connections until Close. It returns nil after Close.
+func (s *Server) Serve() error {
+	var backoff time.Duration
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.cfg.Logf("control: accept: %v; retrying in %v", err, backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("control: accept: %w", err)
+		}
+		backoff = 0
+		s.admit(c)
+	}
+}
+
+// admit checks the peer and starts its goroutine, or refuses it.
+func (s *Server) admit(c *net.UnixConn) {
+	if err := s.authorize(c); err != nil {
+		s.refused.Add(1)
+		s.cfg.Logf("control: refused peer: %v", err)
+		s.refuse(c, err)
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		c.Close()
+		return
+	}
+	if len(s.conns) >= s.cfg.MaxConns {
+		s.mu.Unlock()
+		s.refused.Add(1)
+		s.refuse(c, Errorf(EAGAIN, "too many connections (%d); try again later", s.cfg.MaxConns))
+		return
+	}
+	cn := newConn(s, c)
+	s.conns[cn] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	s.accepted.Add(1)
+	s.active.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.active.Add(-1)
+		cn.serve()
+		s.mu.Lock()
+		delete(s.conns, cn)
+		s.mu.Unlock()
+	}()
+}
+
+// refuse sends e as an ERROR with sequence number 0 and closes c, without
+// waiting for the peer.
+func (s *Server) refuse(c *net.UnixConn, e *Error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		c.Close()
+		return
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		defer c.Close()
+		b := NewBuilder(Version, MsgError, FlagReply, 0)
+		putError(b, e)
+		if msg, err := b.Bytes(); err == nil {
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			c.Write(msg)
+		}
+	}()
+}
+
+// authorize checks the peer's credentials with SO_PEERCRED: root, or the
+// configured group as the peer's gid or among its uid's supplementary
+// groups.
+func (s *Server) authorize(c *net.UnixConn) *Error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return Errorf(EACCES, "permission denied: cannot read peer credentials: %v", err)
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil || cerr != nil {
+		return Errorf(EACCES, "permission denied: cannot read peer credentials: %v", errors.Join(err, cerr))
+	}
+	if cred.Uid == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	isMember := s.isMember
+	s.mu.Unlock()
+	if s.gid >= 0 && (cred.Gid == uint32(s.gid) || isMember(cred.Uid, uint32(s.gid))) {
+		return nil
+	}
+	if s.gid >= 0 {
+		return Errorf(EACCES, "permission denied: peer pid %d uid %d gid %d is neither root nor in group %s (gid %d)",
+			cred.Pid, cred.Uid, cred.Gid, s.cfg.Group, s.gid)
+	}
+	return Errorf(EACCES, "permission denied: peer pid %d uid %d gid %d is not root", cred.Pid, cred.Uid, cred.Gid)
+}
+
+// Close stops accepting, closes every connection (ending their event
+// subscriptions) and waits for their goroutines. The socket file is
+// removed.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	err := s.ln.Close()
+	for c := range s.conns {
+		c.nc.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
