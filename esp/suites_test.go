@@ -178,6 +178,11 @@ func TestDummyAndTFCSuites(t *testing.T) {
 }
 
 func TestNoAllocsSuites(t *testing.T) {
+	if raceEnabled {
+		// The race detector makes sync.Pool (which the CBC, HMAC and GMAC
+		// transforms use for scratch state) drop items on purpose.
+		t.Skip("sync.Pool drops items at random under the race detector; run without -race")
+	}
 	for _, name := range allSuites() {
 		tr := newSuite(t, name)
 		e := &Encapsulator{SPI: 1, Transform: tr, Outer: outers()[3].o}
