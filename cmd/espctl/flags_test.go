@@ -1,0 +1,216 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/control"
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/esp"
+	"github.com/espd/espd/sa"
+)
+
+const (
+	gcmKey  = "0x000102030405060708090a0b0c0d0e0f10111213" // 20 bytes: aes128gcm16
+	cbcKey  = "000102030405060708090a0b0c0d0e0f000102030405060708090a0b0c0d0e0f"
+	shaKey  = "101112131415161718191a1b1c1d1e1f101112131415161718191a1b1c1d1e1f"
+	shaKey1 = "1011121314151617181910111213141516171819"
+)
+
+func parseSA(t *testing.T, name string, full bool, which []string, args ...string) (sa.Config, control.Fields, error) {
+	t.Helper()
+	f := newSAFlags(name, which...)
+	f.fs.SetOutput(new(bytes.Buffer))
+	if err := f.parse(args); err != nil {
+		return sa.Config{}, 0, err
+	}
+	return f.config(full)
+}
+
+func TestSAAddFlags(t *testing.T) {
+	c, fields, err := parseSA(t, "sa add", true, []string{"config"},
+		"--spi", "0xc0000001", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out",
+		"--enc", "aes256", "--auth", "sha256", "--enc-key", cbcKey, "--auth-key", "0X"+shaKey, "--esn",
+		"--replay-window", "64", "--encap-sport", "4500", "--encap-dport", "4501", "--reqid", "7",
+		"--sel", "src=198.18.1.0/24,dst=198.19.0.0/16,proto=tcp,sport=1024-65535,dport=443",
+		"--sel", "dst=2001:db8::/32",
+		"--soft-bytes", "1000000", "--soft-packets", "1000", "--soft-add", "3000", "--soft-use", "10m",
+		"--hard-bytes", "2000000", "--hard-packets", "2000", "--hard-add", "1h", "--hard-use", "20m",
+		"--ttl", "32", "--dscp", "copy", "--ecn", "--df", "clear", "--tfc", "1200", "--proto", "esp", "--mode", "tunnel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sa.Config{
+		SPI: 0xc0000001, Dir: sa.DirOut, Src: netip.MustParseAddr("198.18.0.1"), Dst: netip.MustParseAddr("198.18.0.2"),
+		Suite:        crypto.Suite{Encryption: crypto.EncrAESCBC, KeyBits: 256, Integrity: crypto.AuthHMACSHA2256128, ESN: true},
+		ReplayWindow: 64, EncapSrcPort: 4500, EncapDstPort: 4501, ReqID: 7,
+		Selectors: []sa.Selector{
+			{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.19.0.0/16"), Proto: 6,
+				SrcPorts: sa.PortRange{Lo: 1024, Hi: 65535}, DstPorts: sa.PortRange{Lo: 443, Hi: 443}},
+			{Dst: netip.MustParsePrefix("2001:db8::/32")},
+		},
+		Soft: sa.Lifetime{Bytes: 1000000, Packets: 1000, AddTime: 3000 * time.Second, UseTime: 10 * time.Minute},
+		Hard: sa.Lifetime{Bytes: 2000000, Packets: 2000, AddTime: time.Hour, UseTime: 20 * time.Minute},
+		TTL:  32, CopyDSCP: true, ECN: true, DF: esp.DFClear, TFCPadTo: 1200,
+	}
+	if len(c.EncKey) != 32 || len(c.IntegKey) != 32 || c.EncKey[1] != 1 || c.IntegKey[0] != 0x10 {
+		t.Fatalf("keys: %d %d", len(c.EncKey), len(c.IntegKey))
+	}
+	if !slices.Equal(c.Selectors, want.Selectors) {
+		t.Fatalf("selectors %v", c.Selectors)
+	}
+	c.EncKey, c.IntegKey, c.Selectors, want.Selectors = nil, nil, nil, nil
+	if c.String() != want.String() || c.Suite != want.Suite || c.Soft != want.Soft || c.Hard != want.Hard {
+		t.Fatalf("config\n got %v\nwant %v", c, want)
+	}
+	if fields != control.FieldsAll {
+		t.Fatalf("fields %b", fields)
+	}
+	// An AEAD suite by its full name, and an IPv6 state.
+	c, _, err = parseSA(t, "sa add", true, []string{"config"},
+		"--spi", "4096", "--src", "2001:db8::1", "--dst", "2001:db8::2", "--dir", "in", "--enc", "aes128gcm16-esn", "--enc-key", gcmKey)
+	if err != nil || c.Suite.Encryption != crypto.EncrAESGCM16 || !c.Suite.ESN || c.SPI != 4096 || len(c.EncKey) != 20 || len(c.IntegKey) != 0 {
+		t.Fatalf("gcm: %v %v", c, err)
+	}
+}
+
+func TestSAUpdateFlags(t *testing.T) {
+	c, fields, err := parseSA(t, "sa update", false, []string{"config", "update"},
+		"--spi", "0x10", "--dst", "198.18.0.2", "--new-dst", "198.18.0.3", "--encap-sport", "0", "--encap-dport", "0", "--dscp", "10", "--soft-packets", "5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := control.FieldDst | control.FieldEncap | control.FieldDSCP | control.FieldCopyDSCP | control.FieldSoft
+	if fields != want || c.Dst != netip.MustParseAddr("198.18.0.3") || c.DSCP != 10 || c.CopyDSCP || c.Soft.Packets != 5 {
+		t.Fatalf("update: %v fields %b", c, fields)
+	}
+	var l sa.Lifetime = sa.Lifetime{Packets: 5}
+	mergeLifetime(&l, sa.Lifetime{Bytes: 9, Packets: 1, AddTime: time.Hour}, map[string]bool{"soft-packets": true}, "soft")
+	if l != (sa.Lifetime{Bytes: 9, Packets: 5, AddTime: time.Hour}) {
+		t.Fatalf("merge: %+v", l)
+	}
+}
+
+func TestPolicyFlags(t *testing.T) {
+	f := newPolicyFlags("policy add", true)
+	if err := f.parse([]string{"--src", "198.18.1.0/24", "--dst", "198.19.0.1", "--proto", "udp", "--sport", "any", "--dport", "53",
+		"--dir", "fwd", "--action", "drop", "--priority", "5", "--reqid", "3", "--tmpl-src", "198.18.0.1", "--tmpl-dst", "198.18.0.2"}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := f.policy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sa.Policy{Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.19.0.1/32"),
+		Proto: 17, DstPorts: sa.PortRange{Lo: 53, Hi: 53}}, Dir: sa.DirFwd, Action: sa.ActionDrop, Priority: 5, ReqID: 3,
+		TmplSrc: netip.MustParseAddr("198.18.0.1"), TmplDst: netip.MustParseAddr("198.18.0.2")}
+	if p != want {
+		t.Fatalf("got %v\nwant %v", p, want)
+	}
+}
+
+// TestBadInput checks that bad command lines fail with exit code 2 and a
+// message naming the problem, before any connection is made.
+func TestBadInput(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "nothing.sock")
+	add := []string{"sa", "add", "--spi", "1", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out"}
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{nil, "usage"},
+		{[]string{"frob"}, `unknown command "frob"`},
+		{[]string{"sa"}, "sa needs a subcommand"},
+		{[]string{"sa", "zap"}, `unknown command "sa" "zap"`},
+		{[]string{"sa", "add", "--spi", "1"}, "needs --src"},
+		{[]string{"sa", "add", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"sa", "list", "extra"}, `unexpected argument "extra"`},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", "0x123"), "odd number of hex digits"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", "zz"), "not hex"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", "00112233445566778899aabbccddeeff"), "takes 20 bytes of encryption key (40 hex digits, salt included), got 16"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--auth-key", "00"), "combined-mode and takes no integrity key"},
+		{append(add, "--enc", "aes256", "--enc-key", cbcKey), `"aes256" needs an integrity algorithm`},
+		{append(add, "--enc", "aes128", "--auth", "sha1", "--enc-key", cbcKey[:32], "--auth-key", shaKey), "takes 20 bytes of integrity key"},
+		{append(add, "--enc", "3des-sha1", "--enc-key", "00"), "3des"},
+		{[]string{"sa", "add", "--spi", "x1", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out", "--enc", "aes128gcm16", "--enc-key", gcmKey}, `SPI "x1"`},
+		{[]string{"sa", "add", "--spi", "1", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "fwd", "--enc", "aes128gcm16", "--enc-key", gcmKey}, "a state is in or out"},
+		{[]string{"sa", "add", "--spi", "1", "--src", "198.18.0.300", "--dst", "198.18.0.2", "--dir", "in", "--enc", "aes128gcm16", "--enc-key", gcmKey}, "not an IP address"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--encap-sport", "4500"), "needs both --encap-sport and --encap-dport"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--sel", "src=198.18.0.0/16,port=80"), `unknown key "port"`},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--sel", "dport=80-20"), "dport"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--sel", "src=198.18.0.0/16,dst=2001:db8::/32"), "mixes address families"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--proto", "ah"), "esp only"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--mode", "transport"), "tunnel mode only"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--ttl", "300"), "ttl"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--dscp", "64"), "want 0-63 or copy"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--df", "maybe"), "copy, set or clear"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--soft-add", "soon"), "duration"},
+		{[]string{"sa", "update", "--spi", "1", "--dst", "198.18.0.2"}, "nothing to change"},
+		{[]string{"sa", "update", "--spi", "1", "--dst", "198.18.0.2", "--src", "198.18.0.1"}, "use --new-src"},
+		{[]string{"sa", "update", "--spi", "1", "--dst", "198.18.0.2", "--auth", "sha1"}, "go with --enc"},
+		{[]string{"sa", "del", "--spi", "1"}, "--spi and --dst name the state"},
+		{[]string{"policy", "add", "--dst", "198.19.0.0/16", "--reqid", "1"}, "needs --dir"},
+		{[]string{"policy", "add", "--dir", "out", "--dport", "80", "--reqid", "1"}, "ports need --proto"},
+		{[]string{"policy", "add", "--dir", "out"}, "needs --reqid"},
+		{[]string{"policy", "add", "--dir", "out", "--action", "maybe"}, "protect, bypass or drop"},
+		{[]string{"policy", "add", "--dir", "sideways"}, "in, out or fwd"},
+		{[]string{"policy", "del", "--dir", "in", "--src", "198.18.0.0/33"}, "not a prefix"},
+		{[]string{"policy", "get", "--dir", "in", "--proto", "tcpp"}, `protocol "tcpp"`},
+		{[]string{"spi", "alloc", "--min", "0x200", "--max", "0x100"}, "is above --max"},
+		{[]string{"stats", "--spi", "1"}, "--spi and --dst name the state"},
+		{[]string{"monitor", "--events", "soft,boom"}, `unknown event "boom"`},
+	}
+	for _, c := range cases {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), append([]string{"-s", sock}, c.args...), &out, &errb)
+		if code != exitUsage || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%q: exit %d, stderr %q; want exit 2 and %q", c.args, code, errb.String(), c.want)
+		}
+		if out.Len() != 0 {
+			t.Errorf("%q: stdout %q", c.args, out.String())
+		}
+	}
+	// A well-formed command without a daemon fails with exit code 1.
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"-s", sock, "sa", "list"}, &out, &errb); code != exitError ||
+		!strings.Contains(errb.String(), "connecting to espd at "+sock) {
+		t.Fatalf("no daemon: exit %d, %q", code, errb.String())
+	}
+}
+
+func TestParsers(t *testing.T) {
+	if p, err := parsePorts("x", "1024-65535"); err != nil || p != (sa.PortRange{Lo: 1024, Hi: 65535}) {
+		t.Fatal(p, err)
+	}
+	if p, err := parsePorts("x", "any"); err != nil || !p.Any() {
+		t.Fatal(p, err)
+	}
+	if _, err := parsePorts("x", "70000"); err == nil {
+		t.Fatal("port 70000 accepted")
+	}
+	if p, err := parseProto("ipv6-icmp"); err != nil || p != 58 {
+		t.Fatal(p, err)
+	}
+	if d, err := parseDuration("x", "90"); err != nil || d != 90*time.Second {
+		t.Fatal(d, err)
+	}
+	if k, err := parseKey("k", "0xABcd"); err != nil || !bytes.Equal(k, []byte{0xab, 0xcd}) {
+		t.Fatal(k, err)
+	}
+	if p, err := parsePrefix("p", "198.18.0.7/24"); err != nil || p != netip.MustParsePrefix("198.18.0.0/24") {
+		t.Fatal(p, err)
+	}
+	if a, err := parseAddr("a", "::ffff:198.18.0.1"); err != nil || a != netip.MustParseAddr("198.18.0.1") {
+		t.Fatal(a, err)
+	}
+	if k, err := parseEventKinds("soft,acquire,mapping"); err != nil ||
+		!slices.Equal(k, []control.EventKind{control.EventSoftExpire, control.EventAcquire, control.EventMapping}) {
+		t.Fatal(k, err)
+	}
+}

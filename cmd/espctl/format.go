@@ -1,0 +1,194 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/espd/espd/control"
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/sa"
+)
+
+// redacted is what espctl prints where keys would be: espd never returns
+// them.
+const redacted = "[redacted]"
+
+func addrString(a netip.Addr) string {
+	if !a.IsValid() {
+		return "any"
+	}
+	return a.String()
+}
+
+func prefixString(p netip.Prefix) string {
+	if !p.IsValid() {
+		return "any"
+	}
+	return p.String()
+}
+
+// selectorString formats a selector as ip-xfrm(8) does.
+func selectorString(s sa.Selector) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "src %s dst %s", prefixString(s.Src), prefixString(s.Dst))
+	if s.Proto != 0 {
+		fmt.Fprintf(&b, " proto %s", protoName(s.Proto))
+	}
+	if !s.SrcPorts.Any() {
+		fmt.Fprintf(&b, " sport %v", s.SrcPorts)
+	}
+	if !s.DstPorts.Any() {
+		fmt.Fprintf(&b, " dport %v", s.DstPorts)
+	}
+	return b.String()
+}
+
+// lifetimeString formats limits, "none" if there are none.
+func lifetimeString(l sa.Lifetime) string {
+	var parts []string
+	if l.Bytes != 0 {
+		parts = append(parts, fmt.Sprintf("%d bytes", l.Bytes))
+	}
+	if l.Packets != 0 {
+		parts = append(parts, fmt.Sprintf("%d packets", l.Packets))
+	}
+	if l.AddTime != 0 {
+		parts = append(parts, fmt.Sprintf("add %v", l.AddTime))
+	}
+	if l.UseTime != 0 {
+		parts = append(parts, fmt.Sprintf("use %v", l.UseTime))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// algString describes the algorithms with their IKEv2 names.
+func algString(s crypto.Suite) string {
+	enc := s.Encryption.String()
+	if s.KeyBits != 0 {
+		enc += fmt.Sprintf(" %d", s.KeyBits)
+	}
+	if s.Integrity != crypto.AuthNone {
+		enc += ", " + s.Integrity.String()
+	}
+	return fmt.Sprintf("%v (%s)", s, enc)
+}
+
+// timeString formats a timestamp with its age, "never" for zero.
+func timeString(t, now time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	age := now.Sub(t).Round(time.Second)
+	return fmt.Sprintf("%s (%v ago)", t.Local().Format("2006-01-02 15:04:05"), age)
+}
+
+// dropsString lists the non-zero drop counters.
+func dropsString(d *[sa.NumDropReasons]uint64) string {
+	var parts []string
+	for r := range sa.NumDropReasons {
+		if d[r] != 0 {
+			parts = append(parts, fmt.Sprintf("%v %d", r, d[r]))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// printSA prints a state in the style of ip xfrm state and swanctl
+// --list-sas.
+func printSA(w io.Writer, in control.SAInfo, now time.Time) {
+	c, st := in.Config, in.Stats
+	if st.State == sa.StateLarval {
+		fmt.Fprintf(w, "spi 0x%08x dir %v state larval (SPI reserved, added %s)\n", c.SPI, c.Dir, timeString(st.AddTime, now))
+		return
+	}
+	fmt.Fprintf(w, "spi 0x%08x dir %v state %v reqid %d\n", c.SPI, c.Dir, st.State, c.ReqID)
+	fmt.Fprintf(w, "\tsrc %s dst %s proto esp mode tunnel", addrString(c.Src), addrString(c.Dst))
+	if c.EncapDstPort != 0 {
+		fmt.Fprintf(w, " encap udp %d -> %d", c.EncapSrcPort, c.EncapDstPort)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "\talg %s keys %s\n", algString(c.Suite), redacted)
+	if c.Dir == sa.DirIn {
+		fmt.Fprintf(w, "\treplay-window %d replay-top %d\n", c.ReplayWindow, in.ReplayTop)
+	} else {
+		fmt.Fprintf(w, "\tseq-out %d\n", st.SeqOut)
+	}
+	if len(c.Selectors) == 0 {
+		fmt.Fprintf(w, "\tsel any\n")
+	}
+	for _, s := range c.Selectors {
+		fmt.Fprintf(w, "\tsel %s\n", selectorString(s))
+	}
+	if c.Dir == sa.DirOut {
+		dscp := fmt.Sprint(c.DSCP)
+		if c.CopyDSCP {
+			dscp = "copy"
+		}
+		ttl := fmt.Sprint(c.TTL)
+		if c.TTL == 0 {
+			ttl = "64"
+		}
+		fmt.Fprintf(w, "\touter ttl %s dscp %s df %v ecn %s tfc %d\n", ttl, dscp, c.DF, onOff(c.ECN), c.TFCPadTo)
+	} else {
+		fmt.Fprintf(w, "\tecn %s\n", onOff(c.ECN))
+	}
+	fmt.Fprintf(w, "\tlifetime soft: %s\n", lifetimeString(c.Soft))
+	fmt.Fprintf(w, "\tlifetime hard: %s\n", lifetimeString(c.Hard))
+	fmt.Fprintf(w, "\tcurrent: %d bytes, %d packets\n", st.Bytes, st.Packets)
+	fmt.Fprintf(w, "\tadded %s, first used %s\n", timeString(st.AddTime, now), timeString(st.FirstUse, now))
+	fmt.Fprintf(w, "\tdrops: %s\n", dropsString(&st.Drops))
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// printPolicy prints a policy in the style of ip xfrm policy.
+func printPolicy(w io.Writer, p sa.Policy) {
+	fmt.Fprintf(w, "%s\n", selectorString(p.Selector))
+	fmt.Fprintf(w, "\tdir %v action %v priority %d index %d", p.Dir, p.Action, p.Priority, p.Index)
+	if p.Action == sa.ActionProtect || p.ReqID != 0 {
+		fmt.Fprintf(w, " reqid %d", p.ReqID)
+	}
+	fmt.Fprintln(w)
+	if p.TmplSrc.IsValid() || p.TmplDst.IsValid() {
+		fmt.Fprintf(w, "\ttmpl src %s dst %s proto esp mode tunnel\n", addrString(p.TmplSrc), addrString(p.TmplDst))
+	}
+}
+
+// printStats prints the global counters and each state's.
+func printStats(w io.Writer, st control.Stats) {
+	g := st.Global
+	fmt.Fprintf(w, "states %d (larval %d), policies %d\n", g.States, g.Larval, g.Policies)
+	fmt.Fprintf(w, "traffic: %d packets, %d bytes\n", g.Packets, g.Bytes)
+	fmt.Fprintf(w, "drops: %s\n", dropsString(&g.Drops))
+	fmt.Fprintf(w, "global drops: invalid-spi %d, malformed %d, policy %d, no-state %d, queue %d\n",
+		g.InvalidSPI, g.Malformed, g.PolicyDrops, g.NoState, g.QueueDrops)
+	fmt.Fprintf(w, "events: acquires %d (suppressed %d), dropped %d\n", g.Acquires, g.AcquiresSuppressed, g.EventsDropped)
+	for _, in := range st.SAs {
+		fmt.Fprintf(w, "spi 0x%08x dst %s dir %v reqid %d state %v: %d packets, %d bytes, drops: %s\n",
+			in.Config.SPI, addrString(in.Config.Dst), in.Config.Dir, in.Config.ReqID, in.Stats.State,
+			in.Stats.Packets, in.Stats.Bytes, dropsString(&in.Stats.Drops))
+	}
+}
+
+// printEvent prints one event on one line, prefixed by its time.
+func printEvent(w io.Writer, e control.Event) {
+	t := e.Time
+	if t.IsZero() {
+		t = time.Now()
+	}
+	fmt.Fprintf(w, "%s %v\n", t.Local().Format("15:04:05.000"), e)
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+
+	"github.com/espd/espd/sa"
+)
+
+// policyFlags are the flags of policy add, update, del and get.
+type policyFlags struct {
+	fs  *flag.FlagSet
+	set map[string]bool
+
+	src, dst, proto, sport, dport, dir string
+	action, priority, reqid            string
+	tmplSrc, tmplDst                   string
+}
+
+// newPolicyFlags declares the selector and direction flags, and with full
+// the rest of a policy.
+func newPolicyFlags(name string, full bool) *policyFlags {
+	f := &policyFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	fs := f.fs
+	fs.StringVar(&f.src, "src", "", "inner source prefix (any if absent)")
+	fs.StringVar(&f.dst, "dst", "", "inner destination prefix (any if absent)")
+	fs.StringVar(&f.proto, "proto", "", "IP protocol: tcp, udp, icmp, a number, or any")
+	fs.StringVar(&f.sport, "sport", "", "source port or range (ICMP: type)")
+	fs.StringVar(&f.dport, "dport", "", "destination port or range (ICMP: code)")
+	fs.StringVar(&f.dir, "dir", "", "direction: in, out or fwd")
+	if full {
+		fs.StringVar(&f.action, "action", "protect", "protect, bypass or drop")
+		fs.StringVar(&f.priority, "priority", "0", "priority, lower wins")
+		fs.StringVar(&f.reqid, "reqid", "0", "reqid of the states that protect the traffic")
+		fs.StringVar(&f.tmplSrc, "tmpl-src", "", "template: outer source of the states an acquire asks for")
+		fs.StringVar(&f.tmplDst, "tmpl-dst", "", "template: outer destination")
+	}
+	return f
+}
+
+func (f *policyFlags) parse(args []string) error {
+	if err := f.fs.Parse(args); err != nil {
+		return err
+	}
+	if f.fs.NArg() != 0 {
+		return fmt.Errorf("unexpected argument %q", f.fs.Arg(0))
+	}
+	f.set = map[string]bool{}
+	f.fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	return nil
+}
+
+// selector builds the selector and direction that name a policy.
+func (f *policyFlags) selector() (sa.Selector, sa.Direction, error) {
+	var sel sa.Selector
+	if !f.set["dir"] {
+		return sel, 0, errors.New("a policy needs --dir in, out or fwd")
+	}
+	dir, err := parsePolicyDir(f.dir)
+	if err != nil {
+		return sel, 0, err
+	}
+	if sel.Src, err = parsePrefix("src", f.src); err != nil {
+		return sel, 0, err
+	}
+	if sel.Dst, err = parsePrefix("dst", f.dst); err != nil {
+		return sel, 0, err
+	}
+	if sel.Proto, err = parseProto(f.proto); err != nil {
+		return sel, 0, err
+	}
+	if sel.SrcPorts, err = parsePorts("sport", f.sport); err != nil {
+		return sel, 0, err
+	}
+	if sel.DstPorts, err = parsePorts("dport", f.dport); err != nil {
+		return sel, 0, err
+	}
+	if (!sel.SrcPorts.Any() || !sel.DstPorts.Any()) && sel.Proto == 0 {
+		return sel, 0, errors.New("ports need --proto (tcp, udp, sctp, icmp, ...)")
+	}
+	return sel, dir, sel.Validate()
+}
+
+// policy builds a whole policy.
+func (f *policyFlags) policy() (sa.Policy, error) {
+	var p sa.Policy
+	var err error
+	if p.Selector, p.Dir, err = f.selector(); err != nil {
+		return p, err
+	}
+	if p.Action, err = sa.ParseAction(f.action); err != nil {
+		return p, fmt.Errorf("--action %q: want protect, bypass or drop", f.action)
+	}
+	if p.Priority, err = parseU32("priority", f.priority); err != nil {
+		return p, err
+	}
+	if p.ReqID, err = parseU32("reqid", f.reqid); err != nil {
+		return p, err
+	}
+	if f.tmplSrc != "" {
+		if p.TmplSrc, err = parseAddr("tmpl-src", f.tmplSrc); err != nil {
+			return p, err
+		}
+	}
+	if f.tmplDst != "" {
+		if p.TmplDst, err = parseAddr("tmpl-dst", f.tmplDst); err != nil {
+			return p, err
+		}
+	}
+	if p.Action == sa.ActionProtect && p.ReqID == 0 {
+		return p, errors.New("a protect policy needs --reqid (the reqid of its states)")
+	}
+	return p, p.Validate()
+}

@@ -1,0 +1,313 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/espd/espd/control"
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/sa"
+)
+
+// multiFlag is a repeatable string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, " ") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// saFlags are the flags of sa add, update, del and get.
+type saFlags struct {
+	fs  *flag.FlagSet
+	set map[string]bool // flags given on the command line
+
+	spi, src, dst, newSrc, newDst, dir, proto, mode string
+	enc, auth, encKey, authKey                      string
+	esn                                             bool
+	replay, encapSport, encapDport, reqid           string
+	sels                                            multiFlag
+	soft, hard                                      lifetimeFlags
+	ttl, dscp, df, tfc                              string
+	ecn                                             bool
+}
+
+type lifetimeFlags struct{ bytes, packets, add, use string }
+
+// newSAFlags declares the flags of an sa command; which selects the
+// groups: "id" (spi, dst), "config" (everything add takes), "update" (the
+// new-src and new-dst of update).
+func newSAFlags(name string, which ...string) *saFlags {
+	f := &saFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	has := func(w string) bool {
+		for _, x := range which {
+			if x == w {
+				return true
+			}
+		}
+		return false
+	}
+	fs := f.fs
+	fs.StringVar(&f.spi, "spi", "", "SPI, hex (0x...) or decimal")
+	fs.StringVar(&f.dst, "dst", "", "outer destination address")
+	if has("config") {
+		fs.StringVar(&f.src, "src", "", "outer source address")
+		fs.StringVar(&f.dir, "dir", "", "direction: in or out")
+		fs.StringVar(&f.proto, "proto", "esp", "IPsec protocol: esp")
+		fs.StringVar(&f.mode, "mode", "tunnel", "mode: tunnel")
+		fs.StringVar(&f.enc, "enc", "", "algorithms, strongSwan style: aes128gcm16, chacha20poly1305, aes256-sha256, ...")
+		fs.StringVar(&f.auth, "auth", "", "integrity algorithm when --enc names only the cipher: sha1, sha256, sha384, sha512")
+		fs.StringVar(&f.encKey, "enc-key", "", "encryption key in hex, salt included (0x prefix optional)")
+		fs.StringVar(&f.authKey, "auth-key", "", "integrity key in hex")
+		fs.BoolVar(&f.esn, "esn", false, "extended sequence numbers")
+		fs.StringVar(&f.replay, "replay-window", "", "inbound anti-replay window in packets (0: off)")
+		fs.StringVar(&f.encapSport, "encap-sport", "", "UDP encapsulation source port (with --encap-dport; 0 0: off)")
+		fs.StringVar(&f.encapDport, "encap-dport", "", "UDP encapsulation destination port")
+		fs.StringVar(&f.reqid, "reqid", "", "reqid tying the state to policies")
+		fs.Var(&f.sels, "sel", "inner selector src=PREFIX,dst=PREFIX,proto=P,sport=R,dport=R (repeatable)")
+		for _, lt := range []struct {
+			name string
+			l    *lifetimeFlags
+		}{{"soft", &f.soft}, {"hard", &f.hard}} {
+			fs.StringVar(&lt.l.bytes, lt.name+"-bytes", "", lt.name+" limit in bytes")
+			fs.StringVar(&lt.l.packets, lt.name+"-packets", "", lt.name+" limit in packets")
+			fs.StringVar(&lt.l.add, lt.name+"-add", "", lt.name+" limit after adding (3600, 1h, ...)")
+			fs.StringVar(&lt.l.use, lt.name+"-use", "", lt.name+" limit after first use")
+		}
+		fs.StringVar(&f.ttl, "ttl", "", "outer TTL / hop limit (0: 64)")
+		fs.StringVar(&f.dscp, "dscp", "", "outer DSCP 0-63, or copy")
+		fs.BoolVar(&f.ecn, "ecn", false, "RFC 6040 normal-mode ECN")
+		fs.StringVar(&f.df, "df", "", "outer IPv4 DF bit: copy, set or clear")
+		fs.StringVar(&f.tfc, "tfc", "", "TFC: pad inner packets shorter than this many bytes")
+	}
+	if has("update") {
+		fs.StringVar(&f.newSrc, "new-src", "", "new outer source address")
+		fs.StringVar(&f.newDst, "new-dst", "", "new outer destination address")
+	}
+	return f
+}
+
+// parse parses args; every argument must be a flag.
+func (f *saFlags) parse(args []string) error {
+	if err := f.fs.Parse(args); err != nil {
+		return err
+	}
+	if f.fs.NArg() != 0 {
+		return fmt.Errorf("unexpected argument %q", f.fs.Arg(0))
+	}
+	f.set = map[string]bool{}
+	f.fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	return nil
+}
+
+// id returns the SPI and destination that name a state.
+func (f *saFlags) id() (uint32, sa.Config, error) {
+	var c sa.Config
+	if !f.set["spi"] || !f.set["dst"] {
+		return 0, c, errors.New("--spi and --dst name the state")
+	}
+	spi, err := parseSPI(f.spi)
+	if err != nil {
+		return 0, c, err
+	}
+	c.Dst, err = parseAddr("dst", f.dst)
+	return spi, c, err
+}
+
+// suite builds the algorithms from --enc, --auth and --esn.
+func (f *saFlags) suite() (crypto.Suite, error) {
+	name := f.enc
+	if f.auth != "" {
+		name += "-" + f.auth
+	}
+	s, err := crypto.ParseSuite(name)
+	if err != nil {
+		return crypto.Suite{}, fmt.Errorf("--enc %q: %v", name, err)
+	}
+	s.ESN = s.ESN || f.esn
+	return s, nil
+}
+
+// config builds a configuration from the flags given and says which
+// fields they set. For add (full), the state's identity, direction,
+// algorithms and keys are required.
+func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
+	var (
+		c   sa.Config
+		fl  control.Fields
+		err error
+	)
+	set := f.set
+	try := func(e error) {
+		if err == nil && e != nil {
+			err = e
+		}
+	}
+	if full {
+		for _, req := range []string{"spi", "src", "dst", "dir", "enc"} {
+			if !set[req] {
+				return c, 0, fmt.Errorf("sa add needs --%s", req)
+			}
+		}
+	}
+	addr := func(what, s string) netip.Addr {
+		a, e := parseAddr(what, s)
+		try(e)
+		return a
+	}
+	if set["spi"] {
+		v, e := parseSPI(f.spi)
+		try(e)
+		c.SPI = v
+	}
+	if full {
+		c.Src, c.Dst = addr("src", f.src), addr("dst", f.dst)
+		fl |= control.FieldSrc | control.FieldDst
+	}
+	if set["new-src"] {
+		c.Src = addr("new-src", f.newSrc)
+		fl |= control.FieldSrc
+	}
+	if set["new-dst"] {
+		c.Dst = addr("new-dst", f.newDst)
+		fl |= control.FieldDst
+	}
+	if set["proto"] && f.proto != "esp" {
+		try(fmt.Errorf("--proto %q: espd implements esp only", f.proto))
+	}
+	if set["mode"] && f.mode != "tunnel" {
+		try(fmt.Errorf("--mode %q: espd implements tunnel mode only", f.mode))
+	}
+	if set["dir"] {
+		d, e := parseStateDir(f.dir)
+		try(e)
+		c.Dir = d
+		fl |= control.FieldDir
+	}
+	if set["enc"] || set["auth"] || set["esn"] {
+		if !set["enc"] {
+			try(errors.New("--auth and --esn go with --enc"))
+		} else {
+			s, e := f.suite()
+			try(e)
+			c.Suite = s
+			fl |= control.FieldSuite
+		}
+	}
+	if set["enc-key"] || set["auth-key"] || full {
+		ek, e := parseKey("--enc-key", f.encKey)
+		try(e)
+		ik, e := parseKey("--auth-key", f.authKey)
+		try(e)
+		c.EncKey, c.IntegKey = ek, ik
+		fl |= control.FieldKeys
+		if err == nil && fl&control.FieldSuite != 0 {
+			if n := c.Suite.EncKeyLen(); len(ek) != n {
+				try(fmt.Errorf("--enc-key: %v takes %d bytes of encryption key (%d hex digits, salt included), got %d", c.Suite, n, 2*n, len(ek)))
+			}
+			if n := c.Suite.IntegKeyLen(); len(ik) != n {
+				if n == 0 {
+					try(fmt.Errorf("--auth-key: %v is combined-mode and takes no integrity key", c.Suite))
+				} else {
+					try(fmt.Errorf("--auth-key: %v takes %d bytes of integrity key (%d hex digits), got %d", c.Suite, n, 2*n, len(ik)))
+				}
+			}
+		}
+	}
+	if set["replay-window"] {
+		v, e := parseU32("replay-window", f.replay)
+		try(e)
+		c.ReplayWindow = v
+		fl |= control.FieldReplayWindow
+	}
+	if set["encap-sport"] || set["encap-dport"] {
+		if !set["encap-sport"] || !set["encap-dport"] {
+			try(errors.New("UDP encapsulation needs both --encap-sport and --encap-dport"))
+		}
+		sp, e := parseUint("encap-sport", f.encapSport, 65535)
+		try(e)
+		dp, e := parseUint("encap-dport", f.encapDport, 65535)
+		try(e)
+		c.EncapSrcPort, c.EncapDstPort = uint16(sp), uint16(dp)
+		fl |= control.FieldEncap
+	}
+	if set["reqid"] {
+		v, e := parseU32("reqid", f.reqid)
+		try(e)
+		c.ReqID = v
+		fl |= control.FieldReqID
+	}
+	if set["sel"] {
+		for _, s := range f.sels {
+			sel, e := parseSelector(s)
+			try(e)
+			c.Selectors = append(c.Selectors, sel)
+		}
+		fl |= control.FieldSelectors
+	}
+	for _, lt := range []struct {
+		name  string
+		l     *lifetimeFlags
+		dst   *sa.Lifetime
+		field control.Fields
+	}{{"soft", &f.soft, &c.Soft, control.FieldSoft}, {"hard", &f.hard, &c.Hard, control.FieldHard}} {
+		n := lt.name
+		if set[n+"-bytes"] {
+			v, e := parseUint("--"+n+"-bytes", lt.l.bytes, 1<<63)
+			try(e)
+			lt.dst.Bytes = v
+			fl |= lt.field
+		}
+		if set[n+"-packets"] {
+			v, e := parseUint("--"+n+"-packets", lt.l.packets, 1<<63)
+			try(e)
+			lt.dst.Packets = v
+			fl |= lt.field
+		}
+		if set[n+"-add"] {
+			d, e := parseDuration("--"+n+"-add", lt.l.add)
+			try(e)
+			lt.dst.AddTime = d
+			fl |= lt.field
+		}
+		if set[n+"-use"] {
+			d, e := parseDuration("--"+n+"-use", lt.l.use)
+			try(e)
+			lt.dst.UseTime = d
+			fl |= lt.field
+		}
+	}
+	if set["ttl"] {
+		v, e := parseUint("ttl", f.ttl, 255)
+		try(e)
+		c.TTL = uint8(v)
+		fl |= control.FieldTTL
+	}
+	if set["dscp"] {
+		d, cp, e := parseDSCP(f.dscp)
+		try(e)
+		c.DSCP, c.CopyDSCP = d, cp
+		fl |= control.FieldDSCP | control.FieldCopyDSCP
+	}
+	if set["ecn"] {
+		c.ECN = f.ecn
+		fl |= control.FieldECN
+	}
+	if set["df"] {
+		m, e := parseDF(f.df)
+		try(e)
+		c.DF = m
+		fl |= control.FieldDF
+	}
+	if set["tfc"] {
+		v, e := parseUint("tfc", f.tfc, 65535)
+		try(e)
+		c.TFCPadTo = int(v)
+		fl |= control.FieldTFC
+	}
+	if full {
+		fl |= control.FieldsAll
+	}
+	return c, fl, err
+}
