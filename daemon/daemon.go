@@ -81,9 +81,15 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 		"encap_port", d.dp.Config().EncapPort, "table", d.dp.Config().Table)
 
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		// Stop the goroutines before shutdown tears down what they use.
+		cancel()
+		if d.ctl != nil {
+			err = errors.Join(err, d.ctl.Close())
+		}
+		wg.Wait()
+	}()
 	wg.Add(1)
 	go func() { defer wg.Done(); d.db.Run(ctx) }()
 	wg.Add(1)
@@ -138,14 +144,10 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 	}
 }
 
-// shutdown closes the control socket, deletes every state (zeroing its
-// keys) and policy, and closes the data plane, which removes its routes,
-// rules and TUN device.
+// shutdown deletes every state (zeroing its keys) and policy, and closes
+// the data plane, which removes its routes, rules and TUN device.
 func (d *Daemon) shutdown() error {
 	var errs []error
-	if d.ctl != nil {
-		errs = append(errs, d.ctl.Close())
-	}
 	d.mu.Lock()
 	d.db.FlushPolicies()
 	d.db.FlushSAs()
