@@ -23,8 +23,8 @@ func sampleInfo() control.SAInfo {
 	st.Drops[sa.DropIntegrity] = 1
 	return control.SAInfo{
 		Config: sa.Config{SPI: 0xc0000001, Dir: sa.DirOut, Src: netip.MustParseAddr("198.18.0.1"), Dst: netip.MustParseAddr("198.18.0.2"),
-			Suite:    crypto.Suite{Encryption: crypto.EncrAESCBC, KeyBits: 256, Integrity: crypto.AuthHMACSHA2256128},
-			ReqID:    7, EncapSrcPort: 4500, EncapDstPort: 4500,
+			Suite: crypto.Suite{Encryption: crypto.EncrAESCBC, KeyBits: 256, Integrity: crypto.AuthHMACSHA2256128},
+			ReqID: 7, EncapSrcPort: 4500, EncapDstPort: 4500,
 			Selectors: []sa.Selector{{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.19.0.0/16"), Proto: 6,
 				DstPorts: sa.PortRange{Lo: 443, Hi: 443}}},
 			Soft: sa.Lifetime{Bytes: 1 << 20, AddTime: 50 * time.Minute},
