@@ -18,8 +18,8 @@ import (
 // and EINVAL for anything else (sa reports invalid configurations as plain
 // errors). The error's text becomes the reply's message.
 type Backend interface {
-	// AddSA installs a state (SA_ADD). The keys in c belong to the
-	// backend once passed.
+	// AddSA installs a state (SA_ADD). The server zeroes c's keys when
+	// AddSA returns: keep copies (sa.DB.AddSA does).
 	AddSA(c sa.Config) error
 	// UpdateSA changes a state (SA_UPDATE), as sa.DB.UpdateSA: c is the
 	// state's configuration from GetSA with the request's changes

@@ -63,6 +63,21 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	go c.readLoop()
 	h, err := c.Hello(ctx)
 	if err != nil {
+		var e *Error
+		if !errors.As(err, &e) {
+			// A server that refuses us (EACCES, EAGAIN) says why, then
+			// hangs up, maybe before our HELLO is written: prefer its
+			// reason to the write error.
+			select {
+			case <-c.done:
+			case <-time.After(time.Second):
+			}
+			c.mu.Lock()
+			if c.refusal != nil {
+				err = c.refusal
+			}
+			c.mu.Unlock()
+		}
 		c.Close()
 		return nil, err
 	}
@@ -169,6 +184,9 @@ func (c *Client) dispatch(m *Message) {
 // do sends a request built by fill and returns its reply messages: one for
 // a single reply, the parts (without DONE) for a multi-part one.
 func (c *Client) do(ctx context.Context, t MsgType, fill func(*Builder)) ([]*Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	cl := &call{done: make(chan struct{})}
 	c.mu.Lock()
 	if c.err != nil {

@@ -336,3 +336,41 @@ func TestClientContext(t *testing.T) {
 		t.Fatalf("dial to nothing: %v", err)
 	}
 }
+
+// slowBackend blocks ListSAs until release is closed.
+type slowBackend struct {
+	dbBackend
+	release chan struct{}
+}
+
+func (b slowBackend) ListSAs() ([]SAInfo, error) {
+	<-b.release
+	return b.dbBackend.ListSAs()
+}
+
+// TestClientDeadline: a request whose context ends while the server is
+// busy returns the context's error; its late reply is discarded and the
+// connection keeps working.
+func TestClientDeadline(t *testing.T) {
+	b := slowBackend{dbBackend{sa.NewDB()}, make(chan struct{})}
+	s, err := Listen(b, ServerConfig{Path: filepath.Join(t.TempDir(), "espd.sock")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve()
+	t.Cleanup(func() { s.Close() })
+	c := dial(t, s.Path())
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := c.ListSAs(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ListSAs: %v", err)
+	}
+	close(b.release)
+	if _, err := c.AllocSPI(testCtx(t), 0x300, 0x300); err != nil {
+		t.Fatal(err)
+	}
+	list, err := c.ListSAs(testCtx(t))
+	if err != nil || len(list) != 1 || list[0].Config.SPI != 0x300 {
+		t.Fatalf("after the late reply: %v %v", list, err)
+	}
+}
