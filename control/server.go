@@ -228,14 +228,11 @@ func (s *Server) Serve() error {
 	}
 }
 
-// admit checks the peer and starts its goroutine, or refuses it.
+// admit takes a connection slot and starts the connection's goroutine,
+// which checks the peer's credentials (the group lookup may be slow: it
+// must not hold up the accept loop) and serves it; or refuses it when no
+// slot is free.
 func (s *Server) admit(c *net.UnixConn) {
-	if err := s.authorize(c); err != nil {
-		s.refused.Add(1)
-		s.cfg.Logf("control: refused peer: %v", err)
-		s.refuse(c, err)
-		return
-	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -252,20 +249,40 @@ func (s *Server) admit(c *net.UnixConn) {
 	s.conns[cn] = struct{}{}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	s.accepted.Add(1)
-	s.active.Add(1)
 	go func() {
 		defer s.wg.Done()
+		defer func() {
+			s.mu.Lock()
+			delete(s.conns, cn)
+			s.mu.Unlock()
+		}()
+		if err := s.authorize(c); err != nil {
+			s.refused.Add(1)
+			s.cfg.Logf("control: refused peer: %v", err)
+			writeRefusal(c, err)
+			return
+		}
+		s.accepted.Add(1)
+		s.active.Add(1)
 		defer s.active.Add(-1)
 		cn.serve()
-		s.mu.Lock()
-		delete(s.conns, cn)
-		s.mu.Unlock()
 	}()
 }
 
+// writeRefusal sends e as an ERROR with sequence number 0, within a
+// second, and closes c.
+func writeRefusal(c *net.UnixConn, e *Error) {
+	defer c.Close()
+	b := NewBuilder(Version, MsgError, FlagReply, 0)
+	putError(b, e)
+	if msg, err := b.Bytes(); err == nil {
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		c.Write(msg)
+	}
+}
+
 // refuse sends e as an ERROR with sequence number 0 and closes c, without
-// waiting for the peer.
+// holding up the accept loop.
 func (s *Server) refuse(c *net.UnixConn, e *Error) {
 	s.mu.Lock()
 	if s.closed {
@@ -277,13 +294,7 @@ func (s *Server) refuse(c *net.UnixConn, e *Error) {
 	s.mu.Unlock()
 	go func() {
 		defer s.wg.Done()
-		defer c.Close()
-		b := NewBuilder(Version, MsgError, FlagReply, 0)
-		putError(b, e)
-		if msg, err := b.Bytes(); err == nil {
-			c.SetWriteDeadline(time.Now().Add(time.Second))
-			c.Write(msg)
-		}
+		writeRefusal(c, e)
 	}()
 }
 
