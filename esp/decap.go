@@ -20,23 +20,30 @@ type Decapsulator struct {
 	ECN bool
 }
 
-// Decapsulate opens the ESP packet pkt, which starts at the SPI and ends
-// with the ICV, in place, and returns the inner packet (a sub-slice of pkt,
-// trimmed to its own length field, which drops any TFC padding) and the
-// full sequence number. outerTOS is the TOS or Traffic Class of the outer
-// IP header, for RFC 6040.
+// Open checks, verifies and decrypts the ESP packet pkt, which starts at
+// the SPI and ends with the ICV, in place, without recording it in the
+// replay window. It returns the inner packet (a sub-slice of pkt, trimmed
+// to its own length field, which drops any TFC padding) and the full
+// sequence number. outerTOS is the TOS or Traffic Class of the outer IP
+// header, for RFC 6040.
 //
 // In order: lengths are checked (ErrMalformed); the sequence number is
-// inferred and checked against the replay window (ErrReplay) before
-// decrypting; the transform verifies and decrypts (crypto.ErrAuthentication
-// passes through); the trailer is checked (ErrPadding, ErrNextHeader); a
-// dummy packet gives ErrDummy; the inner packet is checked (ErrInner); with
-// ECN, Congestion Experienced on a Not-ECT inner packet gives ErrECNDrop,
-// otherwise the inner ECN field is updated per RFC 6040 section 4.2 (with
-// the IPv4 checksum); finally the window records the sequence number, and
-// ErrReplay then means another worker accepted it first. Dummy and ECN-drop
-// packets are authentic, so the window records them too.
-func (d *Decapsulator) Decapsulate(pkt []byte, outerTOS uint8) (inner []byte, seq uint64, err error) {
+// inferred from the window's highest recorded number and checked against
+// the window (ErrReplay) before decrypting; the transform verifies and
+// decrypts (crypto.ErrAuthentication passes through); the trailer is
+// checked (ErrPadding, ErrNextHeader); a dummy packet gives ErrDummy; the
+// inner packet is checked (ErrInner); with ECN, Congestion Experienced on a
+// Not-ECT inner packet gives ErrECNDrop, otherwise the inner ECN field is
+// updated per RFC 6040 section 4.2 (with the IPv4 checksum).
+//
+// The window's Check only says the number was not recorded yet: the caller
+// records each packet for which Authentic(err) holds with Replay.Update,
+// which has the last word on duplicates. Opening the same packet twice
+// before it is recorded succeeds twice. Callers that open in parallel and
+// record in arrival order (as the kernel's pcrypt does) keep a fast worker
+// from pushing a slow worker's packets out of the window; the others call
+// Decapsulate. Open is safe for concurrent use.
+func (d *Decapsulator) Open(pkt []byte, outerTOS uint8) (inner []byte, seq uint64, err error) {
 	t := d.Transform
 	iv, icv, bs := t.IVSize(), t.ICVSize(), t.BlockSize()
 	plain := len(pkt) - HeaderLen - iv - icv
@@ -73,9 +80,6 @@ func (d *Decapsulator) Decapsulate(pkt []byte, outerTOS uint8) (inner []byte, se
 	}
 	switch nh {
 	case NextHeaderDummy:
-		if err := d.update(seq); err != nil {
-			return nil, seq, err
-		}
 		return nil, seq, ErrDummy
 	case NextHeaderIPv4:
 		if len(payload) < packet.IPv4HeaderLen || payload[0]>>4 != 4 {
@@ -98,27 +102,41 @@ func (d *Decapsulator) Decapsulate(pkt []byte, outerTOS uint8) (inner []byte, se
 	default:
 		return nil, seq, ErrNextHeader
 	}
-	ecn, drop := uint8(0), false
 	if d.ECN {
-		ecn, drop = decapECN(outerTOS&packet.ECNMask, inner)
-	}
-	if err := d.update(seq); err != nil {
-		return nil, seq, err
-	}
-	if drop {
-		return nil, seq, ErrECNDrop
-	}
-	if d.ECN {
+		ecn, drop := decapECN(outerTOS&packet.ECNMask, inner)
+		if drop {
+			return nil, seq, ErrECNDrop
+		}
 		packet.SetECN(inner, ecn)
 	}
 	return inner, seq, nil
 }
 
-func (d *Decapsulator) update(seq uint64) error {
-	if d.Replay == nil {
-		return nil
+// Authentic reports whether an error of Open leaves the packet authentic:
+// nil, ErrDummy or ErrECNDrop. Its sequence number must then be recorded
+// in the replay window, even though dummy and ECN-dropped packets go no
+// further.
+func Authentic(err error) bool {
+	return err == nil || err == ErrDummy || err == ErrECNDrop
+}
+
+// Decapsulate is Open followed, for an authentic packet, by Replay.Update:
+// it opens pkt and records its sequence number at once. ErrReplay from the
+// record means another caller recorded the same number first (or the
+// window moved past it during decryption); the packet is then refused.
+// Dummy and ECN-dropped packets are recorded too before ErrDummy or
+// ErrECNDrop is returned. Use it where packets need not be recorded in
+// arrival order; a pipeline that opens in parallel uses Open and records
+// in order (see Open).
+func (d *Decapsulator) Decapsulate(pkt []byte, outerTOS uint8) (inner []byte, seq uint64, err error) {
+	inner, seq, err = d.Open(pkt, outerTOS)
+	if !Authentic(err) || d.Replay == nil {
+		return inner, seq, err
 	}
-	return d.Replay.Update(seq)
+	if uerr := d.Replay.Update(seq); uerr != nil {
+		return nil, seq, uerr
+	}
+	return inner, seq, err
 }
 
 // decapECN returns the inner ECN field after decapsulation (RFC 6040

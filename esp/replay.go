@@ -21,11 +21,15 @@ const NominalInferWidth = 1 << 31
 // words as in RFC 6479, so advancing the window clears whole words instead
 // of shifting bits.
 //
-// Many workers may use one window at once: Infer and Check are lock-free
-// and run before decryption; Update, after the ICV verified, takes a mutex
-// and is the authority: it returns ErrReplay when another worker accepted
-// the same sequence number first, or when the window moved past it while
-// it was being decrypted.
+// Checking and recording are separate steps, as in the kernel's XFRM
+// (xfrm_replay_check before decryption, xfrm_replay_advance after): Infer
+// and Check are lock-free and run before decryption, so that replays cost
+// no crypto; Update records a packet once it is authentic, takes a mutex
+// and has the last word: it returns ErrReplay for a duplicate that passed
+// Check while its twin was still being decrypted. Many goroutines may use
+// one window at once. A pipeline that decrypts in parallel records from
+// one in-order stage, so that the window advances in arrival order and
+// inference (which starts from Top) sees the numbers in that order.
 type ReplayWindow struct {
 	size   uint64 // packets, a multiple of 64; 0: no replay check
 	esn    bool
@@ -95,8 +99,9 @@ func (r *ReplayWindow) Infer(seqLo uint32) uint64 {
 }
 
 // Check reports whether seq may be new: it returns ErrReplay for sequence
-// number 0, for one older than the window, and for one already received.
-// Call it before decrypting; it does not change the window.
+// number 0, for one older than the window, and for one already recorded.
+// Call it before decrypting; it does not change the window, so a pass is
+// provisional until Update records seq.
 func (r *ReplayWindow) Check(seq uint64) error {
 	if seq == 0 {
 		return ErrReplay
@@ -120,9 +125,13 @@ func (r *ReplayWindow) Check(seq uint64) error {
 	return nil
 }
 
-// Update records seq as received once its ICV verified, advancing the
-// window if seq is the new highest. It returns ErrReplay, changing
-// nothing, if seq is 0, too old or already recorded.
+// Update records seq as received, advancing the window if seq is the new
+// highest. Call it once the packet is authentic (its ICV verified), and,
+// where packets are decrypted in parallel, from one stage in the order the
+// packets arrived. It returns ErrReplay, changing nothing, if seq is 0,
+// older than the window, or already recorded: a duplicate that slipped
+// through between Check and Update. With a size-0 window it only tracks
+// the highest number.
 func (r *ReplayWindow) Update(seq uint64) error {
 	if seq == 0 {
 		return ErrReplay
