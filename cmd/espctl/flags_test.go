@@ -148,7 +148,7 @@ func TestBadInput(t *testing.T) {
 		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--proto", "ah"), "esp only"},
 		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--mode", "transport"), "tunnel mode only"},
 		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--ttl", "300"), "ttl"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--dscp", "64"), "want 0-63 or copy"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--dscp", "64"), "want copy or a number 0-63"},
 		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--df", "maybe"), "copy, set or clear"},
 		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--soft-add", "soon"), "duration"},
 		{[]string{"sa", "update", "--spi", "1", "--dst", "198.18.0.2"}, "nothing to change"},
@@ -161,7 +161,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"policy", "add", "--dir", "out", "--action", "maybe"}, "protect, bypass or drop"},
 		{[]string{"policy", "add", "--dir", "sideways"}, "in, out or fwd"},
 		{[]string{"policy", "del", "--dir", "in", "--src", "198.18.0.0/33"}, "not a prefix"},
-		{[]string{"policy", "get", "--dir", "in", "--proto", "tcpp"}, `protocol "tcpp"`},
+		{[]string{"policy", "get", "--dir", "in", "--proto", "tcpp"}, `proto "tcpp"`},
 		{[]string{"spi", "alloc", "--min", "0x200", "--max", "0x100"}, "is above --max"},
 		{[]string{"stats", "--spi", "1"}, "--spi and --dst name the state"},
 		{[]string{"monitor", "--events", "soft,boom"}, `unknown event "boom"`},
@@ -203,8 +203,11 @@ func TestParsers(t *testing.T) {
 	if k, err := parseKey("k", "0xABcd"); err != nil || !bytes.Equal(k, []byte{0xab, 0xcd}) {
 		t.Fatal(k, err)
 	}
-	if p, err := parsePrefix("p", "198.18.0.7/24"); err != nil || p != netip.MustParsePrefix("198.18.0.0/24") {
+	if p, err := parsePrefix("p", "198.18.0.0/24"); err != nil || p != netip.MustParsePrefix("198.18.0.0/24") {
 		t.Fatal(p, err)
+	}
+	if _, err := parsePrefix("p", "198.18.0.7/24"); err == nil || !strings.Contains(err.Error(), "198.18.0.0/24") {
+		t.Fatalf("a prefix with host bits: %v, want an error suggesting 198.18.0.0/24", err)
 	}
 	if a, err := parseAddr("a", "::ffff:198.18.0.1"); err != nil || a != netip.MustParseAddr("198.18.0.1") {
 		t.Fatal(a, err)

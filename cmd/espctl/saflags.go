@@ -285,7 +285,7 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 		fl |= control.FieldTTL
 	}
 	if set["dscp"] {
-		d, cp, e := parseDSCP(f.dscp)
+		cp, d, e := parseDSCP(f.dscp)
 		try(e)
 		c.DSCP, c.CopyDSCP = d, cp
 		fl |= control.FieldDSCP | control.FieldCopyDSCP
