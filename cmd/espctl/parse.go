@@ -72,7 +72,6 @@ func parseKey(what, s string) ([]byte, error) {
 	return k, nil
 }
 
-
 // parseStateDir parses the direction of a state: in or out.
 func parseStateDir(s string) (sa.Direction, error) {
 	d, err := sa.ParseDirection(s)
