@@ -34,8 +34,7 @@ type elem struct {
 
 	sa  *sa.SA
 	enc *esp.Encapsulator // outbound
-	dec *esp.Decapsulator // inbound: the Decapsulator the worker calls
-	win *esp.ReplayWindow // inbound: the state's window, advanced in order; nil: none
+	dec *esp.Decapsulator // inbound
 
 	// Outbound: the inner packet is buf[start:end] until a worker
 	// encapsulates it, the outer packet after. Inbound: the ESP packet,
@@ -43,7 +42,7 @@ type elem struct {
 	start, end int
 	innerLen   int      // bytes accounted to the state
 	seq        uint64   // sequence number
-	authentic  bool     // inbound: the ICV verified; record seq in win
+	record     bool     // inbound: authentic; the writer records seq in dec.Replay
 	tos        uint8    // inbound: outer TOS / Traffic Class
 	mtu        int      // outbound: path MTU to the peer
 	frag       fragMode // outbound: whether the outer packet may be fragmented
@@ -95,7 +94,7 @@ func (p *pool) get() *batch { return p.p.Get().(*batch) }
 func (p *pool) put(b *batch) {
 	for i := range b.n {
 		e := &b.elems[i]
-		e.sa, e.enc, e.dec, e.win = nil, nil, nil, nil
+		e.sa, e.enc, e.dec = nil, nil, nil
 	}
 	b.n = 0
 	p.p.Put(b)

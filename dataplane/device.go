@@ -63,7 +63,6 @@ type Device struct {
 	out  *queues
 	in   *queues
 
-	shadows shadows
 	stats   counters
 	fragID  atomic.Uint32
 	closing atomic.Bool
@@ -178,7 +177,7 @@ func (d *Device) StartWith(io IO) error {
 		d.wg.Add(1)
 		go d.readOuter(r)
 	}
-	d.wg.Add(5 + d.cfg.Workers)
+	d.wg.Add(4 + d.cfg.Workers)
 	go func() { defer d.wg.Done(); d.out.closeWhenDone() }()
 	go func() { defer d.wg.Done(); d.in.closeWhenDone() }()
 	for range d.cfg.Workers {
@@ -186,7 +185,10 @@ func (d *Device) StartWith(io IO) error {
 	}
 	go d.sendLoop()
 	go d.writeLoop()
-	go d.housekeeping()
+	if d.cfg.Keepalive > 0 {
+		d.wg.Add(1)
+		go d.keepalives()
+	}
 	d.log.Info("data plane started", "workers", d.cfg.Workers, "batch", d.pool.size, "queue", d.cfg.QueueLen)
 	return nil
 }

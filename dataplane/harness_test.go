@@ -33,6 +33,12 @@ type harness struct {
 }
 
 func newHarness(t testing.TB, cfg Config, loop bool) *harness {
+	return newHarnessWith(t, cfg, loop, nil)
+}
+
+// newHarnessWith is newHarness with rx, if not nil, as the device's only
+// receiver instead of the wire's.
+func newHarnessWith(t testing.TB, cfg Config, loop bool, rx Receiver) *harness {
 	t.Helper()
 	h := &harness{t: t, db: sa.NewDB(), tun: newFakeTUN(64, 1400), wire: newWire(1024)}
 	h.tx = &fakeSender{record: true}
@@ -40,13 +46,16 @@ func newHarness(t testing.TB, cfg Config, loop bool) *harness {
 		h.tx.wire = h.wire
 	}
 	h.rx = newFakeReceiver(h.wire)
+	if rx == nil {
+		rx = h.rx
+	}
 	d, err := New(cfg, h.db, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.d = d
 	statsHook = d.Stats
-	if err := d.StartWith(IO{TUN: h.tun, Receivers: []Receiver{h.rx}, Sender: h.tx}); err != nil {
+	if err := d.StartWith(IO{TUN: h.tun, Receivers: []Receiver{rx}, Sender: h.tx}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
@@ -70,8 +79,14 @@ type tunnel struct {
 	local, peer     netip.Addr // outer
 	sport, dport    uint16     // ESP-in-UDP when dport != 0
 	inSelectors     []sa.Selector
-	df              uint8 // esp.DFMode
+	df              uint8  // esp.DFMode
+	window          uint32 // inbound replay window; 0: 128
 	skipOut, skipIn bool
+}
+
+// tunnelKeys returns the keys add gives both states of a tunnel.
+func tunnelKeys(suite crypto.Suite, spi uint32) (encKey, integKey []byte) {
+	return testKey(suite.EncKeyLen(), byte(spi)), testKey(suite.IntegKeyLen(), byte(spi>>8))
 }
 
 // add installs the tunnel's outbound policy and, unless skipped, its
@@ -95,9 +110,14 @@ func (h *harness) add(tn tunnel) (out, in *sa.SA) {
 	}); err != nil {
 		h.t.Fatal(err)
 	}
+	window := tn.window
+	if window == 0 {
+		window = 128
+	}
+	encKey, integKey := tunnelKeys(suite, tn.spi)
 	base := sa.Config{
-		SPI: tn.spi, Suite: suite, ReqID: tn.reqid, ReplayWindow: 128,
-		EncKey: testKey(suite.EncKeyLen(), byte(tn.spi)), IntegKey: testKey(suite.IntegKeyLen(), byte(tn.spi>>8)),
+		SPI: tn.spi, Suite: suite, ReqID: tn.reqid, ReplayWindow: window,
+		EncKey: encKey, IntegKey: integKey,
 		EncapSrcPort: tn.sport, EncapDstPort: tn.dport, ECN: true,
 	}
 	if !tn.skipOut {

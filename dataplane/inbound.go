@@ -56,7 +56,6 @@ func (d *Device) classifyIn(b *batch, n int) {
 		spi     uint32
 		s       *sa.SA
 		dec     *esp.Decapsulator
-		win     *esp.ReplayWindow
 	)
 	b.n = n
 	live := 0
@@ -92,20 +91,16 @@ func (d *Device) classifyIn(b *batch, n int) {
 		}
 		if !haveSPI || id != spi {
 			haveSPI, spi = true, id
-			s, dec, win = d.db.LookupInbound(id), nil, nil
+			s, dec = d.db.LookupInbound(id), nil
 			if s != nil && s.Alive() {
 				dec = s.Decapsulator()
-			}
-			if dec != nil && dec.Replay != nil {
-				win = dec.Replay
-				dec = &d.shadows.get(s, dec).dec
 			}
 		}
 		if dec == nil {
 			l[cInvalidSPI]++
 			continue
 		}
-		e.sa, e.dec, e.win = s, dec, win
+		e.sa, e.dec = s, dec
 		e.start, e.end, e.tos = m.Start, m.End, m.TOS
 		e.drop = pass
 		live++
@@ -127,15 +122,28 @@ func (d *Device) classifyIn(b *batch, n int) {
 
 // decrypt is the workers' inbound step: replay check, decryption and the
 // state's selector check of the inner packet (done here, in parallel,
-// rather than in the in-order writer). The writer advances the replay
-// window (see replay.go).
+// rather than in the in-order writer).
+//
+// The workers check the replay window but do not record in it
+// (esp.Decapsulator.Open); the in-order writer records each authentic
+// packet (esp.ReplayWindow.Update), as the kernel does with pcrypt
+// (xfrm_replay_check before the crypto, xfrm_replay_advance in order
+// after). Workers finish batches out of order: if each recorded its own
+// packets, one overtaken by others holding later batches of the same state
+// would find its packets behind the window whenever the workers are more
+// than a window apart (8 workers with batches of 128 are, for any usual
+// window). Recording in order also keeps ESN inference, which starts from
+// the window's top, seeing the numbers in arrival order.
 func decrypt(b *batch) {
 	for i := range b.n {
 		e := &b.elems[i]
 		if e.drop != pass {
 			continue
 		}
-		inner, err := open(e)
+		inner, seq, err := e.dec.Open(e.buf[e.start:e.end], e.tos)
+		if esp.Authentic(err) && e.dec.Replay != nil {
+			e.seq, e.record = seq, true
+		}
 		if err != nil {
 			e.drop, e.reason = dropSA, sa.DropReasonOf(err)
 			continue
@@ -183,8 +191,8 @@ func (d *Device) writeBatch(w *inWriter, b *batch) {
 	j := 0
 	for i := range b.n {
 		e := &b.elems[i]
-		if e.authentic {
-			if err := e.win.Update(e.seq); err != nil {
+		if e.record {
+			if err := e.dec.Replay.Update(e.seq); err != nil {
 				// Another packet with this number was in flight.
 				e.drop, e.reason = dropSA, sa.DropReplay
 			}

@@ -8,32 +8,20 @@ import (
 	"github.com/espd/espd/sa"
 )
 
-// pruneInterval is how often the housekeeper forgets the replay shadows
-// of dead states.
-const pruneInterval = 10 * time.Second
-
-// housekeeping sends a NAT-keepalive (RFC 3948 section 2.3) every
-// Config.Keepalive for every live outbound state with UDP encapsulation,
-// from its encapsulation source port to its destination port, and prunes
-// the replay shadows.
-func (d *Device) housekeeping() {
+// keepalives sends a NAT-keepalive (RFC 3948 section 2.3) every
+// Config.Keepalive (> 0) for every live outbound state with UDP
+// encapsulation, from its encapsulation source port to its destination
+// port.
+func (d *Device) keepalives() {
 	defer d.wg.Done()
-	prune := time.NewTicker(pruneInterval)
-	defer prune.Stop()
-	var ka <-chan time.Time
-	if d.cfg.Keepalive > 0 {
-		t := time.NewTicker(d.cfg.Keepalive)
-		defer t.Stop()
-		ka = t.C
-	}
+	t := time.NewTicker(d.cfg.Keepalive)
+	defer t.Stop()
 	for {
 		select {
 		case <-d.stop:
 			return
-		case <-ka:
+		case <-t.C:
 			d.sendKeepalives()
-		case <-prune.C:
-			d.shadows.prune()
 		}
 	}
 }

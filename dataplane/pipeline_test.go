@@ -248,25 +248,42 @@ func TestDeadStateNeverUsed(t *testing.T) {
 	}
 }
 
-func TestShadowsPruned(t *testing.T) {
+// TestInboundStateReplaced: once an inbound state is deleted the data
+// plane keeps nothing of it: its packets are unknown SPIs, and a state
+// added again with the same SPI starts with a window of its own, while the
+// deleted one sees no more traffic.
+func TestInboundStateReplaced(t *testing.T) {
 	h := newHarness(t, Config{}, true)
-	_, in := h.add(tunnel{reqid: 3, spi: 0x300, dst: netip.MustParsePrefix("198.19.3.0/24")})
-	h.tun.in <- [][]byte{udpPacket(innerSrc4, netip.MustParseAddr("198.19.3.3"), 1, 2, 0, 100, false)}
+	tn := tunnel{reqid: 3, spi: 0x300, dst: netip.MustParsePrefix("198.19.3.0/24")}
+	_, in := h.add(tn)
+	dst := netip.MustParseAddr("198.19.3.3")
+	h.tun.in <- [][]byte{udpPacket(innerSrc4, dst, 1, 2, 0, 100, false)}
 	waitFor(t, "the looped packet", func() bool { return h.tun.count.Load() == 1 })
-	count := func() (n int) {
-		h.d.shadows.m.Range(func(any, any) bool { n++; return true })
-		return n
-	}
-	h.d.shadows.prune()
-	if n := count(); n != 1 {
-		t.Fatalf("%d shadows for one live inbound state", n)
-	}
 	if err := h.db.DeleteSA(in.SPI(), local4); err != nil {
 		t.Fatal(err)
 	}
-	h.d.shadows.prune()
-	if n := count(); n != 0 {
-		t.Errorf("%d shadows after the state's deletion", n)
+	h.tun.in <- [][]byte{udpPacket(innerSrc4, dst, 1, 2, 1, 100, false)}
+	waitFor(t, "an invalid SPI", func() bool { return h.d.Stats().InvalidSPI == 1 })
+
+	c := in.Config()
+	c.EncKey, c.IntegKey = tunnelKeys(in.Suite(), tn.spi)
+	in2, err := h.db.AddSA(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in2.ReplayTop() != 0 {
+		t.Fatalf("new state's window starts at %d", in2.ReplayTop())
+	}
+	h.tun.in <- [][]byte{udpPacket(innerSrc4, dst, 1, 2, 2, 100, false)}
+	waitFor(t, "a packet through the new state", func() bool { return h.tun.count.Load() == 2 })
+	if got := counterOf(h.tun.packets()[1]); got != 2 {
+		t.Errorf("packet %d came through, want 2", got)
+	}
+	if in2.Stats().Packets != 1 || in2.ReplayTop() != 3 {
+		t.Errorf("new state: %d packets, window top %d; want 1 and 3", in2.Stats().Packets, in2.ReplayTop())
+	}
+	if in.Stats().Packets != 1 || in.ReplayTop() != 1 {
+		t.Errorf("deleted state: %d packets, window top %d; want 1 and 1", in.Stats().Packets, in.ReplayTop())
 	}
 }
 
