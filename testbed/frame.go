@@ -70,7 +70,9 @@ type Frame struct {
 
 	Class Class
 	// For IP packets: the outer addresses, the upper-layer protocol (after
-	// IPv6 extension headers) and, for TCP and UDP, the ports.
+	// IPv6 extension headers) and, for TCP and UDP, the ports; for ICMP and
+	// ICMPv6, SrcPort is the type and DstPort the code (as XFRM selectors
+	// have it).
 	Src, Dst         netip.Addr
 	Proto            uint8
 	SrcPort, DstPort uint16
@@ -115,7 +117,10 @@ func (f *Frame) String() string {
 	if f.Src.IsValid() {
 		s += fmt.Sprintf(" %v > %v proto %d", f.Src, f.Dst, f.Proto)
 	}
-	if f.SrcPort != 0 || f.DstPort != 0 {
+	switch {
+	case f.Proto == 1 || f.Proto == 58:
+		s += fmt.Sprintf(" icmp type %d code %d", f.SrcPort, f.DstPort)
+	case f.SrcPort != 0 || f.DstPort != 0:
 		s += fmt.Sprintf(" ports %d > %d", f.SrcPort, f.DstPort)
 	}
 	if f.Class == ClassESP || f.Class == ClassESPInUDP {
@@ -251,9 +256,16 @@ func (f *Frame) upper(p []byte, off int) {
 		case f.SrcPort == IKEPort || f.DstPort == IKEPort:
 			f.Class = ClassIKE
 		}
+	case 1:
+		if len(l4) >= 2 {
+			f.SrcPort, f.DstPort = uint16(l4[0]), uint16(l4[1])
+		}
 	case 2: // IGMP
 		f.Class = ClassLink
 	case 58: // ICMPv6: router and neighbour discovery, MLD
+		if len(l4) >= 2 {
+			f.SrcPort, f.DstPort = uint16(l4[0]), uint16(l4[1])
+		}
 		if len(l4) >= 1 {
 			switch t := l4[0]; {
 			case t >= 133 && t <= 137, t == 130, t == 131, t == 132, t == 143:

@@ -81,6 +81,16 @@ func TestRoutedLine(t *testing.T) {
 	if len(leaks) < counts[ClassOther]/2 {
 		t.Errorf("leak detector found %d of %d cleartext frames", len(leaks), counts[ClassOther])
 	}
+	// Pacing holds the sender back: 2 MiB at 16 MiB/s cannot take less
+	// than 125 ms (checked at half that, pacing starting with a burst).
+	pr, err := Transfer(ctx, TransferOptions{From: top.Client, To: top.Server, Dst: ServerV4.Addr(), Bytes: 2 << 20, MaxRate: 16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pr.Duration < 62*time.Millisecond {
+		t.Errorf("paced to 16 MiB/s, 2 MiB took only %v", pr.Duration)
+	}
+	t.Logf("paced: %v", pr)
 	// A transfer to a port nobody listens on, or with a deadline that
 	// cannot be met, fails with an error rather than hanging.
 	short, cancel2 := context.WithTimeout(ctx, 50*time.Millisecond)

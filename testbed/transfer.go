@@ -39,6 +39,9 @@ type TransferOptions struct {
 	// Seed selects the pseudo-random data (ChaCha8); the same seed sends
 	// the same bytes.
 	Seed uint64
+	// MaxRate, if > 0, paces the sender to at most this many bytes per
+	// second (SO_MAX_PACING_RATE), to keep a path below saturation.
+	MaxRate uint64
 }
 
 // TransferResult is what a transfer achieved.
@@ -99,25 +102,32 @@ func Transfer(ctx context.Context, o TransferOptions) (TransferResult, error) {
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 
-	control := func(network, address string, c syscall.RawConn) error {
-		if o.MSS <= 0 {
-			return nil
+	control := func(sender bool) func(network, address string, c syscall.RawConn) error {
+		return func(network, address string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				if o.MSS > 0 {
+					if err := unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG, o.MSS); err != nil {
+						serr = fmt.Errorf("TCP_MAXSEG %d: %w", o.MSS, err)
+						return
+					}
+				}
+				if sender && o.MaxRate > 0 {
+					if err := unix.SetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_MAX_PACING_RATE, o.MaxRate); err != nil {
+						serr = fmt.Errorf("SO_MAX_PACING_RATE %d: %w", o.MaxRate, err)
+					}
+				}
+			})
+			if err != nil {
+				return err
+			}
+			return serr
 		}
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG, o.MSS)
-		}); err != nil {
-			return err
-		}
-		if serr != nil {
-			return fmt.Errorf("TCP_MAXSEG %d: %w", o.MSS, serr)
-		}
-		return nil
 	}
 
 	var ln net.Listener
 	err := o.To.Do(func() error {
-		lc := net.ListenConfig{Control: control}
+		lc := net.ListenConfig{Control: control(false)}
 		var err error
 		ln, err = lc.Listen(ctx, "tcp", netip.AddrPortFrom(o.Dst, o.Port).String())
 		return err
@@ -154,7 +164,7 @@ func Transfer(ctx context.Context, o TransferOptions) (TransferResult, error) {
 	start := time.Now()
 	var conn net.Conn
 	err = o.From.Do(func() error {
-		d := net.Dialer{Control: control}
+		d := net.Dialer{Control: control(true)}
 		var err error
 		conn, err = d.DialContext(ctx, "tcp", addr)
 		return err

@@ -1,0 +1,82 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/testbed"
+)
+
+// espdTable is the routing table espd uses by default (routing.DefaultTable).
+const espdTable = 0xe5d0
+
+// kernelState lists what espd put into a gateway's kernel: its TUN, its
+// policy-routing rules and the routes of its table.
+func kernelState(t *testing.T, ctx context.Context, n *testbed.Node) (tun bool, rules, routes []string) {
+	t.Helper()
+	_, err := n.IP(ctx, "link", "show", "dev", tunName)
+	tun = err == nil
+	for _, fam := range []string{"-4", "-6"} {
+		out, err := n.IP(ctx, fam, "rule", "show")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(out, "\n") {
+			if strings.Contains(line, fmt.Sprint(espdTable)) || strings.Contains(line, fmt.Sprintf("%#x", espdTable)) {
+				rules = append(rules, fam+" "+strings.TrimSpace(line))
+			}
+		}
+		out, _ = n.IP(ctx, fam, "route", "show", "table", fmt.Sprint(espdTable))
+		for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
+			if line != "" {
+				routes = append(routes, fam+" "+line)
+			}
+		}
+	}
+	return tun, rules, routes
+}
+
+// TestShutdown stops a keyed espd with SIGTERM: it must exit cleanly and
+// take its TUN, rules and routes with it; a new espd in the same namespace
+// then starts and, keyed again, forwards.
+func TestShutdown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tn := newTunnel(t, tunnelOpts{})
+	ping(t, ctx, tn.top, testbed.IPv6, false)
+	tun, rules, routes := kernelState(t, ctx, tn.top.GwA)
+	if !tun || len(rules) < 2 || len(routes) < 2 {
+		t.Fatalf("running espd: TUN %v, rules %q, routes %q; want the TUN, a rule per family and a route per LAN", tun, rules, routes)
+	}
+	t.Logf("running espd installed rules %q and routes %q", rules, routes)
+	if err := tn.a.proc.Stop(10 * time.Second); err != nil {
+		t.Fatalf("SIGTERM: %v\nlog:\n%s", err, tail(tn.a.proc.Log(), 40))
+	}
+	if code, _ := tn.a.proc.ExitCode(); code != 0 {
+		t.Errorf("espd exit status %d after SIGTERM", code)
+	}
+	tun, rules, routes = kernelState(t, ctx, tn.top.GwA)
+	if tun || len(rules) > 0 || len(routes) > 0 {
+		t.Errorf("after SIGTERM: TUN %v, rules %q, routes %q left behind", tun, rules, routes)
+	}
+
+	// A fresh espd on gwA starts empty and, keyed again, restores the
+	// tunnel. gwB's states are installed again too: its inbound state's
+	// replay window has seen the sequence numbers gwA starts over with.
+	a := startEspd(t, tn.top.GwA)
+	if got := a.spis(t); len(got) != 0 {
+		t.Errorf("a fresh espd has states %v", keys(got))
+	}
+	tn.keyA(t, a)
+	tn.b.mustCtl(t, "sa", "flush")
+	for _, s := range tn.bSAs {
+		tn.b.addSA(t, s)
+	}
+	for _, f := range []testbed.Family{testbed.IPv4, testbed.IPv6} {
+		ping(t, ctx, tn.top, f, false)
+	}
+	a.alive(t)
+}
