@@ -24,6 +24,10 @@ func TestMismatchedKeys(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer rx.Close()
+			capt, err := tn.top.GwB.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
 			const datagrams = 20
 			sent, err := tn.top.Client.SendUDP(ctx, rx.Addr(), testbed.UDPSendOptions{Size: 200, Count: datagrams, Interval: 5 * time.Millisecond})
 			if err != nil || sent != datagrams {
@@ -43,13 +47,26 @@ func TestMismatchedKeys(t *testing.T) {
 			}) {
 				t.Errorf("gwB counted %d integrity failures for %d packets", integ, datagrams+3)
 			}
+			res, err := capt.Stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var esp uint64
+			for _, f := range res.Frames {
+				if !f.Outgoing && f.Class == testbed.ClassESP && f.SPI == spiAB {
+					esp++
+				}
+			}
+			if integ != esp {
+				t.Errorf("gwB received %d ESP packets of 0x%x and counted %d integrity failures", esp, spiAB, integ)
+			}
 			if got := rx.Packets(); got != 0 {
 				t.Errorf("server received %d datagrams through mismatched keys", got)
 			}
 			if n := tn.b.saCounter(t, spiAB, tn.bOuter, cntPackets...); n != 0 {
 				t.Errorf("gwB's inbound state counts %d packets delivered", n)
 			}
-			t.Logf("gwB: %d integrity failures for %d datagrams and 3 echo requests", integ, datagrams)
+			t.Logf("gwB: %d integrity failures for %d ESP packets (%d datagrams and 3 echo requests sent)", integ, esp, datagrams)
 			tn.b.alive(t)
 		})
 	}

@@ -3,7 +3,6 @@ package testbed
 import (
 	"context"
 	"fmt"
-	"math"
 	"net/netip"
 	"regexp"
 	"strconv"
@@ -41,8 +40,10 @@ var pingStats = regexp.MustCompile(`(\d+) packets transmitted, (\d+) (?:packets 
 
 // Ping runs the system ping (iputils) in the namespace towards dst. It
 // returns an error only when ping could not run or its summary could not be
-// read; lost replies show in the result (see PingResult.OK). ping's own
-// deadline (-w) bounds it.
+// read; lost replies show in the result (see PingResult.OK). It sends
+// exactly Count requests (no -w, which would make ping send until Count
+// replies came), and a timeout of Count*Interval+Wait plus a margin kills
+// it if it hangs.
 func (n *Node) Ping(ctx context.Context, dst netip.Addr, o PingOptions) (PingResult, error) {
 	if o.Count <= 0 {
 		o.Count = 3
@@ -58,7 +59,6 @@ func (n *Node) Ping(ctx context.Context, dst netip.Addr, o PingOptions) (PingRes
 		"-c", strconv.Itoa(o.Count),
 		"-i", strconv.FormatFloat(o.Interval.Seconds(), 'f', 3, 64),
 		"-W", strconv.FormatFloat(o.Wait.Seconds(), 'f', 3, 64),
-		"-w", strconv.Itoa(int(math.Ceil(deadline.Seconds()))),
 	}
 	if dst.Is6() {
 		args = append(args, "-6")
