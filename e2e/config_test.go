@@ -58,6 +58,7 @@ func TestConfigFile(t *testing.T) {
 	top := newTopology(t, 0)
 	a4, b4 := testbed.GwATransitV4.Addr(), testbed.GwBTransitV4.Addr()
 	keyAB, keyBA := randKey(t, 36), randKey(t, 36)
+	allKeys := [][]byte{keyAB, keyBA}
 	files := func(ab, ba uint32, fams []testbed.Family) (string, string) {
 		var lanA, lanB []netip.Prefix
 		for _, f := range fams {
@@ -97,6 +98,7 @@ func TestConfigFile(t *testing.T) {
 	// Rekey both files to new SPIs and keys, and add the IPv6 LANs.
 	const newAB, newBA uint32 = 0x1002, 0x2002
 	keyAB, keyBA = randKey(t, 36), randKey(t, 36)
+	allKeys = append(allKeys, keyAB, keyBA)
 	fa, fb = files(newAB, newBA, []testbed.Family{testbed.IPv4, testbed.IPv6})
 	writeSecret(t, pathA, fa)
 	writeSecret(t, pathB, fb)
@@ -143,12 +145,22 @@ func TestConfigFile(t *testing.T) {
 		t.Fatal("could not break the file")
 	}
 	writeSecret(t, pathA, bad)
+	logBefore := len(a.proc.Log())
 	if err := a.proc.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	lineRef := regexp.MustCompile(`gwa\.toml:\d+`)
-	if !eventually(10*time.Second, func() bool { return lineRef.MatchString(a.proc.Log()) }) {
-		t.Fatalf("no error naming gwa.toml:<line> in the log after an invalid file")
+	var refusal string
+	if !eventually(10*time.Second, func() bool {
+		refusal = lineRef.FindString(a.proc.Log()[logBefore:])
+		return refusal != ""
+	}) {
+		t.Fatalf("no error naming gwa.toml:<line> in the log after an invalid file:\n%s", a.proc.Log()[logBefore:])
+	}
+	for line := range strings.SplitSeq(a.proc.Log()[logBefore:], "\n") {
+		if strings.Contains(line, refusal) {
+			t.Logf("gwA refused the invalid file: %s", line)
+		}
 	}
 	a.alive(t)
 	if got := a.spis(t); !sameSPIs(got, want[a]) {
@@ -161,6 +173,15 @@ func TestConfigFile(t *testing.T) {
 	}
 	a.alive(t)
 	b.alive(t)
+	// Not even the refusal of the broken key shows a key.
+	for _, e := range []*espd{a, b} {
+		log := strings.ToLower(e.proc.Log())
+		for _, k := range append(allKeys, keyAB[:33]) {
+			if strings.Contains(log, hex.EncodeToString(k)) {
+				t.Errorf("espd on %s logged a key from the file", e.node.Role)
+			}
+		}
+	}
 }
 
 // sameSPIs reports whether got holds exactly the SPIs in want.

@@ -33,6 +33,13 @@ func TestSuites(t *testing.T) {
 					t.Errorf("%s inbound state 0x%x: %d packets, %d integrity failures", c.e.node.Role, c.spi, in, bad)
 				}
 			}
+			for _, e := range []*espd{tn.a, tn.b} {
+				for _, args := range [][]string{{"sa", "list"}, {"--json", "sa", "list"}, {"--json", "stats"}} {
+					if k := tn.keyIn(e.mustCtl(t, args...)); k != "" {
+						t.Errorf("espctl %v on %s shows key %s", args, e.node.Role, k)
+					}
+				}
+			}
 			logSocketDrops(t, ctx, tn)
 			tn.a.alive(t)
 			tn.b.alive(t)

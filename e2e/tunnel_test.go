@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"os"
@@ -80,6 +81,20 @@ type tunnel struct {
 	aPolicies, bPolicies []policySpec
 }
 
+// keyIn returns the first of the tunnel's keys, in hex, that s contains, or
+// "".
+func (tn *tunnel) keyIn(s string) string {
+	s = strings.ToLower(s)
+	for _, sa := range append(append([]saSpec{}, tn.aSAs...), tn.bSAs...) {
+		for _, k := range [][]byte{sa.encKey, sa.integKey} {
+			if h := hex.EncodeToString(k); len(k) > 0 && strings.Contains(s, h) {
+				return h
+			}
+		}
+	}
+	return ""
+}
+
 // keyA installs gwA's states and policies on e (a restarted gwA).
 func (tn *tunnel) keyA(t *testing.T, e *espd) {
 	t.Helper()
@@ -128,6 +143,17 @@ func newTunnel(t *testing.T, o tunnelOpts) *tunnel {
 		t.Fatalf("no key lengths for suite %s", o.suite)
 	}
 	tn := &tunnel{o: o, top: newTopology(t, o.transitMTU)}
+	// Registered before the daemons start, so it runs after they stopped
+	// and their logs are complete: no key may appear in them.
+	t.Cleanup(func() {
+		for _, e := range []*espd{tn.a, tn.b} {
+			if e != nil {
+				if k := tn.keyIn(e.proc.Log()); k != "" {
+					t.Errorf("espd on %s logged key %s", e.node.Role, k)
+				}
+			}
+		}
+	})
 	tn.aOuter = testbed.Pick(o.outer, testbed.GwATransitV4.Addr(), testbed.GwATransitV6.Addr())
 	tn.bOuter = testbed.Pick(o.outer, testbed.GwBTransitV4.Addr(), testbed.GwBTransitV6.Addr())
 	tn.a = startEspd(t, tn.top.GwA, o.espdArgs...)
