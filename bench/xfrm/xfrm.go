@@ -1,0 +1,282 @@
+// Package xfrm configures the Linux kernel's own IPsec (XFRM states and
+// policies) over netlink for the benchmark harness, with the same suite and
+// keys espd gets, so that the kernel's ESP can be measured beside espd's.
+//
+// A kernel built without ESP (CONFIG_INET_ESP unset) or without an
+// algorithm refuses the state; Install then returns an *UnavailableError
+// that names the reason the kernel gave, and the harness reports the row as
+// unavailable instead of failing.
+package xfrm
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/testbed"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+)
+
+// MaxReplayWindow is the largest replay window of a state without
+// extended sequence numbers (the kernel's legacy 32-bit bitmap).
+const MaxReplayWindow = 32
+
+// Algorithms returns the kernel crypto API names and parameters of a suite
+// with its keys: an AEAD, or a cipher with an integrity algorithm.
+func Algorithms(s crypto.Suite, encKey, integKey []byte) (aead, crypt, auth *netlink.XfrmStateAlgo, err error) {
+	if err := s.Validate(); err != nil {
+		return nil, nil, nil, err
+	}
+	if len(encKey) != s.EncKeyLen() || len(integKey) != s.IntegKeyLen() {
+		return nil, nil, nil, fmt.Errorf("xfrm: %v needs %d+%d key bytes, got %d+%d",
+			s, s.EncKeyLen(), s.IntegKeyLen(), len(encKey), len(integKey))
+	}
+	key := func(b []byte) []byte { return append([]byte(nil), b...) }
+	switch s.Encryption {
+	case crypto.EncrAESGCM16, crypto.EncrAESGCM12, crypto.EncrAESGCM8:
+		icv := map[crypto.EncryptionID]int{crypto.EncrAESGCM16: 128, crypto.EncrAESGCM12: 96, crypto.EncrAESGCM8: 64}[s.Encryption]
+		aead = &netlink.XfrmStateAlgo{Name: "rfc4106(gcm(aes))", Key: key(encKey), ICVLen: icv}
+	case crypto.EncrChaCha20Poly1305:
+		aead = &netlink.XfrmStateAlgo{Name: "rfc7539esp(chacha20,poly1305)", Key: key(encKey), ICVLen: 128}
+	case crypto.EncrNullAuthAESGMAC:
+		aead = &netlink.XfrmStateAlgo{Name: "rfc4543(gcm(aes))", Key: key(encKey), ICVLen: 128}
+	case crypto.EncrAESCBC:
+		crypt = &netlink.XfrmStateAlgo{Name: "cbc(aes)", Key: key(encKey)}
+	case crypto.EncrNull:
+		crypt = &netlink.XfrmStateAlgo{Name: "ecb(cipher_null)", Key: []byte{}}
+	default:
+		return nil, nil, nil, fmt.Errorf("xfrm: no kernel name for %v", s.Encryption)
+	}
+	if aead != nil {
+		return aead, nil, nil, nil
+	}
+	names := map[crypto.IntegrityID]struct {
+		name  string
+		trunc int
+	}{
+		crypto.AuthHMACSHA196:     {"hmac(sha1)", 96},
+		crypto.AuthHMACSHA2256128: {"hmac(sha256)", 128},
+		crypto.AuthHMACSHA2384192: {"hmac(sha384)", 192},
+		crypto.AuthHMACSHA2512256: {"hmac(sha512)", 256},
+	}
+	a, ok := names[s.Integrity]
+	if !ok {
+		return nil, nil, nil, fmt.Errorf("xfrm: no kernel name for %v", s.Integrity)
+	}
+	return nil, crypt, &netlink.XfrmStateAlgo{Name: a.name, Key: key(integKey), TruncateLen: a.trunc}, nil
+}
+
+// Tunnel is one gateway's side of a site-to-site ESP tunnel.
+type Tunnel struct {
+	Suite crypto.Suite
+	// Local and Remote are the outer addresses (the gateways).
+	Local, Remote netip.Addr
+	// LocalNet and RemoteNet are the protected inner networks.
+	LocalNet, RemoteNet netip.Prefix
+	// OutSPI protects Local -> Remote, InSPI Remote -> Local; each has
+	// its keys.
+	OutSPI, InSPI          uint32
+	OutEncKey, OutIntegKey []byte
+	InEncKey, InIntegKey   []byte
+	ReqID                  int
+	// ReplayWindow is the inbound state's window in packets (at most
+	// MaxReplayWindow).
+	ReplayWindow int
+}
+
+func ipOf(a netip.Addr) net.IP { return net.IP(a.AsSlice()) }
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	p = p.Masked()
+	return &net.IPNet{IP: ipOf(p.Addr()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// States returns the outbound and the inbound state.
+func (t Tunnel) States() ([]*netlink.XfrmState, error) {
+	if !t.Local.IsValid() || !t.Remote.IsValid() || t.Local.Is4() != t.Remote.Is4() {
+		return nil, fmt.Errorf("xfrm: outer addresses %v and %v", t.Local, t.Remote)
+	}
+	if t.OutSPI == 0 || t.InSPI == 0 {
+		return nil, errors.New("xfrm: SPI 0 is reserved")
+	}
+	if t.ReplayWindow < 0 || t.ReplayWindow > MaxReplayWindow {
+		return nil, fmt.Errorf("xfrm: replay window %d out of 0..%d", t.ReplayWindow, MaxReplayWindow)
+	}
+	mk := func(src, dst netip.Addr, spi uint32, enc, integ []byte, window int) (*netlink.XfrmState, error) {
+		aead, crypt, auth, err := Algorithms(t.Suite, enc, integ)
+		if err != nil {
+			return nil, err
+		}
+		return &netlink.XfrmState{
+			Src: ipOf(src), Dst: ipOf(dst),
+			Proto: netlink.XFRM_PROTO_ESP, Mode: netlink.XFRM_MODE_TUNNEL,
+			Spi: int(spi), Reqid: t.ReqID, ReplayWindow: window,
+			Aead: aead, Crypt: crypt, Auth: auth,
+		}, nil
+	}
+	out, err := mk(t.Local, t.Remote, t.OutSPI, t.OutEncKey, t.OutIntegKey, 0)
+	if err != nil {
+		return nil, err
+	}
+	in, err := mk(t.Remote, t.Local, t.InSPI, t.InEncKey, t.InIntegKey, t.ReplayWindow)
+	if err != nil {
+		return nil, err
+	}
+	return []*netlink.XfrmState{out, in}, nil
+}
+
+// Policies returns the policies of a forwarding gateway: out (local to
+// remote network, through the outbound state), and in and fwd (remote to
+// local network, through the inbound state; fwd is the one forwarded
+// traffic is checked against).
+func (t Tunnel) Policies() []*netlink.XfrmPolicy {
+	tmpl := func(src, dst netip.Addr) []netlink.XfrmPolicyTmpl {
+		return []netlink.XfrmPolicyTmpl{{
+			Src: ipOf(src), Dst: ipOf(dst),
+			Proto: netlink.XFRM_PROTO_ESP, Mode: netlink.XFRM_MODE_TUNNEL, Reqid: t.ReqID,
+		}}
+	}
+	return []*netlink.XfrmPolicy{
+		{Src: ipNet(t.LocalNet), Dst: ipNet(t.RemoteNet), Dir: netlink.XFRM_DIR_OUT, Tmpls: tmpl(t.Local, t.Remote)},
+		{Src: ipNet(t.RemoteNet), Dst: ipNet(t.LocalNet), Dir: netlink.XFRM_DIR_IN, Tmpls: tmpl(t.Remote, t.Local)},
+		{Src: ipNet(t.RemoteNet), Dst: ipNet(t.LocalNet), Dir: netlink.XFRM_DIR_FWD, Tmpls: tmpl(t.Remote, t.Local)},
+	}
+}
+
+// Handle is the part of a netlink handle Install and Flush use.
+// *netlink.Handle implements it; so does NodeHandle.
+type Handle interface {
+	XfrmStateAdd(*netlink.XfrmState) error
+	XfrmPolicyAdd(*netlink.XfrmPolicy) error
+	XfrmStateFlush(netlink.Proto) error
+	XfrmPolicyFlush() error
+}
+
+// Install adds t's states and then its policies. A refusal that means the
+// kernel cannot do the suite is an *UnavailableError.
+func Install(h Handle, t Tunnel) error {
+	states, err := t.States()
+	if err != nil {
+		return err
+	}
+	for _, st := range states {
+		if err := h.XfrmStateAdd(st); err != nil {
+			return explain(err, t.Suite, st)
+		}
+	}
+	return InstallPolicies(h, t)
+}
+
+// InstallPolicies adds only t's policies.
+func InstallPolicies(h Handle, t Tunnel) error {
+	for _, p := range t.Policies() {
+		if err := h.XfrmPolicyAdd(p); err != nil {
+			return fmt.Errorf("xfrm: add policy %v -> %v dir %v: %w", p.Src, p.Dst, p.Dir, err)
+		}
+	}
+	return nil
+}
+
+// Flush removes every ESP state and every policy.
+func Flush(h Handle) error {
+	return errors.Join(h.XfrmPolicyFlush(), h.XfrmStateFlush(netlink.XFRM_PROTO_ESP))
+}
+
+// UnavailableError says why the running kernel cannot carry a suite.
+type UnavailableError struct {
+	// Reason is a sentence for the report.
+	Reason string
+	// Err is the kernel's answer.
+	Err error
+}
+
+func (e *UnavailableError) Error() string { return e.Reason }
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// explain maps the kernel's refusal of a state to the reason a report
+// gives.
+func explain(err error, s crypto.Suite, st *netlink.XfrmState) error {
+	alg := ""
+	for _, a := range []*netlink.XfrmStateAlgo{st.Aead, st.Crypt, st.Auth} {
+		if a != nil {
+			if alg != "" {
+				alg += " + "
+			}
+			alg += a.Name
+		}
+	}
+	family := "CONFIG_INET_ESP"
+	if st.Dst.To4() == nil {
+		family = "CONFIG_INET6_ESP"
+	}
+	switch {
+	case errors.Is(err, syscall.EPROTONOSUPPORT):
+		return &UnavailableError{Err: err,
+			Reason: fmt.Sprintf("kernel has no ESP (%s not set): adding a state gave %q", family, err.Error())}
+	case errors.Is(err, syscall.ENOSYS), errors.Is(err, syscall.ENOENT):
+		return &UnavailableError{Err: err,
+			Reason: fmt.Sprintf("kernel crypto lacks %s for %v: adding a state gave %q", alg, s, err.Error())}
+	case errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EACCES):
+		return &UnavailableError{Err: err, Reason: fmt.Sprintf("not permitted to add XFRM states (needs CAP_NET_ADMIN): %v", err)}
+	}
+	return fmt.Errorf("xfrm: add state spi 0x%08x %v -> %v (%s): %w", uint32(st.Spi), st.Src, st.Dst, alg, err)
+}
+
+var extAck sync.Once
+
+// NodeHandle runs netlink requests in a testbed namespace: each request
+// opens its XFRM socket on a thread switched into the namespace, with
+// extended acknowledgements on, so that errors carry the kernel's message.
+type NodeHandle struct{ Node *testbed.Node }
+
+func (h NodeHandle) do(fn func() error) error {
+	extAck.Do(func() { nl.EnableErrorMessageReporting = true })
+	return h.Node.Do(fn)
+}
+
+// XfrmStateAdd adds a state.
+func (h NodeHandle) XfrmStateAdd(st *netlink.XfrmState) error {
+	return h.do(func() error { return netlink.XfrmStateAdd(st) })
+}
+
+// XfrmPolicyAdd adds a policy.
+func (h NodeHandle) XfrmPolicyAdd(p *netlink.XfrmPolicy) error {
+	return h.do(func() error { return netlink.XfrmPolicyAdd(p) })
+}
+
+// XfrmStateFlush removes every state of proto.
+func (h NodeHandle) XfrmStateFlush(proto netlink.Proto) error {
+	return h.do(func() error { return netlink.XfrmStateFlush(proto) })
+}
+
+// XfrmPolicyFlush removes every policy.
+func (h NodeHandle) XfrmPolicyFlush() error {
+	return h.do(func() error { return netlink.XfrmPolicyFlush() })
+}
+
+// XfrmStateList lists the states of a family (netlink.FAMILY_ALL for all).
+func (h NodeHandle) XfrmStateList(family int) ([]netlink.XfrmState, error) {
+	var out []netlink.XfrmState
+	err := h.do(func() error {
+		var err error
+		out, err = netlink.XfrmStateList(family)
+		return err
+	})
+	return out, err
+}
+
+// XfrmPolicyList lists the policies of a family.
+func (h NodeHandle) XfrmPolicyList(family int) ([]netlink.XfrmPolicy, error) {
+	var out []netlink.XfrmPolicy
+	err := h.do(func() error {
+		var err error
+		out, err = netlink.XfrmPolicyList(family)
+		return err
+	})
+	return out, err
+}
