@@ -1,0 +1,1437 @@
+/*
+ * Copyright (C) 2025 The espd authors
+ *
+ * This program is free software; you can redistribute it and/or modify it
+ * under the terms of the GNU General Public License as published by the
+ * Free Software Foundation; either version 2 of the License, or (at your
+ * option) any later version.  See COPYING.
+ */
+
+#include "espd_kernel_ipsec.h"
+#include "espd_plugin.h"
+#include "espd_conn.h"
+#include "espd_events.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <daemon.h>
+#include <collections/hashtable.h>
+#include <collections/linked_list.h>
+#include <threading/mutex.h>
+
+typedef struct private_espd_kernel_ipsec_t private_espd_kernel_ipsec_t;
+
+/**
+ * Private data.
+ */
+struct private_espd_kernel_ipsec_t {
+
+	/**
+	 * Public interface
+	 */
+	espd_kernel_ipsec_t public;
+
+	/**
+	 * Request connection to espd
+	 */
+	espd_conn_t *conn;
+
+	/**
+	 * Event thread
+	 */
+	espd_events_t *events;
+
+	/**
+	 * Guards sas and policies; taken before the connection's lock
+	 */
+	mutex_t *mutex;
+
+	/**
+	 * Installed SAs, sa_entry_t by SPI and destination
+	 */
+	hashtable_t *sas;
+
+	/**
+	 * Policies charon asked for, policy_entry_t by direction and selectors
+	 */
+	hashtable_t *policies;
+
+	/**
+	 * SPI allocation range
+	 */
+	uint32_t spi_min, spi_max;
+};
+
+/**
+ * An SA installed into espd (no keys).
+ */
+typedef struct {
+	/** SPI, host order */
+	uint32_t spi;
+	/** outer addresses */
+	host_t *src, *dst;
+	/** direction */
+	bool inbound;
+	/** reqid */
+	uint32_t reqid;
+	/** bytes at the last query, and when they last grew (monotonic) */
+	uint64_t last_bytes;
+	time_t last_use;
+} sa_entry_t;
+
+static void sa_entry_destroy(sa_entry_t *e)
+{
+	e->src->destroy(e->src);
+	e->dst->destroy(e->dst);
+	free(e);
+}
+
+static u_int sa_hash(const sa_entry_t *e)
+{
+	return chunk_hash_inc(e->dst->get_address(e->dst), e->spi);
+}
+
+static bool sa_equals(const sa_entry_t *a, const sa_entry_t *b)
+{
+	return a->spi == b->spi && a->dst->ip_equals(a->dst, b->dst);
+}
+
+/**
+ * One request for a policy (charon installs the same policy once per
+ * CHILD_SA that uses it, and trap, drop and IPsec variants of it).
+ */
+typedef struct {
+	policy_type_t type;
+	policy_priority_t prio;
+	uint32_t manual_prio;
+	/** priority sent to espd, lower wins */
+	uint32_t priority;
+	uint32_t reqid;
+	/** template: outer addresses of the SAs, may be NULL */
+	host_t *src, *dst;
+} policy_user_t;
+
+static void policy_user_destroy(policy_user_t *u)
+{
+	DESTROY_IF(u->src);
+	DESTROY_IF(u->dst);
+	free(u);
+}
+
+/**
+ * A policy as espd knows it: direction and selector, with the requests for
+ * it. The best request (lowest priority, newest on a tie) is installed.
+ */
+typedef struct {
+	policy_dir_t dir;
+	traffic_selector_t *src_ts, *dst_ts;
+	/** policy_user_t, oldest first */
+	linked_list_t *users;
+	/** installed in espd, with these values */
+	bool installed;
+	uint32_t inst_action, inst_priority, inst_reqid;
+} policy_entry_t;
+
+static void policy_entry_destroy(policy_entry_t *e)
+{
+	e->users->destroy_function(e->users, (void*)policy_user_destroy);
+	e->src_ts->destroy(e->src_ts);
+	e->dst_ts->destroy(e->dst_ts);
+	free(e);
+}
+
+static u_int policy_hash(const policy_entry_t *e)
+{
+	return e->src_ts->hash(e->src_ts, e->dst_ts->hash(e->dst_ts, e->dir));
+}
+
+static bool policy_equals(const policy_entry_t *a, const policy_entry_t *b)
+{
+	return a->dir == b->dir && a->src_ts->equals(a->src_ts, b->src_ts) &&
+		   a->dst_ts->equals(a->dst_ts, b->dst_ts);
+}
+
+/**
+ * Copy a host's address into an espd address.
+ */
+static bool host2addr(host_t *h, espd_addr_t *a)
+{
+	chunk_t c;
+
+	if (!h)
+	{
+		return FALSE;
+	}
+	c = h->get_address(h);
+	if (c.len != 4 && c.len != 16)
+	{
+		return FALSE;
+	}
+	a->len = c.len;
+	memcpy(a->b, c.ptr, c.len);
+	return TRUE;
+}
+
+static void put_host(espd_msg_t *m, uint16_t type, host_t *h)
+{
+	espd_addr_t a;
+
+	if (host2addr(h, &a))
+	{
+		espd_msg_addr(m, type, &a);
+	}
+	else
+	{
+		m->failed = TRUE;
+	}
+}
+
+/**
+ * Append a traffic selector's address range as a prefix; a range that is
+ * no subnet becomes the smallest subnet that covers it.
+ */
+static int put_ts_addr(espd_msg_t *m, uint16_t type, traffic_selector_t *ts)
+{
+	host_t *net;
+	uint8_t bits;
+	espd_addr_t a;
+	bool exact;
+
+	exact = ts->to_subnet(ts, &net, &bits);
+	if (!host2addr(net, &a))
+	{
+		net->destroy(net);
+		m->failed = TRUE;
+		return 0;
+	}
+	net->destroy(net);
+	if (!exact)
+	{
+		DBG1(DBG_KNL, "espd: traffic selector %R is no subnet; espd gets "
+			 "the covering subnet /%u", ts, bits);
+	}
+	espd_msg_prefix(m, type, &a, bits);
+	return bits;
+}
+
+/**
+ * Append the ports of a traffic selector; ICMP type and code travel in the
+ * port fields (type in the high byte).
+ */
+static int put_ports(espd_msg_t *m, uint16_t src_type, uint16_t dst_type,
+					 traffic_selector_t *ts, bool src)
+{
+	uint16_t from = ts->get_from_port(ts), to = ts->get_to_port(ts);
+	uint8_t proto = ts->get_protocol(ts);
+
+	if (from == 0 && to == 0xFFFF)
+	{
+		return 0;
+	}
+	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6)
+	{
+		/* espd: SEL_SRC_PORTS holds the type, SEL_DST_PORTS the code; only
+		 * the ICMP selector of one side carries them */
+		if (!src)
+		{
+			return 0;
+		}
+		espd_msg_pair(m, src_type, from >> 8, to >> 8);
+		if ((from & 0xFF) != 0 || (to & 0xFF) != 0xFF)
+		{
+			espd_msg_pair(m, dst_type, from & 0xFF, to & 0xFF);
+		}
+		return from == to ? 16 : 0;
+	}
+	espd_msg_pair(m, src ? src_type : dst_type, from, to);
+	return from == to ? 16 : 0;
+}
+
+/**
+ * Append a SELECTOR for traffic from src_ts to dst_ts. Returns the
+ * specificity used for priorities: prefix bits*512, protocol 256, ports 4
+ * per bit, as charon's kernel-netlink computes them.
+ */
+static uint32_t put_selector(espd_msg_t *m, traffic_selector_t *src_ts,
+							 traffic_selector_t *dst_ts)
+{
+	uint32_t spec = 0;
+	uint8_t proto;
+
+	espd_msg_begin(m, ESPD_A_SELECTOR);
+	spec += put_ts_addr(m, ESPD_SEL_SRC, src_ts) * 512;
+	spec += put_ts_addr(m, ESPD_SEL_DST, dst_ts) * 512;
+	proto = src_ts->get_protocol(src_ts) ?: dst_ts->get_protocol(dst_ts);
+	if (proto)
+	{
+		espd_msg_u32(m, ESPD_SEL_PROTO, proto);
+		spec += 256;
+		spec += put_ports(m, ESPD_SEL_SRC_PORTS, ESPD_SEL_DST_PORTS, src_ts,
+						  TRUE) * 4;
+		if (proto != IPPROTO_ICMP && proto != IPPROTO_ICMPV6)
+		{
+			spec += put_ports(m, ESPD_SEL_SRC_PORTS, ESPD_SEL_DST_PORTS,
+							  dst_ts, FALSE) * 4;
+		}
+	}
+	espd_msg_end(m);
+	return spec;
+}
+
+/**
+ * Send a request on the request connection; logs failures. Returns 0, a
+ * positive espd error code or a negative transport error.
+ */
+static int request(private_espd_kernel_ipsec_t *this, espd_msg_t *m,
+				   espd_reply_cb_t cb, void *ctx, const char *what,
+				   bool quiet_enoent)
+{
+	char err[512] = "";
+	int r;
+
+	if (m->failed)
+	{
+		DBG1(DBG_KNL, "espd: %s: request could not be encoded", what);
+		espd_msg_free(m);
+		return -EINVAL;
+	}
+	r = espd_conn_request(this->conn, m, cb, ctx, err, sizeof(err));
+	espd_msg_free(m);
+	if (r > 0 && !(quiet_enoent && r == ENOENT))
+	{
+		DBG1(DBG_KNL, "espd: %s failed: %s (%s)", what, err,
+			 espd_errno_name(r));
+	}
+	else if (r < 0)
+	{
+		DBG1(DBG_KNL, "espd: %s failed: %s", what, err);
+	}
+	return r;
+}
+
+METHOD(kernel_ipsec_t, get_features, kernel_feature_t,
+	private_espd_kernel_ipsec_t *this)
+{
+	return KERNEL_ESP_V3_TFC;
+}
+
+/* reply to SPI_ALLOC */
+static void spi_reply(void *ctx, const espd_hdr_t *h, const uint8_t *body,
+					  size_t len)
+{
+	uint32_t *spi = ctx;
+	espd_iter_t it;
+	espd_attr_t a;
+
+	espd_iter_init(&it, body, len);
+	while (espd_iter_next(&it, &a))
+	{
+		if (a.type == ESPD_A_SPI)
+		{
+			espd_attr_u32(&a, spi);
+		}
+	}
+}
+
+METHOD(kernel_ipsec_t, get_spi, status_t,
+	private_espd_kernel_ipsec_t *this, host_t *src, host_t *dst,
+	uint8_t protocol, uint32_t *spi)
+{
+	espd_msg_t m;
+	uint32_t got = 0;
+
+	if (protocol != IPPROTO_ESP)
+	{
+		DBG1(DBG_KNL, "espd: only ESP is supported, not IP protocol %u",
+			 protocol);
+		return NOT_SUPPORTED;
+	}
+	if (!espd_msg_init(&m, ESPD_MSG_SPI_ALLOC, 0))
+	{
+		return FAILED;
+	}
+	espd_msg_u32(&m, ESPD_A_SPI_MIN, this->spi_min);
+	espd_msg_u32(&m, ESPD_A_SPI_MAX, this->spi_max);
+	if (request(this, &m, spi_reply, &got, "allocating an SPI", FALSE) != 0 ||
+		got == 0)
+	{
+		return FAILED;
+	}
+	*spi = htonl(got);
+	DBG2(DBG_KNL, "espd: allocated SPI %.8x", got);
+	return SUCCESS;
+}
+
+METHOD(kernel_ipsec_t, get_cpi, status_t,
+	private_espd_kernel_ipsec_t *this, host_t *src, host_t *dst,
+	uint16_t *cpi)
+{
+	DBG1(DBG_KNL, "espd: IPComp is not supported");
+	return NOT_SUPPORTED;
+}
+
+/**
+ * Encryption key bits without salt, as espd's ENC_KEYLEN wants them.
+ */
+static uint32_t enc_key_bits(uint16_t alg, size_t len)
+{
+	switch (alg)
+	{
+		case ENCR_NULL:
+			return 0;
+		case ENCR_AES_GCM_ICV8:
+		case ENCR_AES_GCM_ICV12:
+		case ENCR_AES_GCM_ICV16:
+		case ENCR_NULL_AUTH_AES_GMAC:
+		case ENCR_CHACHA20_POLY1305:
+			return len >= 4 ? (len - 4) * 8 : 0;
+		case ENCR_AES_CCM_ICV8:
+		case ENCR_AES_CCM_ICV12:
+		case ENCR_AES_CCM_ICV16:
+			return len >= 3 ? (len - 3) * 8 : 0;
+		default:
+			return len * 8;
+	}
+}
+
+/* seconds to nanoseconds, saturating below 2^63 */
+static uint64_t s2ns(uint64_t s)
+{
+	const uint64_t max = (UINT64_C(1) << 63) - 1;
+
+	return s > max / 1000000000 ? max : s * 1000000000;
+}
+
+static void put_lifetime(espd_msg_t *m, uint16_t type, uint64_t bytes,
+						 uint64_t packets, uint64_t time)
+{
+	if (!bytes && !packets && !time)
+	{
+		return;
+	}
+	espd_msg_begin(m, type);
+	if (bytes)
+	{
+		espd_msg_u64(m, ESPD_LT_BYTES, bytes);
+	}
+	if (packets)
+	{
+		espd_msg_u64(m, ESPD_LT_PACKETS, packets);
+	}
+	if (time)
+	{
+		espd_msg_u64(m, ESPD_LT_ADD_TIME, s2ns(time));
+	}
+	espd_msg_end(m);
+}
+
+METHOD(kernel_ipsec_t, add_sa, status_t,
+	private_espd_kernel_ipsec_t *this, kernel_ipsec_sa_id_t *id,
+	kernel_ipsec_add_sa_t *data)
+{
+	traffic_selector_t *src_ts, *dst_ts;
+	enumerator_t *es, *ed;
+	lifetime_cfg_t *lt = data->lifetime;
+	sa_entry_t *entry, *old;
+	uint32_t spi = ntohl(id->spi);
+	espd_msg_t m;
+	char what[128];
+
+	if (id->proto != IPPROTO_ESP)
+	{
+		DBG1(DBG_KNL, "espd: only ESP is supported, not IP protocol %u",
+			 id->proto);
+		return NOT_SUPPORTED;
+	}
+	if (data->mode != MODE_TUNNEL)
+	{
+		DBG1(DBG_KNL, "espd: SA %.8x: only tunnel mode is supported, not %N",
+			 spi, ipsec_mode_names, data->mode);
+		return NOT_SUPPORTED;
+	}
+	if (data->ipcomp != IPCOMP_NONE)
+	{
+		DBG1(DBG_KNL, "espd: SA %.8x: IPComp is not supported", spi);
+		return NOT_SUPPORTED;
+	}
+	if (data->encap && !espd_settings.ike_handoff)
+	{
+		DBG1(DBG_KNL, "espd: SA %.8x needs UDP encapsulation (NAT), which "
+			 "espd carries only with the IKE hand-off: run espd with "
+			 "--ike-handoff and set charon.plugins.espd.ike_handoff = yes",
+			 spi);
+		return FAILED;
+	}
+	if (id->mark.value || id->mark.mask || data->mark.value ||
+		data->mark.mask)
+	{
+		DBG1(DBG_KNL, "espd: SA %.8x: marks are ignored (espd routes by "
+			 "policy, not by mark)", spi);
+	}
+	if (id->if_id)
+	{
+		DBG1(DBG_KNL, "espd: SA %.8x: interface ID %u is ignored", spi,
+			 id->if_id);
+	}
+	if (data->label)
+	{
+		DBG1(DBG_KNL, "espd: SA %.8x: security labels are not supported", spi);
+		return NOT_SUPPORTED;
+	}
+
+	if (!espd_msg_init(&m, ESPD_MSG_SA_ADD, 0))
+	{
+		return FAILED;
+	}
+	espd_msg_u32(&m, ESPD_A_SPI, spi);
+	put_host(&m, ESPD_A_SRC, id->src);
+	put_host(&m, ESPD_A_DST, id->dst);
+	espd_msg_u32(&m, ESPD_A_DIR, data->inbound ? ESPD_DIR_IN : ESPD_DIR_OUT);
+	espd_msg_u32(&m, ESPD_A_PROTO, IPPROTO_ESP);
+	espd_msg_u32(&m, ESPD_A_MODE, ESPD_MODE_TUNNEL);
+	espd_msg_u32(&m, ESPD_A_REQID, data->reqid);
+	espd_msg_u32(&m, ESPD_A_ENC_ALG, data->enc_alg);
+	espd_msg_u32(&m, ESPD_A_ENC_KEYLEN,
+				 enc_key_bits(data->enc_alg, data->enc_key.len));
+	if (data->enc_key.len)
+	{
+		espd_msg_put(&m, ESPD_A_ENC_KEY, data->enc_key.ptr, data->enc_key.len);
+	}
+	if (data->int_alg != AUTH_UNDEFINED)
+	{
+		espd_msg_u32(&m, ESPD_A_INTEG_ALG, data->int_alg);
+		espd_msg_put(&m, ESPD_A_INTEG_KEY, data->int_key.ptr,
+					 data->int_key.len);
+	}
+	espd_msg_u32(&m, ESPD_A_ESN, data->esn ? 1 : 0);
+	if (data->inbound)
+	{
+		espd_msg_u32(&m, ESPD_A_REPLAY_WINDOW, data->replay_window);
+	}
+	else if (data->tfc)
+	{
+		espd_msg_u32(&m, ESPD_A_TFC_PAD, min(data->tfc, 65535));
+	}
+	if (data->encap)
+	{
+		espd_msg_pair(&m, ESPD_A_ENCAP, id->src->get_port(id->src),
+					  id->dst->get_port(id->dst));
+	}
+	espd_msg_u32(&m, ESPD_A_ECN, data->copy_ecn ? 1 : 0);
+	espd_msg_u32(&m, ESPD_A_DF, data->copy_df ? ESPD_DF_COPY : ESPD_DF_CLEAR);
+	espd_msg_u32(&m, ESPD_A_COPY_DSCP,
+				 data->copy_dscp == DSCP_COPY_OUT_ONLY ||
+				 data->copy_dscp == DSCP_COPY_YES ? 1 : 0);
+	if (lt)
+	{
+		put_lifetime(&m, ESPD_A_LIFETIME_SOFT, lt->bytes.rekey,
+					 lt->packets.rekey, lt->time.rekey);
+		put_lifetime(&m, ESPD_A_LIFETIME_HARD, lt->bytes.life,
+					 lt->packets.life, lt->time.life);
+	}
+	/* the inner traffic the SA may carry, in its direction */
+	if (data->src_ts && data->dst_ts)
+	{
+		es = data->src_ts->create_enumerator(data->src_ts);
+		while (es->enumerate(es, &src_ts))
+		{
+			ed = data->dst_ts->create_enumerator(data->dst_ts);
+			while (ed->enumerate(ed, &dst_ts))
+			{
+				if (src_ts->get_type(src_ts) == dst_ts->get_type(dst_ts))
+				{
+					put_selector(&m, src_ts, dst_ts);
+				}
+			}
+			ed->destroy(ed);
+		}
+		es->destroy(es);
+	}
+
+	snprintf(what, sizeof(what), "adding %s SA %.8x (reqid %u)",
+			 data->inbound ? "inbound" : "outbound", spi, data->reqid);
+	if (request(this, &m, NULL, NULL, what, FALSE) != 0)
+	{
+		return FAILED;
+	}
+	DBG2(DBG_KNL, "espd: added %s SA %.8x %H -> %H reqid %u",
+		 data->inbound ? "inbound" : "outbound", spi, id->src, id->dst,
+		 data->reqid);
+
+	INIT(entry,
+		.spi = spi,
+		.src = id->src->clone(id->src),
+		.dst = id->dst->clone(id->dst),
+		.inbound = data->inbound,
+		.reqid = data->reqid,
+	);
+	this->mutex->lock(this->mutex);
+	old = this->sas->put(this->sas, entry, entry);
+	this->mutex->unlock(this->mutex);
+	if (old)
+	{
+		sa_entry_destroy(old);
+	}
+	return SUCCESS;
+}
+
+METHOD(kernel_ipsec_t, update_sa, status_t,
+	private_espd_kernel_ipsec_t *this, kernel_ipsec_sa_id_t *id,
+	kernel_ipsec_update_sa_t *data)
+{
+	sa_entry_t key = { .spi = ntohl(id->spi), .dst = id->dst }, *e;
+	espd_msg_t m;
+	char what[128];
+	int r;
+
+	if (data->new_reqid)
+	{
+		DBG1(DBG_KNL, "espd: SA %.8x: the reqid cannot change (to %u)",
+			 key.spi, data->new_reqid);
+		return NOT_SUPPORTED;
+	}
+	if (data->new_encap && !espd_settings.ike_handoff)
+	{
+		DBG1(DBG_KNL, "espd: SA %.8x would need UDP encapsulation, which "
+			 "needs the IKE hand-off (espd --ike-handoff)", key.spi);
+		return FAILED;
+	}
+	if (!espd_msg_init(&m, ESPD_MSG_SA_UPDATE, 0))
+	{
+		return FAILED;
+	}
+	espd_msg_u32(&m, ESPD_A_SPI, key.spi);
+	put_host(&m, ESPD_A_DST, id->dst);
+	if (!data->new_src->ip_equals(data->new_src, id->src))
+	{
+		put_host(&m, ESPD_A_NEW_SRC, data->new_src);
+	}
+	if (!data->new_dst->ip_equals(data->new_dst, id->dst))
+	{
+		put_host(&m, ESPD_A_NEW_DST, data->new_dst);
+	}
+	if (data->new_encap)
+	{
+		espd_msg_pair(&m, ESPD_A_ENCAP, data->new_src->get_port(data->new_src),
+					  data->new_dst->get_port(data->new_dst));
+	}
+	else
+	{
+		espd_msg_pair(&m, ESPD_A_ENCAP, 0, 0);
+	}
+	snprintf(what, sizeof(what), "updating SA %.8x", key.spi);
+	r = request(this, &m, NULL, NULL, what, FALSE);
+	if (r == ENOENT)
+	{
+		return NOT_FOUND;
+	}
+	if (r != 0)
+	{
+		return FAILED;
+	}
+	DBG2(DBG_KNL, "espd: updated SA %.8x to %#H -> %#H", key.spi,
+		 data->new_src, data->new_dst);
+	this->mutex->lock(this->mutex);
+	e = this->sas->remove(this->sas, &key);
+	if (e)
+	{
+		e->src->destroy(e->src);
+		e->dst->destroy(e->dst);
+		e->src = data->new_src->clone(data->new_src);
+		e->dst = data->new_dst->clone(data->new_dst);
+		e = this->sas->put(this->sas, e, e);
+		if (e)
+		{
+			sa_entry_destroy(e);
+		}
+	}
+	this->mutex->unlock(this->mutex);
+	return SUCCESS;
+}
+
+/**
+ * What a SA_GET reply says.
+ */
+typedef struct {
+	bool found;
+	uint32_t state;
+	uint64_t bytes, packets, use_time;
+} sa_stats_t;
+
+static void stats_reply(void *ctx, const espd_hdr_t *h, const uint8_t *body,
+						size_t len)
+{
+	sa_stats_t *st = ctx;
+	espd_iter_t it, in;
+	espd_attr_t a, b;
+
+	espd_iter_init(&it, body, len);
+	while (espd_iter_next(&it, &a))
+	{
+		if (a.type != ESPD_A_SA_STATS)
+		{
+			continue;
+		}
+		st->found = TRUE;
+		espd_iter_nested(&in, &a);
+		while (espd_iter_next(&in, &b))
+		{
+			switch (b.type)
+			{
+				case ESPD_ST_STATE:
+					espd_attr_u32(&b, &st->state);
+					break;
+				case ESPD_ST_BYTES:
+					espd_attr_u64(&b, &st->bytes);
+					break;
+				case ESPD_ST_PACKETS:
+					espd_attr_u64(&b, &st->packets);
+					break;
+				case ESPD_ST_USE_TIME:
+					espd_attr_u64(&b, &st->use_time);
+					break;
+			}
+		}
+	}
+}
+
+/**
+ * SA_GET; returns 0, an espd error or a transport error.
+ */
+static int get_sa(private_espd_kernel_ipsec_t *this, uint32_t spi,
+				  host_t *dst, sa_stats_t *st, bool quiet)
+{
+	espd_msg_t m;
+	char what[64];
+
+	if (!espd_msg_init(&m, ESPD_MSG_SA_GET, 0))
+	{
+		return -ENOMEM;
+	}
+	espd_msg_u32(&m, ESPD_A_SPI, spi);
+	put_host(&m, ESPD_A_DST, dst);
+	snprintf(what, sizeof(what), "querying SA %.8x", spi);
+	return request(this, &m, stats_reply, st, what, quiet);
+}
+
+METHOD(kernel_ipsec_t, query_sa, status_t,
+	private_espd_kernel_ipsec_t *this, kernel_ipsec_sa_id_t *id,
+	kernel_ipsec_query_sa_t *data, uint64_t *bytes, uint64_t *packets,
+	time_t *time)
+{
+	sa_entry_t key = { .spi = ntohl(id->spi), .dst = id->dst }, *e;
+	sa_stats_t st = {};
+	time_t now, use = 0;
+	int r;
+
+	r = get_sa(this, key.spi, id->dst, &st, FALSE);
+	if (r == ENOENT)
+	{
+		return NOT_FOUND;
+	}
+	if (r != 0 || !st.found)
+	{
+		return FAILED;
+	}
+	/* espd reports when the SA was first used (XFRM's use_time); charon
+	 * wants the last use: the time the byte count was last seen growing */
+	now = time_monotonic(NULL);
+	this->mutex->lock(this->mutex);
+	e = this->sas->get(this->sas, &key);
+	if (e)
+	{
+		if (st.bytes > e->last_bytes)
+		{
+			e->last_bytes = st.bytes;
+			e->last_use = now;
+		}
+		use = e->last_use;
+	}
+	this->mutex->unlock(this->mutex);
+	if (!e && st.use_time)
+	{
+		use = now;
+	}
+	if (bytes)
+	{
+		*bytes = st.bytes;
+	}
+	if (packets)
+	{
+		*packets = st.packets;
+	}
+	if (time)
+	{
+		*time = use;
+	}
+	return SUCCESS;
+}
+
+METHOD(kernel_ipsec_t, del_sa, status_t,
+	private_espd_kernel_ipsec_t *this, kernel_ipsec_sa_id_t *id,
+	kernel_ipsec_del_sa_t *data)
+{
+	sa_entry_t key = { .spi = ntohl(id->spi), .dst = id->dst }, *e;
+	espd_msg_t m;
+	char what[64];
+	int r;
+
+	this->mutex->lock(this->mutex);
+	e = this->sas->remove(this->sas, &key);
+	this->mutex->unlock(this->mutex);
+	if (e)
+	{
+		sa_entry_destroy(e);
+	}
+	if (!espd_msg_init(&m, ESPD_MSG_SA_DEL, 0))
+	{
+		return FAILED;
+	}
+	espd_msg_u32(&m, ESPD_A_SPI, key.spi);
+	put_host(&m, ESPD_A_DST, id->dst);
+	snprintf(what, sizeof(what), "deleting SA %.8x", key.spi);
+	r = request(this, &m, NULL, NULL, what, TRUE);
+	if (r == ENOENT)
+	{
+		/* expired in espd, or died with a previous espd */
+		DBG2(DBG_KNL, "espd: SA %.8x was already gone", key.spi);
+		return SUCCESS;
+	}
+	if (r != 0)
+	{
+		return FAILED;
+	}
+	DBG2(DBG_KNL, "espd: deleted SA %.8x", key.spi);
+	return SUCCESS;
+}
+
+METHOD(kernel_ipsec_t, flush_sas, status_t,
+	private_espd_kernel_ipsec_t *this)
+{
+	espd_msg_t m;
+	enumerator_t *enumerator;
+	sa_entry_t *e;
+
+	this->mutex->lock(this->mutex);
+	enumerator = this->sas->create_enumerator(this->sas);
+	while (enumerator->enumerate(enumerator, NULL, &e))
+	{
+		this->sas->remove_at(this->sas, enumerator);
+		sa_entry_destroy(e);
+	}
+	enumerator->destroy(enumerator);
+	this->mutex->unlock(this->mutex);
+	if (!espd_msg_init(&m, ESPD_MSG_SA_FLUSH, 0))
+	{
+		return FAILED;
+	}
+	return request(this, &m, NULL, NULL, "flushing SAs", FALSE) == 0 ?
+			SUCCESS : FAILED;
+}
+
+static uint32_t dir2espd(policy_dir_t dir)
+{
+	switch (dir)
+	{
+		case POLICY_IN:
+			return ESPD_DIR_IN;
+		case POLICY_OUT:
+			return ESPD_DIR_OUT;
+		default:
+			return ESPD_DIR_FWD;
+	}
+}
+
+static uint32_t type2action(policy_type_t type)
+{
+	switch (type)
+	{
+		case POLICY_PASS:
+			return ESPD_ACTION_BYPASS;
+		case POLICY_DROP:
+			return ESPD_ACTION_DROP;
+		default:
+			return ESPD_ACTION_PROTECT;
+	}
+}
+
+/**
+ * Priority as charon's kernel-netlink computes it: a base per class, less
+ * the selector's specificity; a manual priority wins.
+ */
+static uint32_t policy_priority(policy_entry_t *e, policy_user_t *u)
+{
+	const uint32_t base = 200000;
+	uint32_t prio = base, spec;
+	espd_msg_t m;
+
+	if (u->manual_prio)
+	{
+		return u->manual_prio;
+	}
+	switch (u->prio)
+	{
+		case POLICY_PRIORITY_FALLBACK:
+			prio += base;
+			/* fall-through */
+		case POLICY_PRIORITY_ROUTED:
+		case POLICY_PRIORITY_DEFAULT:
+			prio += base;
+			/* fall-through */
+		case POLICY_PRIORITY_PASS:
+			break;
+	}
+	/* measure the selector by encoding it */
+	spec = 0;
+	if (espd_msg_init(&m, 0, 0))
+	{
+		spec = put_selector(&m, e->src_ts, e->dst_ts);
+		espd_msg_free(&m);
+	}
+	prio -= spec;
+	prio -= (u->prio != POLICY_PRIORITY_ROUTED);
+	return prio;
+}
+
+/**
+ * The request whose values espd should have: lowest priority, the newest
+ * on a tie.
+ */
+static policy_user_t *best_user(policy_entry_t *e)
+{
+	enumerator_t *enumerator;
+	policy_user_t *u, *best = NULL;
+
+	enumerator = e->users->create_enumerator(e->users);
+	while (enumerator->enumerate(enumerator, &u))
+	{
+		if (!best || u->priority <= best->priority)
+		{
+			best = u;
+		}
+	}
+	enumerator->destroy(enumerator);
+	return best;
+}
+
+static void put_policy_id(espd_msg_t *m, policy_entry_t *e)
+{
+	put_selector(m, e->src_ts, e->dst_ts);
+	espd_msg_u32(m, ESPD_A_DIR, dir2espd(e->dir));
+}
+
+/**
+ * Send the best request's values to espd: POLICY_ADD if espd does not have
+ * the policy, POLICY_UPDATE if it does. this->mutex is held.
+ */
+static status_t install_policy(private_espd_kernel_ipsec_t *this,
+							   policy_entry_t *e, bool force)
+{
+	policy_user_t *u = best_user(e);
+	uint32_t action = type2action(u->type);
+	espd_msg_t m;
+	char what[256];
+	int r, attempt;
+	uint16_t type;
+
+	if (e->installed && !force && e->inst_action == action &&
+		e->inst_priority == u->priority && e->inst_reqid == u->reqid)
+	{
+		return SUCCESS;
+	}
+	type = e->installed ? ESPD_MSG_POLICY_UPDATE : ESPD_MSG_POLICY_ADD;
+	for (attempt = 0; attempt < 2; attempt++)
+	{
+		if (!espd_msg_init(&m, type, 0))
+		{
+			return FAILED;
+		}
+		put_policy_id(&m, e);
+		espd_msg_u32(&m, ESPD_A_ACTION, action);
+		espd_msg_u32(&m, ESPD_A_PRIORITY, u->priority);
+		if (u->reqid)
+		{
+			espd_msg_u32(&m, ESPD_A_REQID, u->reqid);
+		}
+		if (u->src && !u->src->is_anyaddr(u->src) && u->dst &&
+			!u->dst->is_anyaddr(u->dst))
+		{
+			put_host(&m, ESPD_A_TMPL_SRC, u->src);
+			put_host(&m, ESPD_A_TMPL_DST, u->dst);
+		}
+		snprintf(what, sizeof(what), "%s policy %R === %R %N",
+				 type == ESPD_MSG_POLICY_ADD ? "adding" : "updating",
+				 e->src_ts, e->dst_ts, policy_dir_names, e->dir);
+		r = request(this, &m, NULL, NULL, what, TRUE);
+		if (r == 0)
+		{
+			e->installed = TRUE;
+			e->inst_action = action;
+			e->inst_priority = u->priority;
+			e->inst_reqid = u->reqid;
+			DBG2(DBG_KNL, "espd: %s", what);
+			return SUCCESS;
+		}
+		/* espd has it (or not) after all: try the other message */
+		if (r == EEXIST && type == ESPD_MSG_POLICY_ADD)
+		{
+			type = ESPD_MSG_POLICY_UPDATE;
+		}
+		else if (r == ENOENT && type == ESPD_MSG_POLICY_UPDATE)
+		{
+			type = ESPD_MSG_POLICY_ADD;
+		}
+		else
+		{
+			break;
+		}
+	}
+	if (r == ENOENT)
+	{
+		DBG1(DBG_KNL, "espd: %s failed: no such policy", what);
+	}
+	return FAILED;
+}
+
+/**
+ * Remove the policy from espd. this->mutex is held.
+ */
+static status_t uninstall_policy(private_espd_kernel_ipsec_t *this,
+								 policy_entry_t *e)
+{
+	espd_msg_t m;
+	char what[256];
+	int r;
+
+	if (!e->installed)
+	{
+		return SUCCESS;
+	}
+	if (!espd_msg_init(&m, ESPD_MSG_POLICY_DEL, 0))
+	{
+		return FAILED;
+	}
+	put_policy_id(&m, e);
+	snprintf(what, sizeof(what), "deleting policy %R === %R %N", e->src_ts,
+			 e->dst_ts, policy_dir_names, e->dir);
+	r = request(this, &m, NULL, NULL, what, TRUE);
+	e->installed = FALSE;
+	if (r == 0 || r == ENOENT)
+	{
+		DBG2(DBG_KNL, "espd: %s", what);
+		return SUCCESS;
+	}
+	return FAILED;
+}
+
+METHOD(kernel_ipsec_t, add_policy, status_t,
+	private_espd_kernel_ipsec_t *this, kernel_ipsec_policy_id_t *id,
+	kernel_ipsec_manage_policy_t *data)
+{
+	policy_entry_t key = { .dir = id->dir, .src_ts = id->src_ts,
+						   .dst_ts = id->dst_ts }, *e;
+	policy_user_t *u;
+	status_t status;
+
+	if (id->label)
+	{
+		DBG1(DBG_KNL, "espd: security labels are not supported");
+		return NOT_SUPPORTED;
+	}
+	if (id->src_ts->get_type(id->src_ts) != id->dst_ts->get_type(id->dst_ts))
+	{
+		DBG1(DBG_KNL, "espd: policy %R === %R mixes address families",
+			 id->src_ts, id->dst_ts);
+		return FAILED;
+	}
+	if (id->mark.value || id->mark.mask || id->if_id || id->interface)
+	{
+		DBG2(DBG_KNL, "espd: policy %R === %R: mark, interface ID and "
+			 "interface are ignored", id->src_ts, id->dst_ts);
+	}
+	INIT(u,
+		.type = data->type,
+		.prio = data->prio,
+		.manual_prio = data->manual_prio,
+		.reqid = data->sa ? data->sa->reqid : 0,
+		.src = data->src ? data->src->clone(data->src) : NULL,
+		.dst = data->dst ? data->dst->clone(data->dst) : NULL,
+	);
+
+	this->mutex->lock(this->mutex);
+	e = this->policies->get(this->policies, &key);
+	if (!e)
+	{
+		INIT(e,
+			.dir = id->dir,
+			.src_ts = id->src_ts->clone(id->src_ts),
+			.dst_ts = id->dst_ts->clone(id->dst_ts),
+			.users = linked_list_create(),
+		);
+		this->policies->put(this->policies, e, e);
+	}
+	u->priority = policy_priority(e, u);
+	e->users->insert_last(e->users, u);
+	status = install_policy(this, e, FALSE);
+	if (status != SUCCESS)
+	{
+		e->users->remove_last(e->users, (void**)&u);
+		policy_user_destroy(u);
+		if (e->users->get_count(e->users) == 0)
+		{
+			this->policies->remove(this->policies, e);
+			uninstall_policy(this, e);
+			policy_entry_destroy(e);
+		}
+	}
+	this->mutex->unlock(this->mutex);
+	return status;
+}
+
+METHOD(kernel_ipsec_t, query_policy, status_t,
+	private_espd_kernel_ipsec_t *this, kernel_ipsec_policy_id_t *id,
+	kernel_ipsec_query_policy_t *data, time_t *use_time)
+{
+	/* espd keeps no per-policy use time; charon falls back to query_sa */
+	return NOT_SUPPORTED;
+}
+
+static bool user_matches(policy_user_t *u, kernel_ipsec_manage_policy_t *data,
+						 bool exact)
+{
+	uint32_t reqid = data->sa ? data->sa->reqid : 0;
+
+	if (u->type != data->type || u->prio != data->prio ||
+		u->manual_prio != data->manual_prio || u->reqid != reqid)
+	{
+		return FALSE;
+	}
+	if (!exact)
+	{
+		return TRUE;
+	}
+	return (!u->src && !data->src) ||
+		   (u->src && data->src && u->src->ip_equals(u->src, data->src) &&
+			u->dst && data->dst && u->dst->ip_equals(u->dst, data->dst));
+}
+
+METHOD(kernel_ipsec_t, del_policy, status_t,
+	private_espd_kernel_ipsec_t *this, kernel_ipsec_policy_id_t *id,
+	kernel_ipsec_manage_policy_t *data)
+{
+	policy_entry_t key = { .dir = id->dir, .src_ts = id->src_ts,
+						   .dst_ts = id->dst_ts }, *e;
+	enumerator_t *enumerator;
+	policy_user_t *u, *found = NULL;
+	status_t status = SUCCESS;
+	int pass;
+
+	this->mutex->lock(this->mutex);
+	e = this->policies->get(this->policies, &key);
+	if (!e)
+	{
+		this->mutex->unlock(this->mutex);
+		DBG1(DBG_KNL, "espd: deleting policy %R === %R %N: not installed",
+			 id->src_ts, id->dst_ts, policy_dir_names, id->dir);
+		return NOT_FOUND;
+	}
+	for (pass = 0; pass < 2 && !found; pass++)
+	{
+		enumerator = e->users->create_enumerator(e->users);
+		while (enumerator->enumerate(enumerator, &u))
+		{
+			if (user_matches(u, data, pass == 0))
+			{
+				e->users->remove_at(e->users, enumerator);
+				found = u;
+				break;
+			}
+		}
+		enumerator->destroy(enumerator);
+	}
+	if (!found)
+	{
+		this->mutex->unlock(this->mutex);
+		DBG1(DBG_KNL, "espd: deleting policy %R === %R %N: no such request",
+			 id->src_ts, id->dst_ts, policy_dir_names, id->dir);
+		return NOT_FOUND;
+	}
+	policy_user_destroy(found);
+	if (e->users->get_count(e->users) == 0)
+	{
+		this->policies->remove(this->policies, e);
+		status = uninstall_policy(this, e);
+		policy_entry_destroy(e);
+	}
+	else
+	{
+		status = install_policy(this, e, FALSE);
+	}
+	this->mutex->unlock(this->mutex);
+	return status;
+}
+
+METHOD(kernel_ipsec_t, flush_policies, status_t,
+	private_espd_kernel_ipsec_t *this)
+{
+	enumerator_t *enumerator;
+	policy_entry_t *e;
+	espd_msg_t m;
+
+	this->mutex->lock(this->mutex);
+	enumerator = this->policies->create_enumerator(this->policies);
+	while (enumerator->enumerate(enumerator, NULL, &e))
+	{
+		this->policies->remove_at(this->policies, enumerator);
+		policy_entry_destroy(e);
+	}
+	enumerator->destroy(enumerator);
+	this->mutex->unlock(this->mutex);
+	if (!espd_msg_init(&m, ESPD_MSG_POLICY_FLUSH, 0))
+	{
+		return FAILED;
+	}
+	return request(this, &m, NULL, NULL, "flushing policies", FALSE) == 0 ?
+			SUCCESS : FAILED;
+}
+
+METHOD(kernel_ipsec_t, bypass_socket, bool,
+	private_espd_kernel_ipsec_t *this, int fd, int family)
+{
+	int mark = espd_settings.mark;
+
+	/* espd's routing rule sends unmarked traffic through its table, whose
+	 * routes lead into the TUN; IKE must not */
+	if (setsockopt(fd, SOL_SOCKET, SO_MARK, &mark, sizeof(mark)) < 0)
+	{
+		DBG1(DBG_KNL, "espd: setting SO_MARK 0x%x on an IKE socket failed: "
+			 "%s", espd_settings.mark, strerror(errno));
+		return FALSE;
+	}
+	return TRUE;
+}
+
+METHOD(kernel_ipsec_t, enable_udp_decap, bool,
+	private_espd_kernel_ipsec_t *this, int fd, int family, uint16_t port)
+{
+	DBG1(DBG_KNL, "espd: ESP-in-UDP on charon's own port %u cannot reach "
+		 "espd; for NAT traversal run espd with --ike-handoff and set "
+		 "charon.plugins.espd.ike_handoff = yes", port);
+	return FALSE;
+}
+
+/**
+ * SAs and policies to check after a reconnect.
+ */
+typedef struct {
+	uint32_t spi;
+	host_t *dst;
+	bool inbound;
+	uint32_t reqid;
+} sa_ref_t;
+
+METHOD(espd_kernel_ipsec_t, reconcile, void,
+	private_espd_kernel_ipsec_t *this)
+{
+	enumerator_t *enumerator;
+	policy_entry_t *pe;
+	sa_entry_t *se, key;
+	sa_ref_t *refs, *ref;
+	sa_stats_t st;
+	u_int count, i, j, gone = 0, soft = 0, policies = 0;
+	int r;
+
+	/* policies first, so that no traffic leaks while charon replaces the
+	 * SAs (its trap policies in particular must be back) */
+	this->mutex->lock(this->mutex);
+	enumerator = this->policies->create_enumerator(this->policies);
+	while (enumerator->enumerate(enumerator, NULL, &pe))
+	{
+		if (pe->users->get_count(pe->users) == 0)
+		{
+			continue;
+		}
+		pe->installed = FALSE;
+		if (install_policy(this, pe, TRUE) == SUCCESS)
+		{
+			policies++;
+		}
+	}
+	enumerator->destroy(enumerator);
+
+	count = this->sas->get_count(this->sas);
+	refs = calloc(count ?: 1, sizeof(*refs));
+	i = 0;
+	enumerator = this->sas->create_enumerator(this->sas);
+	while (i < count && enumerator->enumerate(enumerator, NULL, &se))
+	{
+		refs[i++] = (sa_ref_t){
+			.spi = se->spi,
+			.dst = se->dst->clone(se->dst),
+			.inbound = se->inbound,
+			.reqid = se->reqid,
+		};
+	}
+	enumerator->destroy(enumerator);
+	this->mutex->unlock(this->mutex);
+	count = i;
+
+	for (i = 0; i < count; i++)
+	{
+		ref = &refs[i];
+		st = (sa_stats_t){};
+		r = get_sa(this, ref->spi, ref->dst, &st, TRUE);
+		if (r < 0)
+		{
+			/* espd went away again; the next connection checks again */
+			break;
+		}
+		if (r == ENOENT)
+		{
+			gone++;
+			key = (sa_entry_t){ .spi = ref->spi, .dst = ref->dst };
+			this->mutex->lock(this->mutex);
+			se = this->sas->remove(this->sas, &key);
+			this->mutex->unlock(this->mutex);
+			if (se)
+			{
+				sa_entry_destroy(se);
+			}
+			/* one hard expire per CHILD_SA: its inbound SA, or the outbound
+			 * one if the inbound SA is not known */
+			if (!ref->inbound)
+			{
+				for (j = 0; j < count; j++)
+				{
+					if (refs[j].inbound && refs[j].reqid == ref->reqid)
+					{
+						break;
+					}
+				}
+				if (j < count)
+				{
+					continue;
+				}
+			}
+			DBG1(DBG_KNL, "espd: SA %.8x (reqid %u) died with espd; "
+				 "raising a hard expire so that charon replaces it with "
+				 "fresh keys", ref->spi, ref->reqid);
+			charon->kernel->expire(charon->kernel, IPPROTO_ESP,
+								   htonl(ref->spi), ref->dst, TRUE);
+		}
+		else if (r == 0 && st.state == ESPD_STATE_SOFT)
+		{
+			soft++;
+			charon->kernel->expire(charon->kernel, IPPROTO_ESP,
+								   htonl(ref->spi), ref->dst, FALSE);
+		}
+	}
+	for (i = 0; i < count; i++)
+	{
+		refs[i].dst->destroy(refs[i].dst);
+	}
+	free(refs);
+	if (policies || count)
+	{
+		DBG1(DBG_KNL, "espd: resynchronized: %u policies installed, %u of %u "
+			 "SAs gone, %u soft-expired", policies, gone, count, soft);
+	}
+}
+
+METHOD(espd_kernel_ipsec_t, forget_sa, void,
+	private_espd_kernel_ipsec_t *this, uint32_t spi, host_t *dst)
+{
+	sa_entry_t key = { .spi = spi, .dst = dst }, *e;
+
+	this->mutex->lock(this->mutex);
+	e = this->sas->remove(this->sas, &key);
+	this->mutex->unlock(this->mutex);
+	if (e)
+	{
+		sa_entry_destroy(e);
+	}
+}
+
+METHOD(kernel_ipsec_t, destroy, void,
+	private_espd_kernel_ipsec_t *this)
+{
+	enumerator_t *enumerator;
+	policy_entry_t *pe;
+	sa_entry_t *se;
+
+	if (this->events)
+	{
+		this->events->destroy(this->events);
+	}
+	enumerator = this->policies->create_enumerator(this->policies);
+	while (enumerator->enumerate(enumerator, NULL, &pe))
+	{
+		policy_entry_destroy(pe);
+	}
+	enumerator->destroy(enumerator);
+	this->policies->destroy(this->policies);
+	enumerator = this->sas->create_enumerator(this->sas);
+	while (enumerator->enumerate(enumerator, NULL, &se))
+	{
+		sa_entry_destroy(se);
+	}
+	enumerator->destroy(enumerator);
+	this->sas->destroy(this->sas);
+	espd_conn_destroy(this->conn);
+	this->mutex->destroy(this->mutex);
+	free(this);
+}
+
+/*
+ * Described in header.
+ */
+espd_kernel_ipsec_t *espd_kernel_ipsec_create()
+{
+	private_espd_kernel_ipsec_t *this;
+
+	INIT(this,
+		.public = {
+			.interface = {
+				.get_features = _get_features,
+				.get_spi = _get_spi,
+				.get_cpi = _get_cpi,
+				.add_sa = _add_sa,
+				.update_sa = _update_sa,
+				.query_sa = _query_sa,
+				.del_sa = _del_sa,
+				.flush_sas = _flush_sas,
+				.add_policy = _add_policy,
+				.query_policy = _query_policy,
+				.del_policy = _del_policy,
+				.flush_policies = _flush_policies,
+				.bypass_socket = _bypass_socket,
+				.enable_udp_decap = _enable_udp_decap,
+				.destroy = _destroy,
+			},
+			.reconcile = _reconcile,
+			.forget_sa = _forget_sa,
+		},
+		.conn = espd_conn_create(espd_settings.socket, espd_settings.timeout_ms,
+								 "request"),
+		.mutex = mutex_create(MUTEX_TYPE_DEFAULT),
+		.sas = hashtable_create((hashtable_hash_t)sa_hash,
+								(hashtable_equals_t)sa_equals, 32),
+		.policies = hashtable_create((hashtable_hash_t)policy_hash,
+									 (hashtable_equals_t)policy_equals, 32),
+		.spi_min = lib->settings->get_int(lib->settings, "%s.spi_min",
+										  0xc0000000, lib->ns),
+		.spi_max = lib->settings->get_int(lib->settings, "%s.spi_max",
+										  0xcfffffff, lib->ns),
+	);
+	if (this->spi_min > this->spi_max)
+	{
+		uint32_t t = this->spi_min;
+
+		this->spi_min = this->spi_max;
+		this->spi_max = t;
+	}
+	this->events = espd_events_create(&this->public);
+	return &this->public;
+}

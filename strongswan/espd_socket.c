@@ -1,0 +1,426 @@
+/*
+ * Copyright (C) 2025 The espd authors
+ *
+ * This program is free software; you can redistribute it and/or modify it
+ * under the terms of the GNU General Public License as published by the
+ * Free Software Foundation; either version 2 of the License, or (at your
+ * option) any later version.  See COPYING.
+ */
+
+#include "espd_socket.h"
+#include "espd_plugin.h"
+#include "espd_conn.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <daemon.h>
+#include <threading/mutex.h>
+#include <threading/thread.h>
+
+typedef struct private_espd_socket_t private_espd_socket_t;
+
+/**
+ * Private data.
+ */
+struct private_espd_socket_t {
+
+	/**
+	 * Public interface
+	 */
+	socket_t public;
+
+	/**
+	 * Registered hand-off connection, -1 if none. Only the receiving thread
+	 * opens and closes it; a failed send shuts it down, which the receiver
+	 * notices.
+	 */
+	int fd;
+
+	/**
+	 * Guards fd and seq, serializes writes
+	 */
+	mutex_t *mutex;
+
+	/**
+	 * Sequence number of the next IKE_PACKET we send
+	 */
+	uint32_t seq;
+
+	/**
+	 * IKE and NAT-T ports (espd's, once registered)
+	 */
+	uint16_t port, natt;
+
+	/**
+	 * Receive buffer
+	 */
+	uint8_t *buf;
+
+	/**
+	 * Monotonic time of the last "not connected" logs
+	 */
+	time_t recv_log, send_log;
+};
+
+static void put_host(espd_msg_t *m, uint16_t type, host_t *h)
+{
+	chunk_t c = h->get_address(h);
+
+	if (c.len == 4 || c.len == 16)
+	{
+		espd_msg_put(m, type, c.ptr, c.len);
+	}
+	else
+	{
+		m->failed = TRUE;
+	}
+}
+
+static host_t *attr_host(const espd_attr_t *a, uint16_t port)
+{
+	if (a->len == 4)
+	{
+		return host_create_from_chunk(AF_INET, chunk_create((u_char*)a->val, 4),
+									  port);
+	}
+	if (a->len == 16)
+	{
+		return host_create_from_chunk(AF_INET6,
+									  chunk_create((u_char*)a->val, 16), port);
+	}
+	return NULL;
+}
+
+/**
+ * Connect and register. Returns the socket or -errno.
+ */
+static int do_register(private_espd_socket_t *this, char *err, size_t errlen)
+{
+	espd_msg_t m;
+	espd_hdr_t h;
+	espd_iter_t it;
+	espd_attr_t a;
+	uint16_t port, natt;
+	int fd, r;
+
+	fd = espd_dial(espd_settings.socket, espd_settings.timeout_ms, err, errlen);
+	if (fd < 0)
+	{
+		return fd;
+	}
+	if (!espd_msg_init(&m, ESPD_MSG_IKE_REGISTER, 1))
+	{
+		close(fd);
+		return -ENOMEM;
+	}
+	espd_msg_finish(&m);
+	r = espd_write_all(fd, m.buf, m.len, espd_settings.timeout_ms);
+	espd_msg_free(&m);
+	while (r == 0)
+	{
+		r = espd_read_msg(fd, this->buf, &h, espd_settings.timeout_ms,
+						  espd_settings.timeout_ms);
+		if (r < 0)
+		{
+			break;
+		}
+		if (!(h.flags & ESPD_F_REPLY) || h.seq != 1)
+		{
+			continue;
+		}
+		if (h.type == ESPD_MSG_ERROR)
+		{
+			uint32_t code = espd_parse_error(this->buf + ESPD_HDR_LEN,
+									h.length - ESPD_HDR_LEN, err, errlen);
+			if (code == 95 /* EOPNOTSUPP */)
+			{
+				snprintf(err, errlen, "espd runs without --ike-handoff");
+			}
+			close(fd);
+			return -EPROTO;
+		}
+		espd_iter_init(&it, this->buf + ESPD_HDR_LEN, h.length - ESPD_HDR_LEN);
+		while (espd_iter_next(&it, &a))
+		{
+			if (a.type == ESPD_A_IKE_PORTS && espd_attr_pair(&a, &port, &natt))
+			{
+				if (port != this->port || natt != this->natt)
+				{
+					DBG1(DBG_NET, "espd: espd serves IKE on UDP %u and %u, "
+						 "charon expected %u and %u", port, natt, this->port,
+						 this->natt);
+					this->port = port;
+					this->natt = natt;
+				}
+			}
+		}
+		return fd;
+	}
+	snprintf(err, errlen, "IKE_REGISTER: %s", strerror(-r));
+	close(fd);
+	return r;
+}
+
+static void drop_fd(private_espd_socket_t *this)
+{
+	this->mutex->lock(this->mutex);
+	if (this->fd >= 0)
+	{
+		close(this->fd);
+		this->fd = -1;
+	}
+	this->mutex->unlock(this->mutex);
+}
+
+/**
+ * Parse an IKE_PACKET espd sent.
+ */
+static packet_t *parse_packet(const uint8_t *body, size_t len)
+{
+	espd_iter_t it;
+	espd_attr_t a, src = {}, dst = {}, data = {};
+	uint16_t sport = 0, dport = 0;
+	host_t *s, *d;
+	packet_t *pkt;
+
+	espd_iter_init(&it, body, len);
+	while (espd_iter_next(&it, &a))
+	{
+		switch (a.type)
+		{
+			case ESPD_A_SRC:
+				src = a;
+				break;
+			case ESPD_A_DST:
+				dst = a;
+				break;
+			case ESPD_A_IKE_PORTS:
+				espd_attr_pair(&a, &sport, &dport);
+				break;
+			case ESPD_A_IKE_DATA:
+				data = a;
+				break;
+		}
+	}
+	if (it.bad || !data.val)
+	{
+		return NULL;
+	}
+	s = attr_host(&src, sport);
+	d = attr_host(&dst, dport);
+	if (!s || !d)
+	{
+		DESTROY_IF(s);
+		DESTROY_IF(d);
+		return NULL;
+	}
+	pkt = packet_create();
+	pkt->set_source(pkt, s);
+	pkt->set_destination(pkt, d);
+	pkt->set_data(pkt, chunk_clone(chunk_create((u_char*)data.val, data.len)));
+	return pkt;
+}
+
+METHOD(socket_t, receive, status_t,
+	private_espd_socket_t *this, packet_t **out)
+{
+	char err[512];
+	espd_hdr_t h;
+	packet_t *pkt;
+	bool old;
+	int fd, r;
+
+	for (;;)
+	{
+		this->mutex->lock(this->mutex);
+		fd = this->fd;
+		this->mutex->unlock(this->mutex);
+		if (fd < 0)
+		{
+			err[0] = 0;
+			fd = do_register(this, err, sizeof(err));
+			if (fd < 0)
+			{
+				if (!this->recv_log ||
+					time_monotonic(NULL) - this->recv_log >= 60)
+				{
+					this->recv_log = time_monotonic(NULL);
+					DBG1(DBG_NET, "espd: no IKE hand-off from espd (%s); "
+						 "charon can neither send nor receive IKE until it "
+						 "is available", err);
+				}
+				old = thread_cancelability(TRUE);
+				usleep(fd == -EPROTO ? 2000000 : 200000);
+				thread_cancelability(old);
+				continue;
+			}
+			this->mutex->lock(this->mutex);
+			this->fd = fd;
+			this->mutex->unlock(this->mutex);
+			this->recv_log = this->send_log = 0;
+			DBG1(DBG_NET, "espd: receiving IKE on UDP ports %u and %u from "
+				 "espd at %s", this->port, this->natt, espd_settings.socket);
+		}
+		old = thread_cancelability(TRUE);
+		r = espd_read_msg(fd, this->buf, &h, -1, espd_settings.timeout_ms);
+		thread_cancelability(old);
+		if (r < 0)
+		{
+			DBG1(DBG_NET, "espd: IKE hand-off connection lost (%s); "
+				 "reconnecting", r == -ECONNRESET ? "closed" : strerror(-r));
+			drop_fd(this);
+			continue;
+		}
+		if (h.type == ESPD_MSG_IKE_PACKET && !(h.flags & ESPD_F_REPLY))
+		{
+			pkt = parse_packet(this->buf + ESPD_HDR_LEN,
+							   h.length - ESPD_HDR_LEN);
+			if (!pkt)
+			{
+				DBG1(DBG_NET, "espd: ignoring a malformed IKE_PACKET");
+				continue;
+			}
+			DBG3(DBG_NET, "espd: received packet from %#H to %#H",
+				 pkt->get_source(pkt), pkt->get_destination(pkt));
+			*out = pkt;
+			return SUCCESS;
+		}
+		if (h.type == ESPD_MSG_ERROR)
+		{
+			espd_parse_error(this->buf + ESPD_HDR_LEN,
+							 h.length - ESPD_HDR_LEN, err, sizeof(err));
+			DBG1(DBG_NET, "espd: espd could not send an IKE packet: %s", err);
+			if (h.seq == 0)
+			{
+				drop_fd(this);
+			}
+		}
+	}
+}
+
+METHOD(socket_t, sender, status_t,
+	private_espd_socket_t *this, packet_t *packet)
+{
+	host_t *src = packet->get_source(packet);
+	host_t *dst = packet->get_destination(packet);
+	chunk_t data = packet->get_data(packet);
+	uint16_t sport = src->get_port(src);
+	espd_msg_t m;
+	int r;
+
+	if (!sport)
+	{
+		sport = this->port;
+	}
+	if (!espd_msg_init(&m, ESPD_MSG_IKE_PACKET, 0))
+	{
+		return FAILED;
+	}
+	if (!src->is_anyaddr(src))
+	{
+		put_host(&m, ESPD_A_SRC, src);
+	}
+	put_host(&m, ESPD_A_DST, dst);
+	espd_msg_pair(&m, ESPD_A_IKE_PORTS, sport, dst->get_port(dst));
+	espd_msg_put(&m, ESPD_A_IKE_DATA, data.ptr, data.len);
+
+	this->mutex->lock(this->mutex);
+	if (this->fd < 0)
+	{
+		this->mutex->unlock(this->mutex);
+		espd_msg_free(&m);
+		if (!this->send_log || time_monotonic(NULL) - this->send_log >= 60)
+		{
+			this->send_log = time_monotonic(NULL);
+			DBG1(DBG_NET, "espd: cannot send IKE to %#H: no IKE hand-off "
+				 "connection to espd", dst);
+		}
+		return FAILED;
+	}
+	if (++this->seq == 0)
+	{
+		this->seq = 1;
+	}
+	m.buf[12] = this->seq >> 24;
+	m.buf[13] = this->seq >> 16;
+	m.buf[14] = this->seq >> 8;
+	m.buf[15] = this->seq;
+	if (!espd_msg_finish(&m))
+	{
+		this->mutex->unlock(this->mutex);
+		espd_msg_free(&m);
+		DBG1(DBG_NET, "espd: IKE packet of %zu bytes does not fit a message",
+			 data.len);
+		return FAILED;
+	}
+	r = espd_write_all(this->fd, m.buf, m.len, espd_settings.timeout_ms);
+	if (r < 0)
+	{
+		/* the receiving thread notices and reconnects */
+		shutdown(this->fd, SHUT_RDWR);
+	}
+	this->mutex->unlock(this->mutex);
+	espd_msg_free(&m);
+	if (r < 0)
+	{
+		DBG1(DBG_NET, "espd: sending IKE to %#H through espd failed: %s", dst,
+			 strerror(-r));
+		return FAILED;
+	}
+	DBG3(DBG_NET, "espd: sent packet from %#H to %#H", src, dst);
+	return SUCCESS;
+}
+
+METHOD(socket_t, get_port, uint16_t,
+	private_espd_socket_t *this, bool nat_t)
+{
+	return nat_t ? this->natt : this->port;
+}
+
+METHOD(socket_t, supported_families, socket_family_t,
+	private_espd_socket_t *this)
+{
+	return SOCKET_FAMILY_BOTH;
+}
+
+METHOD(socket_t, destroy, void,
+	private_espd_socket_t *this)
+{
+	if (this->fd >= 0)
+	{
+		close(this->fd);
+	}
+	this->mutex->destroy(this->mutex);
+	free(this->buf);
+	free(this);
+}
+
+/*
+ * Described in header.
+ */
+socket_t *espd_socket_create()
+{
+	private_espd_socket_t *this;
+
+	INIT(this,
+		.public = {
+			.receive = _receive,
+			.send = _sender,
+			.get_port = _get_port,
+			.supported_families = _supported_families,
+			.destroy = _destroy,
+		},
+		.fd = -1,
+		.mutex = mutex_create(MUTEX_TYPE_DEFAULT),
+		.buf = malloc(ESPD_MAX_MSG),
+		.port = lib->settings->get_int(lib->settings, "%s.port",
+									   CHARON_UDP_PORT, lib->ns),
+		.natt = lib->settings->get_int(lib->settings, "%s.port_nat_t",
+									   CHARON_NATT_PORT, lib->ns),
+	);
+	DBG1(DBG_NET, "espd: IKE goes through espd (UDP %u and %u are espd's)",
+		 this->port, this->natt);
+	return &this->public;
+}
