@@ -22,6 +22,12 @@ const (
 	DefaultQueueLen  = 16
 	DefaultBatch     = 128
 	DefaultICMPRate  = 100
+	// DefaultRecvBuffer is the outer sockets' forced SO_RCVBUF. The
+	// kernel's default (about 200 KiB) holds a few hundred full-size ESP
+	// packets: a burst from a TSO sender overflows it before the reader's
+	// next recvmmsg, and the kernel drops (and, for raw ESP, may answer
+	// with ICMP errors).
+	DefaultRecvBuffer = 8 << 20
 )
 
 // Config configures a Device. The zero value is usable: every field has a
@@ -51,7 +57,8 @@ type Config struct {
 	// Batch is the number of outer packets per recvmmsg; 0 means
 	// DefaultBatch.
 	Batch int
-	// RecvBuffer, if > 0, is the outer sockets' SO_RCVBUF (forced).
+	// RecvBuffer is the outer sockets' SO_RCVBUF (forced); 0 means
+	// DefaultRecvBuffer, negative leaves the kernel's default.
 	RecvBuffer int
 	// Keepalive is the NAT-keepalive interval for outbound states with
 	// UDP encapsulation; 0 means DefaultKeepalive, negative disables.
@@ -89,6 +96,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Keepalive == 0 {
 		c.Keepalive = DefaultKeepalive
+	}
+	if c.RecvBuffer == 0 {
+		c.RecvBuffer = DefaultRecvBuffer
 	}
 	if c.ICMPRate == 0 {
 		c.ICMPRate = DefaultICMPRate

@@ -44,6 +44,7 @@ func run(args []string) error {
 	fs.UintVar(&udpPort, "udp-port", uint(dataplane.DefaultEncapPort), "ESP-in-UDP port (RFC 3948)")
 	fs.UintVar(&mark, "mark", 0, "SO_MARK of espd's outer packets, kept out of the TUN by a policy-routing rule (0: default)")
 	fs.IntVar(&dp.Table, "table", 0, "routing table of the routes into the TUN (0: default)")
+	fs.IntVar(&dp.RecvBuffer, "recv-buffer", dataplane.DefaultRecvBuffer, "forced SO_RCVBUF of the outer sockets in bytes (negative: kernel default)")
 	fs.BoolVar(&dp.NoIPv6, "no-ipv6", false, "open no IPv6 sockets and install no IPv6 rule")
 	fs.DurationVar(&dp.Keepalive, "keepalive", dataplane.DefaultKeepalive, "NAT keepalive interval for UDP-encapsulated SAs (negative: off)")
 	fs.StringVar(&opts.Control.Path, "socket", control.DefaultSocketPath, "control socket path")
