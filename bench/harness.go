@@ -1,0 +1,513 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/espd/espd/bench/load"
+	"github.com/espd/espd/bench/procstat"
+	"github.com/espd/espd/bench/report"
+	"github.com/espd/espd/bench/system"
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/testbed"
+)
+
+// namespacePrefix starts the names of the harness's namespaces.
+const namespacePrefix = "ebench"
+
+// cleanups runs teardown functions once, newest first, from the normal
+// exit path or from the signal handler, whichever comes first.
+type cleanups struct {
+	mu   sync.Mutex
+	fns  []func()
+	done bool
+}
+
+func (c *cleanups) add(fn func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.fns = append(c.fns, fn)
+}
+
+func (c *cleanups) run() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done {
+		return
+	}
+	c.done = true
+	for i := len(c.fns) - 1; i >= 0; i-- {
+		c.fns[i]()
+	}
+}
+
+// harness is one run of the benchmark.
+type harness struct {
+	o              *options
+	stdout, stderr io.Writer
+	env            *system.Env
+	systems        []system.System
+	infos          []*report.System
+	live           []bool
+	rep            *report.Report
+	prog           *progress
+	ksoftirqd      []int
+	seq            int
+}
+
+// run is the whole harness: set up, measure, report, tear down.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	o, err := parseOptions(args, stderr)
+	if err != nil {
+		return err
+	}
+	if err := testbed.Available(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cl := &cleanups{}
+	defer cl.run()
+
+	// Ctrl-C (and SIGTERM, SIGHUP) tears everything down and exits.
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	quit := make(chan struct{})
+	defer func() { signal.Stop(sigc); close(quit) }()
+	go func() {
+		select {
+		case sig := <-sigc:
+			fmt.Fprintf(stderr, "\nbench: %v: tearing down\n", sig)
+			cancel()
+			cl.run()
+			if err := testbed.CloseAll(); err != nil {
+				fmt.Fprintln(stderr, "bench:", err)
+			}
+			os.Exit(130)
+		case <-quit:
+		}
+	}()
+
+	if removed, err := testbed.RemoveStale(namespacePrefix); err != nil {
+		return err
+	} else if len(removed) > 0 {
+		fmt.Fprintf(stderr, "bench: removed %d namespaces left by a killed run\n", len(removed))
+	}
+	work, err := os.MkdirTemp("", "espd-bench-")
+	if err != nil {
+		return err
+	}
+	cl.add(func() {
+		if o.keep {
+			fmt.Fprintf(stderr, "bench: logs and configurations kept in %s\n", work)
+			return
+		}
+		os.RemoveAll(work)
+	})
+
+	h := &harness{o: o, stdout: stdout, stderr: stderr}
+	h.env = &system.Env{Dir: work, Family: o.family, Prefix: namespacePrefix, WireGuardBin: o.wgBin}
+	if o.verbose {
+		h.env.Logf = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
+	}
+	if h.env.EspdBin = o.espdBin; h.env.EspdBin == "" {
+		fmt.Fprintln(stderr, "bench: building espd (go build ./cmd/espd)")
+		h.env.EspdBin = filepath.Join(work, "bin", "espd")
+		if err := goBuild(ctx, h.env.EspdBin, "github.com/espd/espd/cmd/espd"); err != nil {
+			return err
+		}
+	}
+	if h.env.WireGuardBin == "" {
+		h.env.WireGuardBin = system.FindWireGuard()
+	}
+	if o.tool == "iperf3" {
+		if err := load.IPerf3Available(); err != nil {
+			return fmt.Errorf("-tool iperf3: %w", err)
+		}
+	}
+	if h.ksoftirqd, err = procstat.KernelThreads("ksoftirqd/"); err != nil {
+		return err
+	}
+	h.rep = &report.Report{
+		Machine: describeMachine(), Command: strings.Join(append([]string{"go run ./bench"}, args...), " "),
+		Tool: o.tool, Family: o.family.String(), Started: time.Now(),
+		Duration: o.duration.String(), Omit: o.omit.String(), Reps: o.reps, MSS: o.mss, UDP: o.udp, Ping: o.ping,
+	}
+	if o.udp {
+		h.rep.UDPDuration = o.udpDuration.String()
+	}
+	for _, s := range o.suites {
+		h.rep.Suites = append(h.rep.Suites, s.String())
+	}
+
+	h.setup(ctx, cl)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	h.measureAll(ctx)
+	h.rep.Finished = time.Now()
+	cl.run() // tear down before writing: the report does not need the systems
+	return h.write()
+}
+
+// goBuild builds a package of this module (or one it requires) into out.
+func goBuild(ctx context.Context, out, pkg string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go build %s (run the harness inside the espd module, or give -espd): %w\n%s", pkg, err, b)
+	}
+	return nil
+}
+
+// setup checks which systems can run, and sets them up.
+func (h *harness) setup(ctx context.Context, cl *cleanups) {
+	byName := map[string]system.System{}
+	for _, s := range system.All() {
+		byName[s.Name()] = s
+	}
+	for _, name := range h.o.systems {
+		s := byName[name]
+		info := &report.System{Name: s.Name(), Label: s.Label(), PerSuite: s.PerSuite(), Cipher: s.Cipher(),
+			Unavailable: map[string]string{}, Failed: map[string]string{}}
+		h.systems = append(h.systems, s)
+		h.infos = append(h.infos, info)
+		h.live = append(h.live, false)
+		if err := s.Available(h.env); err != nil {
+			info.Skipped = err.Error()
+			fmt.Fprintf(h.stderr, "bench: %s: skipped: %v\n", s.Label(), err)
+			continue
+		}
+		info.Version = version(s.Name(), h.env)
+	}
+	for i, s := range h.systems {
+		if h.infos[i].Skipped != "" || ctx.Err() != nil {
+			continue
+		}
+		fmt.Fprintf(h.stderr, "bench: setting up %s\n", s.Label())
+		cl.add(func() {
+			if err := s.Close(); err != nil {
+				fmt.Fprintf(h.stderr, "bench: %s: teardown: %v\n", s.Label(), err)
+			}
+		})
+		err := s.Setup(ctx, h.env)
+		if err == nil && !s.PerSuite() {
+			err = h.verify(ctx, s)
+		}
+		if err != nil {
+			h.infos[i].Failed[""] = oneLine(err)
+			fmt.Fprintf(h.stderr, "bench: %s: setup failed: %v\n", s.Label(), err)
+			continue
+		}
+		h.live[i] = true
+	}
+}
+
+// version names the binary a system runs, for the JSON.
+func version(name string, env *system.Env) string {
+	cmd := map[string][]string{
+		"libipsec":             {"swanctl", "--version"},
+		"espd-charon":          {"swanctl", "--version"},
+		"wireguard-go":         {env.WireGuardBin, "--version"},
+		"wireguard-go-noaesni": {env.WireGuardBin, "--version"},
+	}[name]
+	if cmd == nil {
+		return ""
+	}
+	out, err := exec.Command(cmd[0], cmd[1:]...).Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+}
+
+// oneLine shortens an error to its first line for the tables.
+func oneLine(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
+}
+
+// server returns the server address of the run's family.
+func (h *harness) server() netip.Addr {
+	return testbed.Pick(h.o.family, testbed.ServerV4, testbed.ServerV6).Addr()
+}
+
+// verify pings the server from the client through a system.
+func (h *harness) verify(ctx context.Context, s system.System) error {
+	var err error
+	for try := 0; try < 3; try++ {
+		if _, err = load.Ping(ctx, s.Topology().Client, h.server(), 3); err == nil {
+			return nil
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return fmt.Errorf("no ping through %s: %w", s.Label(), err)
+}
+
+// measureAll runs the schedule block by block.
+func (h *harness) measureAll(ctx context.Context) {
+	perSuite := make([]bool, len(h.systems))
+	for i, s := range h.systems {
+		perSuite[i] = s.PerSuite()
+	}
+	pts := points(h.o)
+	steps := makePlan(len(h.o.suites), pts, h.o.reps, perSuite)
+	var planned []step
+	for _, st := range steps {
+		if h.live[st.sys] {
+			planned = append(planned, st)
+		}
+	}
+	h.prog = newProgress(h.stderr, len(planned))
+	defer h.prog.end()
+	for b, suite := range h.o.suites {
+		keyed := make([]bool, len(h.systems))
+		for i, s := range h.systems {
+			if !h.live[i] || !s.PerSuite() || ctx.Err() != nil {
+				continue
+			}
+			h.prog.note("bench: keying %s for %v", s.Label(), suite)
+			err := s.Key(ctx, suite)
+			if err == nil {
+				err = h.verify(ctx, s)
+			}
+			switch {
+			case err == nil:
+				keyed[i] = true
+			case system.IsUnavailable(err):
+				h.infos[i].Unavailable[suite.String()] = oneLine(err)
+				h.prog.note("bench: %s: %v unavailable: %v", s.Label(), suite, err)
+			default:
+				h.infos[i].Failed[suite.String()] = oneLine(err)
+				h.prog.note("bench: %s: %v failed: %v", s.Label(), suite, err)
+			}
+		}
+		for _, st := range planned {
+			if st.block != b {
+				continue
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			s := h.systems[st.sys]
+			if s.PerSuite() && !keyed[st.sys] {
+				h.prog.skip(1)
+				continue
+			}
+			h.runStep(ctx, st, suite)
+		}
+		for i, s := range h.systems {
+			if keyed[i] {
+				if err := s.Unkey(ctx); err != nil {
+					h.prog.note("bench: %s: unkey: %v", s.Label(), err)
+				}
+			}
+		}
+	}
+}
+
+// cpuSample is the CPU time counters at one instant.
+type cpuSample struct {
+	a, b, self, ksoftirqd time.Duration
+	host                  procstat.Host
+}
+
+func (h *harness) sample(s system.System) cpuSample {
+	pa, pb := s.Gateways()
+	var c cpuSample
+	c.a, c.b = procstat.SumCPU(pa), procstat.SumCPU(pb)
+	c.self = procstat.SumCPU([]int{os.Getpid()})
+	c.ksoftirqd = procstat.SumCPU(h.ksoftirqd)
+	c.host, _ = procstat.ReadHost()
+	return c
+}
+
+func cpuDelta(c0, c1 cpuSample, generator bool) *report.CPU {
+	host := c1.host.Sub(c0.host)
+	c := &report.CPU{
+		GwA: (c1.a - c0.a).Seconds(), GwB: (c1.b - c0.b).Seconds(),
+		HostBusy: host.Busy().Seconds(), HostSoftirq: host.Softirq.Seconds(),
+		Ksoftirqd: (c1.ksoftirqd - c0.ksoftirqd).Seconds(),
+	}
+	if generator {
+		c.Generator = (c1.self - c0.self).Seconds()
+	}
+	return c
+}
+
+func pointName(p point) string {
+	switch p.kind {
+	case report.KindTCP:
+		return "TCP MSS " + report.MSSName(p.mss)
+	case report.KindUDP:
+		return "UDP 64 B"
+	}
+	return "ping"
+}
+
+// runStep makes one run and records it.
+func (h *harness) runStep(ctx context.Context, st step, suite crypto.Suite) {
+	s := h.systems[st.sys]
+	h.seq++
+	r := report.Run{System: s.Name(), Kind: st.pt.kind, MSS: st.pt.mss, Rep: st.rep + 1, Block: st.block,
+		Seq: h.seq, Start: time.Now()}
+	suiteName := s.Cipher()
+	if s.PerSuite() {
+		r.Suite = suite.String()
+		suiteName = r.Suite
+	}
+	what := fmt.Sprintf("%s, %s, %s, run %d/%d", s.Label(), suiteName, pointName(st.pt), st.rep+1, h.o.reps)
+	h.prog.running(what)
+
+	top := s.Topology()
+	dst := h.server()
+	var c0, c1 cpuSample
+	window := func(start bool) {
+		if start {
+			c0 = h.sample(s)
+		} else {
+			c1 = h.sample(s)
+		}
+	}
+	before, hasCounters, cerr := s.Counters(ctx)
+	var result string
+	err := cerr
+	if err == nil {
+		switch st.pt.kind {
+		case report.KindTCP:
+			o := load.TCPOptions{From: top.Client, To: top.Server, Dst: dst, MSS: st.pt.mss,
+				Omit: h.o.omit, Duration: h.o.duration, Window: window}
+			var res load.TCPResult
+			if h.o.tool == "iperf3" {
+				res, err = load.IPerf3TCP(ctx, o, h.env.Dir)
+			} else {
+				res, err = load.TCP(ctx, o)
+			}
+			r.BitsPerSecond, r.Bytes, r.Seconds = res.Bitrate(), res.Bytes, res.Elapsed.Seconds()
+			r.Retransmits, r.MSSSeen = res.Retransmits, res.MSS
+			result = fmt.Sprintf("%.0f Mbit/s, %d retransmits, mss %d", res.Bitrate()/1e6, res.Retransmits, res.MSS)
+			if err == nil {
+				r.CPU = cpuDelta(c0, c1, h.o.tool == "go")
+			}
+		case report.KindUDP:
+			var res load.UDPResult
+			res, err = load.UDP(ctx, load.UDPOptions{From: top.Client, To: top.Server, Dst: dst, Size: 64,
+				Omit: h.o.omit, Duration: h.o.udpDuration, Window: window})
+			r.PacketsPerSecond, r.Sent, r.Received, r.PayloadSize = res.PacketRate(), res.Sent, res.Received, res.Size
+			r.Seconds = res.Elapsed.Seconds()
+			result = fmt.Sprintf("%.0f kpps received, %.1f%% lost", res.PacketRate()/1e3, 100*res.Loss())
+			if err == nil {
+				r.CPU = cpuDelta(c0, c1, true)
+			}
+		case report.KindPing:
+			var rtt load.RTT
+			rtt, err = load.Ping(ctx, top.Client, dst, h.o.pingCount)
+			us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+			r.RTTMinUs, r.RTTAvgUs, r.RTTMaxUs = us(rtt.Min), us(rtt.Avg), us(rtt.Max)
+			result = fmt.Sprintf("rtt avg %.0f µs", us(rtt.Avg))
+		}
+	}
+	if err == nil && hasCounters {
+		after, _, cerr := s.Counters(ctx)
+		switch {
+		case cerr != nil:
+			err = cerr
+		default:
+			r.SA = &report.SACounters{OutPackets: after.OutPackets - before.OutPackets,
+				InPackets: after.InPackets - before.InPackets, InDrops: after.InDrops - before.InDrops}
+			if r.SA.OutPackets == 0 || r.SA.InPackets == 0 {
+				err = fmt.Errorf("the tunnel's states counted %d packets out and %d in: the traffic did not go through it",
+					r.SA.OutPackets, r.SA.InPackets)
+			}
+		}
+	}
+	if err != nil {
+		r.Error = oneLine(err)
+		result = "failed: " + r.Error
+	}
+	h.rep.Runs = append(h.rep.Runs, r)
+	h.prog.finished(what, result)
+}
+
+// write prints the tables and writes the JSON, the chart and the
+// Markdown.
+func (h *harness) write() error {
+	rep := h.rep
+	for _, info := range h.infos {
+		rep.Systems = append(rep.Systems, *info)
+	}
+	fmt.Fprintln(h.stdout)
+	for _, l := range rep.Header() {
+		fmt.Fprintln(h.stdout, l)
+	}
+	for _, t := range rep.Tables() {
+		fmt.Fprintln(h.stdout)
+		t.Text(h.stdout)
+	}
+	var errs []error
+	for _, p := range []string{h.o.jsonPath, h.o.svgPath, h.o.mdPath} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	writeFile := func(path string, fn func(io.Writer) error) {
+		f, err := os.Create(path)
+		if err == nil {
+			err = fn(f)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+			return
+		}
+		fmt.Fprintf(h.stderr, "bench: wrote %s\n", path)
+	}
+	writeFile(h.o.jsonPath, rep.WriteJSON)
+	if hasTCP(rep) {
+		writeFile(h.o.svgPath, rep.Chart)
+	}
+	writeFile(h.o.mdPath, func(w io.Writer) error {
+		for _, l := range rep.Header() {
+			fmt.Fprintf(w, "%s  \n", l)
+		}
+		fmt.Fprintln(w)
+		for _, t := range rep.Tables() {
+			t.Markdown(w)
+		}
+		return nil
+	})
+	failed := 0
+	for _, r := range rep.Runs {
+		if !r.OK() {
+			failed++
+		}
+	}
+	if failed > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d runs failed (see the JSON)", failed, len(rep.Runs)))
+	}
+	return errors.Join(errs...)
+}
+
+func hasTCP(r *report.Report) bool {
+	for _, run := range r.Runs {
+		if run.Kind == report.KindTCP && run.OK() && run.System != "routing" {
+			return true
+		}
+	}
+	return false
+}

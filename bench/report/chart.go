@@ -1,0 +1,93 @@
+package report
+
+import (
+	"fmt"
+	"io"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgsvg"
+)
+
+// chartSystems returns the systems drawn as bars: every tunnel that ran
+// (routing, the ceiling, goes in each panel's title instead).
+func (r *Report) chartSystems() []System {
+	var out []System
+	for _, s := range r.Systems {
+		if s.Name == "routing" || s.Skipped != "" || s.Failed[""] != "" {
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// Chart draws the TCP goodput as an SVG: one panel per MSS, one group of
+// bars per suite, one bar per system (systems with their own cipher are
+// repeated in every group, for comparison), medians in Gbit/s.
+func (r *Report) Chart(w io.Writer) error {
+	systems := r.chartSystems()
+	if len(systems) == 0 || len(r.MSS) == 0 || len(r.Suites) == 0 {
+		return fmt.Errorf("report: nothing to chart")
+	}
+	panelH := 2.6 * vg.Inch
+	width := vg.Length(max(8, 1.6*float64(len(r.Suites)))) * vg.Inch
+	height := panelH*vg.Length(len(r.MSS)) + 0.4*vg.Inch
+	plots := make([][]*plot.Plot, len(r.MSS))
+	groupW := vg.Points(float64(width.Points()-90) / float64(len(r.Suites)) * 0.8)
+	barW := groupW / vg.Length(len(systems))
+	for i, mss := range r.MSS {
+		p := plot.New()
+		title := fmt.Sprintf("TCP goodput, MSS %s", MSSName(mss))
+		if rt := r.Stat(Key{System: "routing", Kind: KindTCP, MSS: mss}); rt.N > 0 {
+			title += fmt.Sprintf(" (routing only, the ceiling: %.1f Gbit/s)", rt.Median/1e9)
+		}
+		p.Title.Text = title
+		p.Y.Label.Text = "Gbit/s (median)"
+		p.Y.Min = 0
+		p.NominalX(r.Suites...)
+		p.Add(plotter.NewGrid())
+		for j, s := range systems {
+			vals := make(plotter.Values, len(r.Suites))
+			for k, suite := range r.Suites {
+				if st := r.Stat(Key{System: s.Name, Suite: suite, Kind: KindTCP, MSS: mss}); st.N > 0 {
+					vals[k] = st.Median / 1e9
+				}
+			}
+			bars, err := plotter.NewBarChart(vals, barW)
+			if err != nil {
+				return err
+			}
+			bars.Color = plotutil.Color(j)
+			bars.LineStyle.Width = 0
+			bars.Offset = barW*vg.Length(j) - barW*vg.Length(len(systems)-1)/2
+			p.Add(bars)
+			if i == 0 {
+				label := s.Label
+				if !s.PerSuite && s.Cipher != "" {
+					label += " (" + s.Cipher + ")"
+				}
+				p.Legend.Add(label, bars)
+			}
+		}
+		if i == 0 {
+			p.Legend.Top = true
+			p.Legend.Left = false
+			p.Legend.XOffs = -4
+		}
+		plots[i] = []*plot.Plot{p}
+	}
+	c := vgsvg.New(width, height)
+	dc := draw.New(c)
+	tiles := draw.Tiles{Rows: len(r.MSS), Cols: 1, PadTop: 0.2 * vg.Inch, PadBottom: 0.1 * vg.Inch,
+		PadLeft: 0.1 * vg.Inch, PadRight: 0.2 * vg.Inch, PadY: 0.15 * vg.Inch}
+	canvases := plot.Align(plots, tiles, dc)
+	for i := range plots {
+		plots[i][0].Draw(canvases[i][0])
+	}
+	_, err := c.WriteTo(w)
+	return err
+}

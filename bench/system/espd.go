@@ -1,0 +1,267 @@
+package system
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"time"
+
+	"github.com/espd/espd/control"
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/sa"
+	"github.com/espd/espd/testbed"
+)
+
+// SPIs and reqid of the tunnels the harness keys itself (espd, XFRM).
+const (
+	SPIAB uint32 = 0x0e5d1001 // gwA -> gwB
+	SPIBA uint32 = 0x0e5d2001 // gwB -> gwA
+	ReqID        = 1
+	// EspdReplayWindow is the inbound replay window espd's states get.
+	EspdReplayWindow = 128
+)
+
+// espdTUN is the TUN device of every espd the harness starts.
+const espdTUN = "esp0"
+
+// Espd is espd on both gateways, keyed through its control socket with
+// the Go client.
+type Espd struct {
+	name, label string
+	godebug     string
+	encap       bool
+
+	top *testbed.Topology
+	gw  [2]*espdProc
+	a   addrs
+	dir string
+	env *Env
+}
+
+// NewEspd returns the espd system called name; godebug, if set, is the
+// GODEBUG of the espd processes; encap selects ESP-in-UDP.
+func NewEspd(name, label, godebug string, encap bool) *Espd {
+	return &Espd{name: name, label: label, godebug: godebug, encap: encap}
+}
+
+// Name implements System.
+func (e *Espd) Name() string { return e.name }
+
+// Label implements System.
+func (e *Espd) Label() string { return e.label }
+
+// PerSuite implements System.
+func (*Espd) PerSuite() bool { return true }
+
+// Cipher implements System.
+func (*Espd) Cipher() string { return "" }
+
+// Available implements System: the harness builds espd itself.
+func (*Espd) Available(*Env) error { return nil }
+
+// Setup implements System: a line with espd started on both gateways.
+func (e *Espd) Setup(ctx context.Context, env *Env) error {
+	var err error
+	if e.dir, err = env.dir(e.name); err != nil {
+		return err
+	}
+	e.env, e.a = env, addrsOf(env.Family)
+	if e.top, err = newLine(env, false); err != nil {
+		return err
+	}
+	for i, node := range []*testbed.Node{e.top.GwA, e.top.GwB} {
+		p, err := startEspd(ctx, env.EspdBin, node, e.dir, e.godebug)
+		if err != nil {
+			return err
+		}
+		e.gw[i] = p
+	}
+	return nil
+}
+
+// espdProc is one running espd with its control connection.
+type espdProc struct {
+	node *testbed.Node
+	sock string
+	proc *testbed.Process
+	ctl  *control.Client
+}
+
+// startEspd starts espd in node and connects to its control socket.
+func startEspd(ctx context.Context, bin string, node *testbed.Node, dir, godebug string) (*espdProc, error) {
+	p := &espdProc{node: node, sock: filepath.Join(dir, "espd-"+node.Role+".sock")}
+	argv := append(godebugEnv(godebug), bin, "--tun", espdTUN, "--socket", p.sock, "--log-level", "warn")
+	var err error
+	if p.proc, err = node.Start(filepath.Join(dir, "espd-"+node.Role+".log"), argv...); err != nil {
+		return nil, err
+	}
+	err = waitFor(ctx, 20*time.Second, "espd on "+node.Role+" ready", func() (bool, error) {
+		if done, werr := p.proc.Exited(); done {
+			return false, fmt.Errorf("espd on %s exited: %v\n%s", node.Role, werr, lastLines(p.proc.Log(), 20))
+		}
+		c, err := net.DialTimeout("unix", p.sock, time.Second)
+		if err != nil {
+			return false, nil
+		}
+		c.Close()
+		_, err = node.IP(ctx, "link", "show", "dev", espdTUN)
+		return err == nil, nil
+	})
+	if err != nil {
+		return p, err
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if p.ctl, err = control.Dial(dctx, p.sock); err != nil {
+		return p, fmt.Errorf("espd on %s: %w", node.Role, err)
+	}
+	return p, nil
+}
+
+func (p *espdProc) close() error {
+	if p == nil {
+		return nil
+	}
+	var errs []error
+	if p.ctl != nil {
+		p.ctl.Close()
+	}
+	if p.proc != nil {
+		if err := p.proc.Stop(10 * time.Second); err != nil {
+			errs = append(errs, fmt.Errorf("espd on %s: %w\n%s", p.node.Role, err, lastLines(p.proc.Log(), 10)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// keyEspd installs one gateway's side of the tunnel: its outbound and
+// inbound states and the out and in policies between the LANs.
+func keyEspd(ctx context.Context, c *control.Client, s crypto.Suite, local, remote addrs, outSPI, inSPI uint32, encap bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := errors.Join(c.FlushPolicies(ctx), c.FlushSAs(ctx)); err != nil {
+		return err
+	}
+	state := func(dir sa.Direction, spi uint32, src, dst addrs) sa.Config {
+		cfg := sa.Config{SPI: spi, Dir: dir, Src: src.gwA, Dst: dst.gwA, Suite: s, ReqID: ReqID}
+		cfg.EncKey, cfg.IntegKey = SuiteKeys(s, spi)
+		if dir == sa.DirIn {
+			cfg.ReplayWindow = EspdReplayWindow
+		}
+		if encap {
+			cfg.EncapSrcPort, cfg.EncapDstPort = 4500, 4500
+		}
+		return cfg
+	}
+	for _, cfg := range []sa.Config{state(sa.DirOut, outSPI, local, remote), state(sa.DirIn, inSPI, remote, local)} {
+		if err := c.AddSA(ctx, cfg); err != nil {
+			return fmt.Errorf("add state 0x%08x: %w", cfg.SPI, err)
+		}
+	}
+	for _, p := range []sa.Policy{
+		{Selector: sa.Selector{Src: local.lanA, Dst: remote.lanA}, Dir: sa.DirOut, Action: sa.ActionProtect, ReqID: ReqID},
+		{Selector: sa.Selector{Src: remote.lanA, Dst: local.lanA}, Dir: sa.DirIn, Action: sa.ActionProtect, ReqID: ReqID},
+	} {
+		if _, err := c.AddPolicy(ctx, p); err != nil {
+			return fmt.Errorf("add policy %v -> %v %v: %w", p.Src, p.Dst, p.Dir, err)
+		}
+	}
+	return nil
+}
+
+// sides returns the addresses as gwA and as gwB see them: in each, gwA is
+// the local gateway and lanA the local network.
+func (a addrs) sides() (fromA, fromB addrs) {
+	fromA = addrs{gwA: a.gwA, lanA: a.lanA}
+	fromB = addrs{gwA: a.gwB, lanA: a.lanB}
+	return fromA, fromB
+}
+
+// Key implements System: the same deterministic keys on both sides.
+func (e *Espd) Key(ctx context.Context, s crypto.Suite) error {
+	a, b := e.a.sides()
+	if err := keyEspd(ctx, e.gw[0].ctl, s, a, b, SPIAB, SPIBA, e.encap); err != nil {
+		return fmt.Errorf("espd on gwA: %w", err)
+	}
+	if err := keyEspd(ctx, e.gw[1].ctl, s, b, a, SPIBA, SPIAB, e.encap); err != nil {
+		return fmt.Errorf("espd on gwB: %w", err)
+	}
+	return nil
+}
+
+// Unkey implements System.
+func (e *Espd) Unkey(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var errs []error
+	for _, p := range e.gw {
+		if p != nil && p.ctl != nil {
+			errs = append(errs, p.ctl.FlushPolicies(ctx), p.ctl.FlushSAs(ctx))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Topology implements System.
+func (e *Espd) Topology() *testbed.Topology { return e.top }
+
+// Gateways implements System.
+func (e *Espd) Gateways() (a, b []int) { return espdPids(e.gw[0]), espdPids(e.gw[1]) }
+
+func espdPids(p *espdProc) []int {
+	if p == nil || p.proc == nil {
+		return nil
+	}
+	return []int{p.proc.Pid()}
+}
+
+// Counters implements System: gwA's outbound state and gwB's inbound one.
+func (e *Espd) Counters(ctx context.Context) (Counters, bool, error) {
+	c, err := espdCounters(ctx, e.gw[0], e.gw[1], SPIAB, e.a.gwB)
+	return c, true, err
+}
+
+// espdCounters reads the packets of state spi (destination dst) on both
+// daemons: outbound on a, inbound on b.
+func espdCounters(ctx context.Context, a, b *espdProc, spi uint32, dst netip.Addr) (Counters, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var c Counters
+	sta, err := a.ctl.SAStats(ctx, spi, dst)
+	if err != nil {
+		return c, fmt.Errorf("espd on gwA: %w", err)
+	}
+	stb, err := b.ctl.SAStats(ctx, spi, dst)
+	if err != nil {
+		return c, fmt.Errorf("espd on gwB: %w", err)
+	}
+	if len(sta.SAs) != 1 || len(stb.SAs) != 1 {
+		return c, fmt.Errorf("espd: %d and %d states with spi 0x%08x", len(sta.SAs), len(stb.SAs), spi)
+	}
+	c.OutPackets = sta.SAs[0].Stats.Packets
+	c.InPackets = stb.SAs[0].Stats.Packets
+	for _, d := range stb.SAs[0].Stats.Drops {
+		c.InDrops += d
+	}
+	return c, nil
+}
+
+// Close implements System.
+func (e *Espd) Close() error {
+	errs := []error{e.gw[1].close(), e.gw[0].close()}
+	if e.top != nil {
+		errs = append(errs, e.top.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// godebugEnv returns the environment prefix for a GODEBUG setting.
+func godebugEnv(godebug string) []string {
+	if godebug == "" {
+		return nil
+	}
+	return []string{"env", "GODEBUG=" + godebug}
+}
