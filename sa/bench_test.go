@@ -170,17 +170,22 @@ func BenchmarkAddPolicy10000(b *testing.B) {
 	}
 }
 
-// BenchmarkDataPathBatch is what a worker does per outbound batch of 64
-// packets on a state shared by all workers: reserve, account.
+// BenchmarkDataPathBatch is what the data path does per outbound batch of
+// 64 packets on a state shared by all workers: hold, reserve, release,
+// account.
 func BenchmarkDataPathBatch(b *testing.B) {
 	db := NewDB()
 	s := mustAdd(b, db, testConfig(0x100, DirOut, 1))
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
+			if !s.Hold() {
+				b.Fatal("Hold failed")
+			}
 			if _, g := s.ReserveSeq(64); g != 64 {
 				b.Fatal("no sequence numbers")
 			}
+			s.Release()
 			s.Account(64, 64*1400)
 		}
 	})

@@ -6,8 +6,8 @@ import "time"
 type Options struct {
 	// Now is the clock; nil means time.Now. Tests inject a fake one.
 	Now func() time.Time
-	// TickInterval is how often Run checks the time lifetimes, expires
-	// SPI reservations and zeroes the keys of removed states. Default 1 s.
+	// TickInterval is how often Run checks the time lifetimes and
+	// expires SPI reservations. Default 1 s.
 	TickInterval time.Duration
 	// AcquireInterval is the least time between two acquire events for
 	// the same policy and destination. Default 1 s; negative: no limit.
@@ -15,11 +15,6 @@ type Options struct {
 	// SPIReservation is how long an SPI that AllocSPI returned stays
 	// reserved if no AddSA consumes it. Default 60 s.
 	SPIReservation time.Duration
-	// ZeroDelay is how long the transform of a removed state is kept
-	// before its keys are zeroed, so that a worker still sealing or
-	// opening a batch with it finishes first. Default 1 s; negative:
-	// zero at once. Zeroing happens on the first Run tick after the delay.
-	ZeroDelay time.Duration
 }
 
 func (o *Options) setDefaults() {
@@ -34,9 +29,6 @@ func (o *Options) setDefaults() {
 	}
 	if o.SPIReservation <= 0 {
 		o.SPIReservation = time.Minute
-	}
-	if o.ZeroDelay == 0 {
-		o.ZeroDelay = time.Second
 	}
 }
 

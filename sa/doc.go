@@ -7,6 +7,9 @@
 // OutboundSA, GetSA and LookupPolicy are safe to call from many goroutines
 // while the control plane adds and deletes. Per-SA counters are atomics the
 // data path updates once per batch (Account, Drop); byte and packet
-// lifetimes are checked there, time lifetimes by Run. Expiries and acquires
+// lifetimes are checked there, time lifetimes by Run. The data path holds
+// each state it uses for the span of a batch's crypto (Hold, Release): a
+// deleted or hard-expired state's key copies are zeroed at once, its
+// crypto.Transform when the last hold is released. Expiries and acquires
 // reach the control plane through Subscribe.
 package sa

@@ -34,11 +34,11 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// newTestDB returns a DB on a fake clock that zeroes keys at once.
+// newTestDB returns a DB on a fake clock.
 func newTestDB(t *testing.T) (*DB, *fakeClock) {
 	t.Helper()
 	c := newFakeClock()
-	return NewDBWithOptions(Options{Now: c.Now, ZeroDelay: -1}), c
+	return NewDBWithOptions(Options{Now: c.Now}), c
 }
 
 // keyPattern is what test keys are made of: easy to spot in any text,
@@ -103,17 +103,55 @@ func watchZero(t *testing.T) func(s *SA) bool {
 		}
 		return &zeroWatch{Transform: tr}, nil
 	}
-	return func(s *SA) bool { return s.transform.(*zeroWatch).zeroed.Load() }
+	return func(s *SA) bool { return watched(s).zeros.Load() > 0 }
 }
 
+// watched returns the zeroWatch of a state built under watchZero.
+func watched(s *SA) *zeroWatch { return s.transform.(*zeroWatch) }
+
+// zeroWatch counts the Zero calls of a transform, and the Seal and Open
+// calls that overlap a Zero or follow it (which a state's holders must
+// never make).
 type zeroWatch struct {
 	crypto.Transform
-	zeroed atomic.Bool
+	zeros    atomic.Int32
+	busy     atomic.Int32 // Seal and Open calls in progress
+	misuses  atomic.Int32 // Seal or Open after, or during, Zero
+	overlaps atomic.Int32 // Zero during Seal or Open
 }
 
 func (z *zeroWatch) Zero() {
-	z.zeroed.Store(true)
+	if z.busy.Load() != 0 {
+		z.overlaps.Add(1)
+	}
+	z.zeros.Add(1)
 	z.Transform.Zero()
+}
+
+func (z *zeroWatch) enter() {
+	z.busy.Add(1)
+	if z.zeros.Load() != 0 {
+		z.misuses.Add(1)
+	}
+}
+
+func (z *zeroWatch) leave() {
+	if z.zeros.Load() != 0 {
+		z.misuses.Add(1)
+	}
+	z.busy.Add(-1)
+}
+
+func (z *zeroWatch) Seal(pkt []byte, seq uint64) {
+	z.enter()
+	defer z.leave()
+	z.Transform.Seal(pkt, seq)
+}
+
+func (z *zeroWatch) Open(pkt []byte, seq uint64) ([]byte, error) {
+	z.enter()
+	defer z.leave()
+	return z.Transform.Open(pkt, seq)
 }
 
 // keysZero reports whether the state's key copies are all zero.

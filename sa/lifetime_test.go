@@ -141,42 +141,6 @@ func TestUpdateSALowersLimit(t *testing.T) {
 	}
 }
 
-// TestZeroDelay: with the default delay, the transform of a removed state
-// is zeroed only by a tick at least ZeroDelay later, so that workers that
-// fetched it finish their batch; the key copies are zeroed at once.
-func TestZeroDelay(t *testing.T) {
-	clock := newFakeClock()
-	db := NewDBWithOptions(Options{Now: clock.Now})
-	zeroed := watchZero(t)
-	s := mustAdd(t, db, testConfig(0x2400, DirOut, 1))
-	if err := db.DeleteSA(0x2400, remote); err != nil {
-		t.Fatal(err)
-	}
-	if !keysZero(s) {
-		t.Error("key copies not zeroed at deletion")
-	}
-	db.tick()
-	if zeroed(s) {
-		t.Fatal("transform zeroed before ZeroDelay")
-	}
-	clock.Advance(time.Second)
-	db.tick()
-	if !zeroed(s) {
-		t.Fatal("transform not zeroed after ZeroDelay")
-	}
-	// Without Run, the next AddSA or DeleteSA zeroes what is due.
-	s2 := mustAdd(t, db, testConfig(0x2401, DirOut, 1))
-	s3 := mustAdd(t, db, testConfig(0x2402, DirOut, 1))
-	db.DeleteSA(0x2401, remote)
-	clock.Advance(500 * time.Millisecond)
-	db.DeleteSA(0x2402, remote)
-	clock.Advance(500 * time.Millisecond)
-	mustAdd(t, db, testConfig(0x2403, DirOut, 1))
-	if !zeroed(s2) || zeroed(s3) {
-		t.Fatalf("after AddSA: zeroed %v and %v, want true and false", zeroed(s2), zeroed(s3))
-	}
-}
-
 // TestRun drives Run with a short real tick and a fake clock.
 func TestRun(t *testing.T) {
 	clock := newFakeClock()

@@ -8,9 +8,8 @@ import (
 // Run enforces the time lifetimes until ctx is done: every
 // Options.TickInterval it soft- or hard-expires the states past their
 // add-time or use-time limits (and any byte or packet limit that UpdateSA
-// lowered below the counters), expires SPI reservations, zeroes the
-// transforms of states removed ZeroDelay ago and forgets stale acquire
-// rate-limit entries.
+// lowered below the counters), expires SPI reservations and forgets stale
+// acquire rate-limit entries.
 func (db *DB) Run(ctx context.Context) {
 	t := time.NewTicker(db.opts.TickInterval)
 	defer t.Stop()
@@ -43,7 +42,6 @@ func (db *DB) tick() {
 		return true
 	})
 	db.expireReservations(now)
-	db.buryDue(now)
 	d.mu.Unlock()
 	for _, e := range due {
 		if e.hard {

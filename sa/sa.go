@@ -10,9 +10,9 @@ import (
 	"github.com/espd/espd/packet"
 )
 
-// SA is one installed state. The data path uses Encapsulator or
-// Decapsulator, ReserveSeq, AllowsInner, Account and Drop; all are safe for
-// concurrent use and do not allocate.
+// SA is one installed state. The data path uses Hold and Release,
+// Encapsulator or Decapsulator, ReserveSeq, AllowsInner, Account and Drop;
+// all are safe for concurrent use and do not allocate.
 type SA struct {
 	db      *DB
 	spi     uint32
@@ -28,14 +28,16 @@ type SA struct {
 	dec    atomic.Pointer[esp.Decapsulator]
 	state  atomic.Uint32
 
-	// Guarded by db.sadb.mu.
-	transform        crypto.Transform
-	encKey, integKey []byte // AddSA's copies, for UpdateSA to compare
-	deadAt           int64  // mono() when it died
-	zeroed           bool
+	transform crypto.Transform // zeroed when dead and not held (hold.go)
 
-	// Outbound hot fields, each group on its own cache line: every worker
-	// reserves sequence numbers, then accounts, once per batch.
+	// Guarded by db.sadb.mu.
+	encKey, integKey []byte // AddSA's copies, for UpdateSA to compare
+
+	// Hot fields, each group on its own cache line: the data path holds
+	// and releases the state, reserves sequence numbers (outbound), then
+	// accounts, once per batch.
+	_        cacheLinePad
+	refs     atomic.Uint64 // Hold count; refDead once removed
 	_        cacheLinePad
 	seqUsed  atomic.Uint64 // last sequence number handed out
 	_        cacheLinePad
@@ -83,11 +85,13 @@ func (s *SA) Alive() bool {
 
 // Encapsulator returns the state's encapsulator (DirOut; nil for DirIn).
 // UpdateSA publishes a new one, so the data path should fetch it once per
-// batch rather than keep it.
+// batch rather than keep it. Its transform may be used only while the
+// state is held (Hold).
 func (s *SA) Encapsulator() *esp.Encapsulator { return s.enc.Load() }
 
 // Decapsulator returns the state's decapsulator (DirIn; nil for DirOut),
-// whose ReplayWindow survives UpdateSA.
+// whose ReplayWindow survives UpdateSA. Its transform may be used only
+// while the state is held (Hold).
 func (s *SA) Decapsulator() *esp.Decapsulator { return s.dec.Load() }
 
 // AllowsInner reports whether an inner packet with this flow may travel

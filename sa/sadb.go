@@ -22,7 +22,6 @@ type sadb struct {
 	outByReqID *lfTable[u32Key, *SA] // newest live outbound state per reqid
 	reqids     map[uint32][]*SA      // live outbound states per reqid, oldest first
 	larval     map[uint32]*SA        // AllocSPI reservations
-	graveyard  []*SA                 // removed states whose transform awaits Zero
 	addSeq     uint64
 	retired    totals // counters of removed states
 }
@@ -72,15 +71,14 @@ func (db *DB) AddSA(c Config) (*SA, error) {
 	d := &db.sadb
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	db.buryDue(db.mono())
 	k := stateKey(s.spi, c.Dst.Unmap())
 	if _, ok := d.byKey.get(k); ok {
-		s.zeroKeys()
+		s.discard()
 		return nil, fmt.Errorf("sa: state spi 0x%08x dst %v already exists (delete it first or use UpdateSA)", s.spi, c.Dst)
 	}
 	if s.dir == DirIn {
 		if o, ok := d.inbound.get(u32Key(s.spi)); ok {
-			s.zeroKeys()
+			s.discard()
 			return nil, fmt.Errorf("sa: inbound SPI 0x%08x is in use by the state to %v", s.spi, o.params.Load().cfg.Dst)
 		}
 		delete(d.larval, s.spi)
@@ -218,7 +216,6 @@ func (db *DB) DeleteSA(spi uint32, dst netip.Addr) error {
 	d := &db.sadb
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	db.buryDue(db.mono())
 	s, ok := d.byKey.get(stateKey(spi, dst.Unmap()))
 	if !ok {
 		if l := d.larval[spi]; l != nil {
@@ -290,7 +287,8 @@ func (db *DB) softExpire(s *SA, r ExpireReason) {
 }
 
 // removeLocked takes s out of every index, marks it dead, zeroes its key
-// copies and queues its transform for zeroing. Called with sadb.mu held.
+// copies, and zeroes its transform now if no batch holds the state, else
+// at the last Release. Called with sadb.mu held.
 func (db *DB) removeLocked(s *SA) {
 	d := &db.sadb
 	s.state.Store(uint32(StateDead))
@@ -315,38 +313,13 @@ func (db *DB) removeLocked(s *SA) {
 	d.retired.add(s)
 	clear(s.encKey)
 	clear(s.integKey)
-	s.deadAt = db.mono()
-	if db.opts.ZeroDelay < 0 {
-		s.zeroKeys()
-	} else {
-		d.graveyard = append(d.graveyard, s)
-	}
+	s.kill()
 }
 
-// zeroKeys erases the state's key material. Called with sadb.mu held, or
-// before the state is published.
-func (s *SA) zeroKeys() {
-	if s.zeroed {
-		return
-	}
-	s.zeroed = true
+// discard erases the key material of a state AddSA built but did not
+// install (nobody can hold it).
+func (s *SA) discard() {
 	clear(s.encKey)
 	clear(s.integKey)
-	if s.transform != nil {
-		s.transform.Zero()
-	}
-}
-
-// buryDue zeroes the transforms of states removed at least ZeroDelay
-// before now. The graveyard is in order of removal, so it stops at the
-// first state not yet due. Called with sadb.mu held: by Run's tick, and by
-// AddSA and DeleteSA so that keys are zeroed even where Run is not running.
-func (db *DB) buryDue(now int64) {
-	d := &db.sadb
-	i := 0
-	for ; i < len(d.graveyard) && now-d.graveyard[i].deadAt >= int64(db.opts.ZeroDelay); i++ {
-		d.graveyard[i].zeroKeys()
-	}
-	clear(d.graveyard[:i])
-	d.graveyard = d.graveyard[i:]
+	s.transform.Zero()
 }

@@ -53,6 +53,7 @@ func (db *DB) AllocSPI(lo, hi uint32) (uint32, error) {
 		return 0, fmt.Errorf("sa: no free SPI in 0x%x-0x%x", lo, hi)
 	}
 	l := &SA{db: db, spi: spi, dir: DirIn, addTime: now}
+	l.refs.Store(refDead) // a reservation has no keys to hold
 	l.params.Store(&params{cfg: Config{SPI: spi, Dir: DirIn}})
 	d.addSeq++
 	l.addSeq = d.addSeq
