@@ -59,6 +59,11 @@ type batch struct {
 	elems []elem
 	n     int // elements in use
 
+	// held are the states the batch holds (sa.SA.Hold) from their lookup
+	// until its crypto is done, each once, so that none has its transform
+	// zeroed under a worker.
+	held []*sa.SA
+
 	// I/O vectors, allocated with the batch.
 	bufs  [][]byte
 	sizes []int
@@ -76,6 +81,7 @@ func newPool(size int) *pool {
 	bp.p.New = func() any {
 		b := &batch{
 			elems: make([]elem, size),
+			held:  make([]*sa.SA, 0, size),
 			bufs:  make([][]byte, size),
 			sizes: make([]int, size),
 			msgs:  make([]Message, size),
@@ -90,14 +96,43 @@ func newPool(size int) *pool {
 
 func (p *pool) get() *batch { return p.p.Get().(*batch) }
 
-// put clears the batch's references to states and returns it.
+// put releases the states the batch still holds (if it never reached a
+// worker), clears its references to states and returns it.
 func (p *pool) put(b *batch) {
+	b.release()
 	for i := range b.n {
 		e := &b.elems[i]
 		e.sa, e.enc, e.dec = nil, nil, nil
 	}
 	b.n = 0
 	p.p.Put(b)
+}
+
+// hold holds s for the batch unless it already does, and reports whether
+// the batch may use s: false once s is dead. A batch holds few states, so
+// a scan finds them.
+func (b *batch) hold(s *sa.SA) bool {
+	for _, h := range b.held {
+		if h == s {
+			return true
+		}
+	}
+	if !s.Hold() {
+		return false
+	}
+	b.held = append(b.held, s)
+	return true
+}
+
+// release releases the states the batch holds. The worker calls it as soon
+// as the batch's crypto is done: the in-order stages use the states'
+// counters and replay windows, never their transforms.
+func (b *batch) release() {
+	for i, s := range b.held {
+		s.Release()
+		b.held[i] = nil
+	}
+	b.held = b.held[:0]
 }
 
 // queues are one direction's bounded queues. A batch enters inorder

@@ -87,10 +87,11 @@ type wire struct {
 	slots [][]byte
 	free  chan int
 	full  chan int
+	cut   chan struct{} // closed with the receiver: senders stop waiting
 }
 
 func newWire(n int) *wire {
-	w := &wire{slots: make([][]byte, n), free: make(chan int, n), full: make(chan int, n)}
+	w := &wire{slots: make([][]byte, n), free: make(chan int, n), full: make(chan int, n), cut: make(chan struct{})}
 	for i := range w.slots {
 		w.slots[i] = make([]byte, 0, BufferSize)
 		w.free <- i
@@ -128,8 +129,13 @@ func (s *fakeSender) Send(pkts [][]byte) (int, error) {
 		s.mu.Unlock()
 	}
 	if s.wire != nil {
-		for _, p := range pkts {
-			i := <-s.wire.free
+		for k, p := range pkts {
+			var i int
+			select {
+			case i = <-s.wire.free:
+			case <-s.wire.cut: // a full wire that nobody drains any more
+				return k, errFakeClosed
+			}
 			s.wire.slots[i] = append(s.wire.slots[i][:0], p...)
 			s.wire.full <- i
 		}
@@ -186,7 +192,10 @@ func (r *fakeReceiver) Receive(msgs []Message) (int, error) {
 }
 
 func (r *fakeReceiver) Close() error {
-	r.closeOnce.Do(func() { close(r.closed) })
+	r.closeOnce.Do(func() {
+		close(r.closed)
+		close(r.wire.cut)
+	})
 	return nil
 }
 

@@ -92,7 +92,7 @@ func (d *Device) classifyIn(b *batch, n int) {
 		if !haveSPI || id != spi {
 			haveSPI, spi = true, id
 			s, dec = d.db.LookupInbound(id), nil
-			if s != nil && s.Alive() {
+			if s != nil && b.hold(s) {
 				dec = s.Decapsulator()
 			}
 		}
@@ -238,6 +238,7 @@ func (d *Device) worker() {
 				continue
 			}
 			encrypt(b)
+			b.release()
 			b.mu.Unlock()
 		case b, ok := <-in:
 			if !ok {
@@ -245,6 +246,7 @@ func (d *Device) worker() {
 				continue
 			}
 			decrypt(b)
+			b.release()
 			b.mu.Unlock()
 		}
 	}

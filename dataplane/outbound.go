@@ -119,7 +119,7 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 			continue
 		}
 		if !r.haveSA || r.reqid != r.pol.ReqID {
-			r.lookupSA(d, r.pol.ReqID)
+			r.lookupSA(d, b, r.pol.ReqID)
 		}
 		if r.s == nil {
 			l[cNoSA]++
@@ -152,12 +152,13 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 	l.flush(&d.stats)
 }
 
-// lookupSA finds the live outbound state of reqid and its framing.
-func (r *outReader) lookupSA(d *Device, reqid uint32) {
+// lookupSA finds the live outbound state of reqid and its framing, and
+// holds the state for b.
+func (r *outReader) lookupSA(d *Device, b *batch, reqid uint32) {
 	r.haveSA, r.reqid = true, reqid
 	r.s, r.enc = nil, nil
 	s := d.db.OutboundSA(reqid)
-	if s == nil || !s.Alive() {
+	if s == nil || !b.hold(s) {
 		return
 	}
 	enc := s.Encapsulator()
