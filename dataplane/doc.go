@@ -14,10 +14,15 @@
 // mutex and sends the batch with sendmmsg. Inbound, one goroutine per outer
 // socket reads a batch with recvmmsg and looks up each packet's state by
 // SPI; workers check the replay window, decrypt and check the inner packet
-// against the state's selectors; one writer takes the batches in order and
-// writes them to the TUN, which coalesces TCP and UDP segments (GRO). So
-// each state's packets leave in the order they arrived, whatever the
-// number of workers.
+// against the state's selectors; one writer takes the batches in order,
+// records their sequence numbers in the replay windows and writes them to
+// the TUN, which coalesces TCP and UDP segments (GRO). So each state's
+// packets leave in the order they arrived, and the windows advance in that
+// order, whatever the number of workers.
+//
+// A batch holds each state it uses (sa.SA.Hold) from the reader's lookup
+// until a worker has done its crypto, so that a state deleted or expired
+// meanwhile keeps its keys until then and has them zeroed right after.
 //
 // Queues never block a reader: when the in-order queue is full the batch
 // is dropped and counted. Buffers and batches come from a sync.Pool and

@@ -13,7 +13,8 @@ import (
 
 // outReader is the TUN reader's state. The lookups it caches are valid for
 // one batch only, so that policy and state changes apply from the next
-// batch on and a dead state is never used.
+// batch on and a dead state is never used; the batch holds the states it
+// uses until they are sealed.
 type outReader struct {
 	// previous packet's flow and policy
 	havePol bool
