@@ -123,7 +123,10 @@ func (c *Charon) Setup(ctx context.Context, env *Env) error {
 	}
 	if c.kind == CharonEspd {
 		for i, node := range []*testbed.Node{c.top.GwA, c.top.GwB} {
-			p, err := startEspd(ctx, env.EspdBin, node, c.dir, "")
+			// charon's socket-default owns UDP 500 and 4500 (no IKE
+			// hand-off), so espd's ESP-in-UDP port moves aside; the
+			// gateways see no NAT and use raw ESP.
+			p, err := startEspd(ctx, env.EspdBin, node, c.dir, "", "--udp-port", "4501")
 			if err != nil {
 				return err
 			}
@@ -242,7 +245,10 @@ func (c *Charon) startCharon(ctx context.Context, node *testbed.Node, i int) (*c
 		load = append(load, "kernel-libipsec")
 	} else {
 		load = append(load, "espd")
-		extra = fmt.Sprintf("\t\tespd {\n\t\t\tsocket = unix://%s\n\t\t}\n", c.espd[i].sock)
+		// Without IKE hand-off: charon's socket-default keeps the IKE
+		// ports (marked to bypass espd), espd carries raw ESP, as on
+		// gateways without NAT between them.
+		extra = fmt.Sprintf("\t\tespd {\n\t\t\tsocket = unix://%s\n\t\t\tike_handoff = no\n\t\t}\n", c.espd[i].sock)
 	}
 	load = append(load, "kernel-netlink", "socket-default", "vici")
 	conf := fmt.Sprintf(strongswanConf, strings.Join(load, " "), p.uri, extra, filepath.Join(dir, "charon.log"))

@@ -27,21 +27,31 @@ const WireGuardPort = 51820
 const wireGuardSockDir = "/var/run/wireguard"
 
 // FindWireGuard returns the wireguard-go binary on PATH or in Go's bin
-// directory (where go install puts it), or "".
+// directory, or "". "go install golang.zx2c4.com/wireguard@latest" names
+// it wireguard, distributions wireguard-go; either must say it is
+// wireguard-go when asked for its version.
 func FindWireGuard() string {
-	if p, err := exec.LookPath("wireguard-go"); err == nil {
-		return p
-	}
-	gobin := os.Getenv("GOBIN")
-	if gobin == "" {
-		if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-			gobin = filepath.Join(strings.TrimSpace(strings.Split(string(out), string(os.PathListSeparator))[0]), "bin")
+	var dirs []string
+	if gobin := os.Getenv("GOBIN"); gobin != "" {
+		dirs = append(dirs, gobin)
+	} else if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
+		for _, d := range filepath.SplitList(strings.TrimSpace(string(out))) {
+			dirs = append(dirs, filepath.Join(d, "bin"))
 		}
 	}
-	if gobin != "" {
-		p := filepath.Join(gobin, "wireguard-go")
-		if fi, err := os.Stat(p); err == nil && fi.Mode()&0o111 != 0 {
-			return p
+	for _, name := range []string{"wireguard-go", "wireguard"} {
+		cands := []string{}
+		if p, err := exec.LookPath(name); err == nil {
+			cands = append(cands, p)
+		}
+		for _, d := range dirs {
+			cands = append(cands, filepath.Join(d, name))
+		}
+		for _, p := range cands {
+			out, err := exec.Command(p, "--version").Output()
+			if err == nil && strings.HasPrefix(string(out), "wireguard-go ") {
+				return p
+			}
 		}
 	}
 	return ""

@@ -1,0 +1,190 @@
+package report
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		in := append([]float64(nil), c.in...)
+		if got := Median(c.in); got != c.want {
+			t.Errorf("Median(%v) = %v, want %v", c.in, got, c.want)
+		}
+		for i := range in {
+			if in[i] != c.in[i] {
+				t.Errorf("Median reordered its input: %v", c.in)
+			}
+		}
+	}
+}
+
+// sample is a report of a small run: routing and wireguard-go (own
+// cipher), espd and libipsec at two suites, XFRM unavailable, the charon
+// plugin skipped, one failed run.
+func sample() *Report {
+	r := &Report{
+		Machine: Machine{CPU: "Test CPU", Cores: 2, Kernel: "6.18", Go: "go1.26", CPUFlags: []string{"aes"}},
+		Command: "go run ./bench", Tool: "go", Family: "IPv4", Started: time.Unix(1e9, 0),
+		Duration: "5s", Omit: "500ms", Reps: 3, Suites: []string{"aes128gcm16", "chacha20poly1305"},
+		MSS: []int{0, 200}, UDP: true, Ping: true,
+		Systems: []System{
+			{Name: "routing", Label: "routing only (ceiling)", Cipher: "none"},
+			{Name: "espd", Label: "espd", PerSuite: true},
+			{Name: "xfrm", Label: "kernel XFRM", PerSuite: true, Unavailable: map[string]string{
+				"aes128gcm16": "kernel has no ESP", "chacha20poly1305": "kernel has no ESP"}},
+			{Name: "libipsec", Label: "strongSwan kernel-libipsec", PerSuite: true},
+			{Name: "espd-charon", Label: "espd keyed by charon", PerSuite: true, Skipped: "plugin not installed"},
+			{Name: "wireguard-go", Label: "wireguard-go", Cipher: "WireGuard"},
+		},
+	}
+	add := func(sys, suite string, mss int, mbits ...float64) {
+		for i, m := range mbits {
+			run := Run{System: sys, Suite: suite, Kind: KindTCP, MSS: mss, Rep: i + 1,
+				BitsPerSecond: m * 1e6, Bytes: int64(m * 1e6 / 8 * 5), Seconds: 5, Retransmits: uint32(10 * (i + 1)),
+				CPU: &CPU{GwA: 1, GwB: 2, HostBusy: 8, HostSoftirq: 0.5}}
+			if sys == "routing" {
+				run.CPU.GwA, run.CPU.GwB = 0, 0
+			}
+			r.Runs = append(r.Runs, run)
+		}
+	}
+	add("routing", "", 0, 10000, 12000, 11000)
+	add("routing", "", 200, 9000, 9000, 9000)
+	add("wireguard-go", "", 0, 1000, 1300, 1200)
+	add("wireguard-go", "", 200, 100, 100, 100)
+	for _, s := range r.Suites {
+		add("espd", s, 0, 2400, 2500, 2600)
+		add("espd", s, 200, 300, 320, 310)
+		add("libipsec", s, 0, 300, 290, 310)
+		add("libipsec", s, 200, 30, 40)
+		r.Runs = append(r.Runs, Run{System: "libipsec", Suite: s, Kind: KindTCP, MSS: 200, Rep: 3, Error: "connect: timeout"})
+		for _, sys := range []string{"espd", "libipsec", "wireguard-go", "routing"} {
+			r.Runs = append(r.Runs,
+				Run{System: sys, Suite: s, Kind: KindUDP, PacketsPerSecond: 100e3, Received: 200e3, PayloadSize: 64,
+					CPU: &CPU{GwA: 0.5, GwB: 0.25}},
+				Run{System: sys, Suite: s, Kind: KindPing, RTTAvgUs: 60})
+		}
+	}
+	return r
+}
+
+func TestStat(t *testing.T) {
+	r := sample()
+	st := r.Stat(Key{System: "espd", Suite: "aes128gcm16", Kind: KindTCP, MSS: 0})
+	if st.N != 3 || st.Median != 2500e6 || st.Min != 2400e6 || st.Max != 2600e6 || st.Retransmits != 20 {
+		t.Errorf("espd: %+v", st)
+	}
+	// 1 s of gwA CPU for 2400e6/8*5 bytes = 1.5 GB and so on: the
+	// median of the per-run figures.
+	if want := 1 / (2500e6 / 8 * 5 / 1e9); !st.HasCPU || abs(st.CPUA-want) > 1e-9 || abs(st.CPUB-2*want) > 1e-9 {
+		t.Errorf("espd CPU per GB: %v %v, want %v %v", st.CPUA, st.CPUB, want, 2*want)
+	}
+	st = r.Stat(Key{System: "libipsec", Suite: "chacha20poly1305", Kind: KindTCP, MSS: 200})
+	if st.N != 2 || st.Failed != 1 || st.Median != 35e6 || st.LastError != "connect: timeout" {
+		t.Errorf("libipsec with a failed run: %+v", st)
+	}
+	// Systems with their own cipher ignore the suite asked for.
+	if st := r.Stat(Key{System: "wireguard-go", Suite: "aes128gcm16", Kind: KindTCP}); st.N != 3 || st.Median != 1200e6 {
+		t.Errorf("wireguard-go: %+v", st)
+	}
+	if st := r.Stat(Key{System: "espd", Suite: "aes256gcm16", Kind: KindTCP}); st.N != 0 {
+		t.Errorf("espd at a suite not run: %+v", st)
+	}
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func TestTables(t *testing.T) {
+	r := sample()
+	var b bytes.Buffer
+	for _, tb := range r.Tables() {
+		tb.Text(&b)
+	}
+	text := b.String()
+	for _, want := range []string{
+		`routing only \(ceiling\)  +none`,
+		"11000 (10000-12000)",
+		"wireguard-go +WireGuard",
+		"2500 (2400-2600)",
+		"35 (30-40) [1 failed]",
+		"unavailable: kernel has no ESP",
+		"skipped: plugin not installed",
+		"espd vs wireguard-go",
+		"2.08x", // 2500 / 1200
+		"8.33x", // 2500 / 300
+		"0.23x", // 2500 / 11000
+		"UDP 64 B, kpps received",
+		"ping RTT avg, µs",
+	} {
+		if !regexp.MustCompile(regexp.QuoteMeta(want)).MatchString(text) && !regexp.MustCompile(want).MatchString(text) {
+			t.Errorf("tables lack %q:\n%s", want, text)
+		}
+	}
+	// The throughput table has one row per system that ran, per suite.
+	tp := r.Throughput()
+	rows := map[string]int{}
+	for _, row := range tp.Rows {
+		rows[row[0]]++
+	}
+	if rows["espd"] != 2 || rows["kernel XFRM"] != 2 || rows["espd keyed by charon"] != 1 || rows["routing only (ceiling)"] != 1 {
+		t.Errorf("rows: %v", rows)
+	}
+	b.Reset()
+	tp.Markdown(&b)
+	md := b.String()
+	if !strings.Contains(md, "| system | suite | MSS max | MSS 200 |\n|---|---|---:|---:|\n") ||
+		!strings.Contains(md, "| kernel XFRM | aes128gcm16 | unavailable: kernel has no ESP |  |") {
+		t.Errorf("Markdown:\n%s", md)
+	}
+}
+
+func TestChartAndJSON(t *testing.T) {
+	r := sample()
+	var b bytes.Buffer
+	if err := r.Chart(&b); err != nil {
+		t.Fatal(err)
+	}
+	svg := b.String()
+	for _, want := range []string{"<svg", "MSS max", "MSS 200", "routing only, the ceiling: 11.0 Gbit/s", "espd", "wireguard-go (WireGuard)", "chacha20poly1305"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("chart lacks %q", want)
+		}
+	}
+	if strings.Contains(svg, "espd keyed by charon") {
+		t.Error("chart has a bar for a skipped system")
+	}
+	path := filepath.Join(t.TempDir(), "r.json")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.WriteJSON(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	back, err := ReadJSON(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Runs) != len(r.Runs) || back.Systems[2].Unavailable["aes128gcm16"] != "kernel has no ESP" ||
+		back.Stat(Key{System: "espd", Suite: "aes128gcm16", Kind: KindTCP}).Median != 2500e6 {
+		t.Errorf("JSON round trip lost data: %d runs", len(back.Runs))
+	}
+	if err := (&Report{}).Chart(&b); err == nil {
+		t.Error("Chart of an empty report succeeded")
+	}
+}
