@@ -153,10 +153,12 @@ func (c *conn) readFailed(h Header, err error) {
 	}
 }
 
-// close ends the subscription and the connection.
+// close ends the subscription, the IKE hand-off registration and the
+// connection.
 func (c *conn) close() {
 	c.nc.Close()
 	c.unsubscribe()
+	c.ikeClose()
 }
 
 // subscribe starts the event goroutine. Events of kinds outside mask are

@@ -106,6 +106,10 @@ func init() {
 		MsgStats:        handleStats,
 		MsgSubscribe:    handleSubscribe,
 		MsgUnsubscribe:  handleUnsubscribe,
+		// IKE hand-off (ike.go)
+		MsgIKERegister:   handleIKERegister,
+		MsgIKEPacket:     handleIKEPacket,
+		MsgIKEUnregister: handleIKEUnregister,
 	}
 }
 

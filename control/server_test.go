@@ -116,7 +116,7 @@ func TestErrorReplies(t *testing.T) {
 		want string
 	}{
 		{"unknown type", encode(t, 0x7777, 0, 10, nil), EOPNOTSUPP, "unknown message type 0x7777"},
-		{"reserved IKE type", encode(t, MsgIKEPacket, 0, 11, func(b *Builder) { b.Raw(1, []byte("ike")) }), EOPNOTSUPP, "reserved for IKE"},
+		{"reserved IKE type", encode(t, MsgType(0x0043), 0, 11, func(b *Builder) { b.Raw(1, []byte("ike")) }), EOPNOTSUPP, "reserved for IKE"},
 		{"server-only type", encode(t, MsgEvent, 0, 12, nil), EPROTO, "server only"},
 		{"reply flag", encode(t, MsgSAList, FlagReply, 13, nil), EPROTO, "reply flag"},
 		{"garbage attributes", append(header(MsgSAAdd, 1, 0, 24, 14), 0, 200, 0, 1, 9, 9, 9, 9), EBADMSG, "overruns"},

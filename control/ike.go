@@ -1,0 +1,221 @@
+package control
+
+import (
+	"bytes"
+	"net/netip"
+	"sync"
+)
+
+// IKE hand-off attributes (docs/control-protocol.md, section 9).
+const (
+	// AttrIKEPorts is a pair: in IKE_PACKET the datagram's source and
+	// destination UDP ports; in the IKE_REGISTER reply the IKE port and
+	// the NAT-T (ESP-in-UDP) port espd serves.
+	AttrIKEPorts AttrType = 80
+	// AttrIKEData is the UDP payload as on the wire: on the NAT-T port
+	// with its non-ESP marker.
+	AttrIKEData AttrType = 81
+)
+
+func init() {
+	attrNames[spaceTop][AttrIKEPorts] = "IKE_PORTS"
+	attrNames[spaceTop][AttrIKEData] = "IKE_DATA"
+}
+
+// IKEPacket is one IKE datagram handed between espd's UDP sockets and an
+// IKE daemon (charon).
+type IKEPacket struct {
+	// Src and Dst are the datagram's addresses and ports. From the IKE
+	// daemon, an invalid Src address lets the kernel choose the source.
+	Src, Dst netip.AddrPort
+	// Data is the UDP payload as on the wire (non-ESP marker included on
+	// the NAT-T port).
+	Data []byte
+}
+
+// IKEBackend is implemented by a Backend that owns the IKE ports (espd
+// --ike-handoff). Without it, IKE_REGISTER gets EOPNOTSUPP.
+type IKEBackend interface {
+	// RegisterIKE makes the caller the receiver of the IKE datagrams
+	// espd's UDP sockets receive, queueing up to queue of them. A newer
+	// registration replaces an older one, whose session is then closed.
+	RegisterIKE(queue int) (IKESession, error)
+}
+
+// IKESession is one IKE hand-off registration.
+type IKESession interface {
+	// Packets delivers received IKE datagrams; it is closed when the
+	// session ends (Close, or a newer registration).
+	Packets() <-chan IKEPacket
+	// Send sends a datagram from one of espd's IKE ports.
+	Send(p IKEPacket) error
+	// Ports returns the IKE port and the NAT-T port.
+	Ports() (ike, natt uint16)
+	// Close ends the session; it is safe to call more than once.
+	Close()
+}
+
+// ikeReg is a connection's IKE hand-off registration: the session and the
+// goroutine that forwards its datagrams as IKE_PACKET messages.
+type ikeReg struct {
+	sess IKESession
+	done chan struct{}
+}
+
+var (
+	// ikeMu guards ikeRegs: the registration of each connection that has
+	// one (the serving goroutine owns its entry).
+	ikeMu   sync.Mutex
+	ikeRegs = map[*conn]*ikeReg{}
+)
+
+// ikeClose ends the connection's IKE hand-off registration, if any, and
+// waits for its forwarding goroutine, which a stuck client holds for at
+// most WriteTimeout.
+func (c *conn) ikeClose() {
+	ikeMu.Lock()
+	reg := ikeRegs[c]
+	delete(ikeRegs, c)
+	ikeMu.Unlock()
+	if reg == nil {
+		return
+	}
+	reg.sess.Close()
+	<-reg.done
+}
+
+func handleIKERegister(c *conn, m *Message, r *replier) error {
+	ib, ok := c.s.backend.(IKEBackend)
+	if !ok {
+		return Errorf(EOPNOTSUPP, "IKE hand-off is off: espd owns no IKE ports (start it with --ike-handoff)")
+	}
+	ikeMu.Lock()
+	_, dup := ikeRegs[c]
+	ikeMu.Unlock()
+	if dup {
+		return Errorf(EALREADY, "this connection is already registered for IKE packets")
+	}
+	sess, err := ib.RegisterIKE(c.s.cfg.EventQueue)
+	if err != nil {
+		return err
+	}
+	ike, natt := sess.Ports()
+	if err := r.reply(func(b *Builder) { b.U16Pair(AttrIKEPorts, ike, natt) }); err != nil {
+		sess.Close()
+		return err
+	}
+	reg := &ikeReg{sess: sess, done: make(chan struct{})}
+	ikeMu.Lock()
+	ikeRegs[c] = reg
+	ikeMu.Unlock()
+	go c.forwardIKE(reg, m.Version, m.Seq)
+	return nil
+}
+
+// forwardIKE sends the session's datagrams as IKE_PACKET messages (flags
+// 0, the IKE_REGISTER's sequence number) until the session ends or a write
+// fails (which closes the connection). A session that ends without the
+// client asking (a newer registration took over) is announced with an
+// IKE_UNREGISTER message of the same sequence number.
+func (c *conn) forwardIKE(reg *ikeReg, version uint8, seq uint32) {
+	defer close(reg.done)
+	defer func() {
+		ikeMu.Lock()
+		mine := ikeRegs[c] == reg
+		if mine {
+			delete(ikeRegs, c)
+		}
+		ikeMu.Unlock()
+		if mine {
+			if msg, err := NewBuilder(version, MsgIKEUnregister, 0, seq).Bytes(); err == nil {
+				c.write(msg)
+			}
+		}
+	}()
+	for p := range reg.sess.Packets() {
+		b := NewBuilder(version, MsgIKEPacket, 0, seq)
+		putIKEPacket(b, p)
+		msg, err := b.Bytes()
+		if err != nil {
+			c.s.cfg.Logf("control: IKE packet from %v not forwarded: %v", p.Src, err)
+			continue
+		}
+		if c.write(msg) != nil {
+			ikeMu.Lock()
+			if ikeRegs[c] == reg {
+				delete(ikeRegs, c)
+			}
+			ikeMu.Unlock()
+			reg.sess.Close()
+			for range reg.sess.Packets() {
+			}
+			return
+		}
+	}
+}
+
+// putIKEPacket appends an IKE_PACKET's attributes.
+func putIKEPacket(b *Builder, p IKEPacket) {
+	if p.Src.Addr().IsValid() {
+		b.Addr(AttrSrc, p.Src.Addr().Unmap())
+	}
+	b.Addr(AttrDst, p.Dst.Addr().Unmap())
+	b.U16Pair(AttrIKEPorts, p.Src.Port(), p.Dst.Port())
+	b.Raw(AttrIKEData, p.Data)
+}
+
+// readIKEPacket reads an IKE_PACKET's attributes: DST, IKE_PORTS and
+// IKE_DATA are required, SRC is optional.
+func readIKEPacket(attrs []Attr) (IKEPacket, error) {
+	rd := newReader(attrs)
+	src, hasSrc := rd.addr(AttrSrc)
+	dst, hasDst := rd.addr(AttrDst)
+	sport, dport, hasPorts := rd.pair(AttrIKEPorts)
+	data, hasData := rd.bytes(AttrIKEData)
+	rd.require(AttrDst, hasDst)
+	rd.require(AttrIKEPorts, hasPorts)
+	rd.require(AttrIKEData, hasData)
+	if err := rd.error(); err != nil {
+		return IKEPacket{}, err
+	}
+	if hasSrc && src.Is4() != dst.Is4() {
+		return IKEPacket{}, &Error{Code: EINVAL, Msg: "SRC and DST of an IKE packet must be of one family", Attr: AttrSrc}
+	}
+	if dport == 0 {
+		return IKEPacket{}, &Error{Code: EINVAL, Msg: "IKE packet to port 0", Attr: AttrIKEPorts}
+	}
+	p := IKEPacket{Dst: netip.AddrPortFrom(dst, dport), Data: bytes.Clone(data)}
+	if hasSrc {
+		p.Src = netip.AddrPortFrom(src, sport)
+	} else {
+		p.Src = netip.AddrPortFrom(netip.Addr{}, sport)
+	}
+	return p, nil
+}
+
+// handleIKEPacket sends a datagram for the client. Like a datagram it gets
+// no reply when it was sent, only an ERROR when it was not.
+func handleIKEPacket(c *conn, m *Message, r *replier) error {
+	ikeMu.Lock()
+	reg := ikeRegs[c]
+	ikeMu.Unlock()
+	if reg == nil {
+		return Errorf(EPROTO, "IKE_PACKET before IKE_REGISTER on this connection")
+	}
+	p, err := readIKEPacket(m.Attrs)
+	if err != nil {
+		return err
+	}
+	return reg.sess.Send(p)
+}
+
+func handleIKEUnregister(c *conn, m *Message, r *replier) error {
+	ikeMu.Lock()
+	_, ok := ikeRegs[c]
+	ikeMu.Unlock()
+	if !ok {
+		return Errorf(ENOENT, "not registered for IKE packets")
+	}
+	c.ikeClose()
+	return r.reply(nil)
+}
