@@ -45,6 +45,7 @@ type options struct {
 	keep        bool
 	verbose     bool
 	quick       bool
+	render      string
 	args        []string
 }
 
@@ -78,6 +79,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.wgBin, "wireguard-go", "", "wireguard-go binary (default: wireguard-go on PATH or in Go's bin directory)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the working directory (logs, configurations) instead of removing it")
 	fs.BoolVar(&o.verbose, "v", false, "log every setup step")
+	fs.StringVar(&o.render, "render", "", "print the tables and write the chart and Markdown of an earlier run's JSON file, measuring nothing")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: routing and espd only, aes128gcm16, MSS max, 2 s, one run, no UDP or ping (flags given explicitly still apply)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\nCompares espd with plain routing, kernel XFRM, strongSwan's kernel-libipsec and wireguard-go\non a line of network namespaces client - gwA - gwB - server. Needs root.\n\n")

@@ -12,33 +12,45 @@ import (
 	"gonum.org/v1/plot/vg/vgsvg"
 )
 
-// chartSystems returns the systems drawn as bars: every tunnel that ran
-// (routing, the ceiling, goes in each panel's title instead).
+// chartSystems returns the systems drawn as bars: every tunnel with at
+// least one TCP result (routing, the ceiling, goes in each panel's title
+// instead).
 func (r *Report) chartSystems() []System {
 	var out []System
 	for _, s := range r.Systems {
-		if s.Name == "routing" || s.Skipped != "" || s.Failed[""] != "" {
+		if s.Name == "routing" {
 			continue
 		}
-		out = append(out, s)
+		for _, run := range r.Runs {
+			if run.System == s.Name && run.Kind == KindTCP && run.OK() {
+				out = append(out, s)
+				break
+			}
+		}
 	}
 	return out
 }
 
-// Chart draws the TCP goodput as an SVG: one panel per MSS, one group of
-// bars per suite, one bar per system (systems with their own cipher are
-// repeated in every group, for comparison), medians in Gbit/s.
+// Chart draws the TCP goodput as an SVG: a legend, then one panel per MSS
+// with one group of bars per suite and one bar per system (systems with
+// their own cipher are repeated in every group, for comparison), medians
+// in Gbit/s.
 func (r *Report) Chart(w io.Writer) error {
 	systems := r.chartSystems()
 	if len(systems) == 0 || len(r.MSS) == 0 || len(r.Suites) == 0 {
 		return fmt.Errorf("report: nothing to chart")
 	}
-	panelH := 2.6 * vg.Inch
+	const panelH = 2.6 * vg.Inch
+	legendH := vg.Length(len(systems))*0.2*vg.Inch + 0.3*vg.Inch
 	width := vg.Length(max(8, 1.6*float64(len(r.Suites)))) * vg.Inch
-	height := panelH*vg.Length(len(r.MSS)) + 0.4*vg.Inch
+	height := panelH*vg.Length(len(r.MSS)) + legendH
+	groupW := (width - 1.2*vg.Inch) / vg.Length(len(r.Suites)) * 0.8
+	barW := min(groupW/vg.Length(len(systems)), 0.4*vg.Inch)
+
+	legend := plot.NewLegend()
+	legend.Top, legend.Left = true, true
+	legend.XOffs, legend.YOffs = 0.9*vg.Inch, -0.15*vg.Inch
 	plots := make([][]*plot.Plot, len(r.MSS))
-	groupW := vg.Points(float64(width.Points()-90) / float64(len(r.Suites)) * 0.8)
-	barW := groupW / vg.Length(len(systems))
 	for i, mss := range r.MSS {
 		p := plot.New()
 		title := fmt.Sprintf("TCP goodput, MSS %s", MSSName(mss))
@@ -70,21 +82,17 @@ func (r *Report) Chart(w io.Writer) error {
 				if !s.PerSuite && s.Cipher != "" {
 					label += " (" + s.Cipher + ")"
 				}
-				p.Legend.Add(label, bars)
+				legend.Add(label, bars)
 			}
-		}
-		if i == 0 {
-			p.Legend.Top = true
-			p.Legend.Left = false
-			p.Legend.XOffs = -4
 		}
 		plots[i] = []*plot.Plot{p}
 	}
 	c := vgsvg.New(width, height)
 	dc := draw.New(c)
-	tiles := draw.Tiles{Rows: len(r.MSS), Cols: 1, PadTop: 0.2 * vg.Inch, PadBottom: 0.1 * vg.Inch,
+	legend.Draw(draw.Crop(dc, 0, 0, height-legendH, 0))
+	tiles := draw.Tiles{Rows: len(r.MSS), Cols: 1, PadTop: 0.1 * vg.Inch, PadBottom: 0.1 * vg.Inch,
 		PadLeft: 0.1 * vg.Inch, PadRight: 0.2 * vg.Inch, PadY: 0.15 * vg.Inch}
-	canvases := plot.Align(plots, tiles, dc)
+	canvases := plot.Align(plots, tiles, draw.Crop(dc, 0, 0, 0, -legendH))
 	for i := range plots {
 		plots[i][0].Draw(canvases[i][0])
 	}
