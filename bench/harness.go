@@ -64,6 +64,7 @@ type harness struct {
 	prog           *progress
 	ksoftirqd      []int
 	seq            int
+	espdVersion    string
 }
 
 // run is the whole harness: set up, measure, report, tear down.
@@ -139,6 +140,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			return err
 		}
 	}
+	espdVersion := "espd " + o.espdBin
+	if o.espdBin == "" {
+		espdVersion = "espd built from " + sourceVersion()
+	}
+	h.espdVersion = espdVersion
 	if h.env.WireGuardBin == "" {
 		h.env.WireGuardBin = system.FindWireGuard()
 	}
@@ -203,6 +209,9 @@ func (h *harness) setup(ctx context.Context, cl *cleanups) {
 			continue
 		}
 		info.Version = version(s.Name(), h.env)
+		if strings.HasPrefix(s.Name(), "espd") {
+			info.Version = strings.TrimSuffix(h.espdVersion+"; "+info.Version, "; ")
+		}
 	}
 	for i, s := range h.systems {
 		if h.infos[i].Skipped != "" || ctx.Err() != nil {
@@ -225,6 +234,16 @@ func (h *harness) setup(ctx context.Context, cl *cleanups) {
 		}
 		h.live[i] = true
 	}
+}
+
+// sourceVersion describes the checkout espd is built from: its commit,
+// and "+changes" when the working tree differs from it.
+func sourceVersion() string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty=+changes").Output()
+	if err != nil {
+		return "a tree without git"
+	}
+	return "commit " + strings.TrimSpace(string(out))
 }
 
 // version names the binary a system runs, for the JSON.
