@@ -118,6 +118,10 @@ func EventFromSA(e sa.Event) Event {
 		ev.Kind = EventAcquire
 		ev.Policy, ev.Flow = e.Policy, e.Flow
 		ev.SPI, ev.Reason = 0, 0
+	case sa.EventMapping:
+		ev.Kind = EventMapping
+		ev.NewAddr = e.NewPeer
+		ev.Reason = 0
 	default:
 		ev.Kind = EventKind(0x100 + uint32(e.Kind))
 	}

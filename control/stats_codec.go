@@ -15,6 +15,7 @@ const (
 	StUseTime   AttrType = 5 // u64 ns since the Unix epoch of the first use, 0: never used
 	StSeqOut    AttrType = 6 // u64 last outbound sequence number
 	StReplayTop AttrType = 7 // u64 highest inbound sequence number accepted
+	StLastUse   AttrType = 8 // u64 ns since the Unix epoch of the last use, 0: never used
 	// Drop counters, u64 each; the same numbers are used in GLOBAL_STATS.
 	StDropReplay     AttrType = 16
 	StDropIntegrity  AttrType = 17
@@ -59,7 +60,7 @@ var dropAttrs = map[sa.DropReason]AttrType{
 
 var saStatNames = map[AttrType]string{
 	StState: "ST_STATE", StPackets: "ST_PACKETS", StBytes: "ST_BYTES", StAddTime: "ST_ADD_TIME",
-	StUseTime: "ST_USE_TIME", StSeqOut: "ST_SEQ_OUT", StReplayTop: "ST_REPLAY_TOP",
+	StUseTime: "ST_USE_TIME", StSeqOut: "ST_SEQ_OUT", StReplayTop: "ST_REPLAY_TOP", StLastUse: "ST_LAST_USE",
 	StDropReplay: "ST_DROP_REPLAY", StDropIntegrity: "ST_DROP_INTEGRITY",
 	StDropPadding: "ST_DROP_PADDING", StDropMalformed: "ST_DROP_MALFORMED",
 	StDropSelector: "ST_DROP_SELECTOR", StDropNextHeader: "ST_DROP_NEXT_HEADER",
@@ -105,6 +106,7 @@ func putSAStats(b *Builder, st sa.Stats, replayTop uint64) {
 	b.U64(StUseTime, timeToWire(st.FirstUse))
 	b.U64(StSeqOut, st.SeqOut)
 	b.U64(StReplayTop, replayTop)
+	b.U64(StLastUse, timeToWire(st.LastUse))
 	putDrops(b, &st.Drops)
 	b.End()
 }
@@ -135,6 +137,7 @@ func readSAStats(r *reader) (sa.Stats, uint64) {
 	st.Bytes, _ = r.u64(StBytes)
 	st.AddTime = readTime(r, StAddTime)
 	st.FirstUse = readTime(r, StUseTime)
+	st.LastUse = readTime(r, StLastUse)
 	st.SeqOut, _ = r.u64(StSeqOut)
 	top, _ := r.u64(StReplayTop)
 	readDrops(r, &st.Drops)

@@ -88,12 +88,18 @@ func TestStuckSubscriber(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The stuck subscriber is disconnected: only live and other remain.
+	// Its writes block only once its socket buffer is full, and how many
+	// of the flood's events reached it depends on scheduling (the rest
+	// were dropped from its queue), so keep events coming until then.
 	deadline := time.Now().Add(15 * time.Second)
-	for ts.Stats().Active != 2 {
+	for i := n; ts.Stats().Active != 2; i++ {
 		if time.Now().After(deadline) {
 			t.Fatalf("stuck subscriber not disconnected: %+v", ts.Stats())
 		}
-		time.Sleep(20 * time.Millisecond)
+		ts.db.Acquire(pol, flowN(i))
+		if i%64 == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 	// What it had buffered is readable, then the connection ends.
 	for {

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"net/netip"
 	"sync"
 
 	"github.com/espd/espd/esp"
@@ -40,12 +41,13 @@ type elem struct {
 	// encapsulates it, the outer packet after. Inbound: the ESP packet,
 	// then the inner packet.
 	start, end int
-	innerLen   int      // bytes accounted to the state
-	seq        uint64   // sequence number
-	record     bool     // inbound: authentic; the writer records seq in dec.Replay
-	tos        uint8    // inbound: outer TOS / Traffic Class
-	mtu        int      // outbound: path MTU to the peer
-	frag       fragMode // outbound: whether the outer packet may be fragmented
+	innerLen   int            // bytes accounted to the state
+	seq        uint64         // sequence number
+	record     bool           // inbound: authentic; the writer records seq in dec.Replay
+	tos        uint8          // inbound: outer TOS / Traffic Class
+	from       netip.AddrPort // inbound ESP-in-UDP: the outer source, for NAT mapping changes
+	mtu        int            // outbound: path MTU to the peer
+	frag       fragMode       // outbound: whether the outer packet may be fragmented
 	drop       cause
 	reason     sa.DropReason // for dropSA
 }

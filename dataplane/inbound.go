@@ -3,6 +3,7 @@ package dataplane
 import (
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"time"
 	"unsafe"
@@ -102,6 +103,9 @@ func (d *Device) classifyIn(b *batch, n int) {
 		}
 		e.sa, e.dec = s, dec
 		e.start, e.end, e.tos = m.Start, m.End, m.TOS
+		if m.UDP {
+			e.from = m.Src
+		}
 		e.drop = pass
 		live++
 	}
@@ -210,6 +214,9 @@ func (d *Device) writeBatch(w *inWriter, b *batch) {
 		default:
 			continue
 		}
+		if e.from.IsValid() {
+			checkMapping(d.db, e.sa, e.from)
+		}
 		w.acct.add(e.sa, e.innerLen)
 		b.bufs[j] = e.buf[e.start-tun.MinWriteOffset : e.end]
 		j++
@@ -224,6 +231,16 @@ func (d *Device) writeBatch(w *inWriter, b *batch) {
 		}
 	}
 	l.flush(&d.stats)
+}
+
+// checkMapping reports a NAT mapping change when an authentic packet of a
+// UDP-encapsulated inbound state came from another address or port than
+// the state's peer (RFC 3948 section 5: the control plane then updates the
+// states to the new mapping).
+func checkMapping(db *sa.DB, s *sa.SA, from netip.AddrPort) {
+	if peer := s.Peer(); peer.Port() != 0 && peer != from {
+		db.Mapping(s, from)
+	}
 }
 
 // worker runs the crypto of both directions.

@@ -88,9 +88,10 @@ type Stats struct {
 	Packets, Bytes uint64
 	// Drops counts dropped packets by DropReason.
 	Drops [NumDropReasons]uint64
-	// AddTime is when the state was added; FirstUse when it first carried
-	// a packet (zero if never).
-	AddTime, FirstUse time.Time
+	// AddTime is when the state was added; FirstUse and LastUse when it
+	// first and last carried a packet (zero if never; LastUse is as fine
+	// as a batch).
+	AddTime, FirstUse, LastUse time.Time
 	// SeqOut is the last outbound sequence number handed out (0: none).
 	SeqOut uint64
 }

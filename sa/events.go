@@ -24,11 +24,15 @@ const (
 	// EventAcquire: outbound traffic matched a protect policy whose reqid
 	// has no state; negotiate one.
 	EventAcquire
+	// EventMapping: authentic UDP-encapsulated packets of an inbound
+	// state arrive from another address or port than the state's peer (a
+	// NAT mapping changed, XFRM_MSG_MAPPING); update the states.
+	EventMapping
 )
 
-var eventNames = [...]string{EventSoftExpire: "soft-expire", EventHardExpire: "hard-expire", EventAcquire: "acquire"}
+var eventNames = [...]string{EventSoftExpire: "soft-expire", EventHardExpire: "hard-expire", EventAcquire: "acquire", EventMapping: "mapping"}
 
-// String returns "soft-expire", "hard-expire" or "acquire".
+// String returns "soft-expire", "hard-expire", "acquire" or "mapping".
 func (k EventKind) String() string {
 	if int(k) < len(eventNames) {
 		return eventNames[k]
@@ -50,6 +54,8 @@ type Event struct {
 	// Policy and Flow are what an acquire is about.
 	Policy Policy
 	Flow   packet.Flow
+	// NewPeer is where a mapping event's packets now come from.
+	NewPeer netip.AddrPort
 }
 
 // String describes the event.
@@ -57,6 +63,9 @@ func (e Event) String() string {
 	if e.Kind == EventAcquire {
 		return fmt.Sprintf("acquire reqid %d flow %v:%d -> %v:%d proto %d policy [%v]",
 			e.ReqID, e.Flow.Src, e.Flow.SrcPort, e.Flow.Dst, e.Flow.DstPort, e.Flow.Proto, e.Policy)
+	}
+	if e.Kind == EventMapping {
+		return fmt.Sprintf("mapping spi 0x%08x dst %v reqid %d: peer now %v", e.SPI, e.Dst, e.ReqID, e.NewPeer)
 	}
 	return fmt.Sprintf("%v spi 0x%08x dst %v dir %v reqid %d: %v", e.Kind, e.SPI, e.Dst, e.Dir, e.ReqID, e.Reason)
 }
@@ -129,6 +138,27 @@ func (db *DB) publish(ev Event) {
 			db.stats.eventsDropped.Add(1)
 		}
 	}
+}
+
+// Mapping reports that authentic packets of the inbound state s arrived
+// from the address and port from, which differ from its peer (s.Peer()):
+// a NAT mapping changed. It fires a mapping event at most once per
+// Options.AcquireInterval for each state while the mapping stays changed,
+// and reports whether it did. The data path calls it only for packets
+// whose peer differs, which is rare: until the control plane updates the
+// state.
+func (db *DB) Mapping(s *SA, from netip.AddrPort) bool {
+	now := db.mono()
+	last := s.mappingAt.Load()
+	if iv := int64(db.opts.AcquireInterval); last != 0 && now-last < iv {
+		return false
+	}
+	if !s.mappingAt.CompareAndSwap(last, now) {
+		return false
+	}
+	db.publish(Event{Kind: EventMapping, SPI: s.spi, Dst: s.params.Load().cfg.Dst, ReqID: s.reqid, Dir: s.dir,
+		Time: db.wall(now), NewPeer: from})
+	return true
 }
 
 // acqKey is what the acquire rate limit counts: a policy and a

@@ -3,6 +3,7 @@ package sa
 import (
 	"fmt"
 	"io"
+	"net/netip"
 	"sync/atomic"
 
 	"github.com/espd/espd/crypto"
@@ -44,8 +45,11 @@ type SA struct {
 	packets  atomic.Uint64
 	bytes    atomic.Uint64
 	firstUse atomic.Int64 // mono(); 0: never used
-	_        cacheLinePad
-	drops    [NumDropReasons]atomic.Uint64
+	lastUse  atomic.Int64 // mono(); 0: never used
+
+	mappingAt atomic.Int64 // mono() of the last mapping event; 0: none
+	_         cacheLinePad
+	drops     [NumDropReasons]atomic.Uint64
 }
 
 // params is the part of a state that UpdateSA replaces, published whole.
@@ -146,8 +150,10 @@ func (s *SA) Account(packets, bytes uint64) {
 	}
 	np := s.packets.Add(packets)
 	nb := s.bytes.Add(bytes)
+	now := s.db.mono()
+	s.lastUse.Store(now)
 	if s.firstUse.Load() == 0 {
-		s.firstUse.CompareAndSwap(0, s.db.mono())
+		s.firstUse.CompareAndSwap(0, now)
 	}
 	p := s.params.Load()
 	if p.cfg.Hard.counted() {
@@ -161,6 +167,16 @@ func (s *SA) Account(packets, bytes uint64) {
 			s.db.softExpire(s, r)
 		}
 	}
+}
+
+// Peer returns the outer address and UDP port the state's peer sends from
+// (inbound) or is sent to (outbound); the port is 0 for raw ESP.
+func (s *SA) Peer() netip.AddrPort {
+	c := &s.params.Load().cfg
+	if s.dir == DirIn {
+		return netip.AddrPortFrom(c.Src, c.EncapSrcPort)
+	}
+	return netip.AddrPortFrom(c.Dst, c.EncapDstPort)
 }
 
 // Drop counts n packets the data path dropped for reason r (DropOther if r
@@ -180,6 +196,7 @@ func (s *SA) Stats() Stats {
 		Bytes:    s.bytes.Load(),
 		AddTime:  s.db.wall(s.addTime),
 		FirstUse: s.db.wall(s.firstUse.Load()),
+		LastUse:  s.db.wall(s.lastUse.Load()),
 		SeqOut:   s.seqUsed.Load(),
 	}
 	for i := range s.drops {
