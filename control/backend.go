@@ -14,7 +14,8 @@ import (
 //
 // The code of an ERROR reply comes from the error returned: the Errno of an
 // *Error or a syscall.Errno in its chain; else ENOENT for sa.ErrNotFound,
-// EEXIST for sa.ErrPolicyExists, ETIMEDOUT for context.DeadlineExceeded,
+// EEXIST for sa.ErrPolicyExists and sa.ErrStateExists, ENOSPC for
+// sa.ErrNoSPI, ETIMEDOUT for context.DeadlineExceeded,
 // and EINVAL for anything else (sa reports invalid configurations as plain
 // errors). The error's text becomes the reply's message.
 type Backend interface {
@@ -64,8 +65,10 @@ func backendErrno(err error) Errno {
 	switch {
 	case errors.Is(err, sa.ErrNotFound):
 		return ENOENT
-	case errors.Is(err, sa.ErrPolicyExists):
+	case errors.Is(err, sa.ErrPolicyExists), errors.Is(err, sa.ErrStateExists):
 		return EEXIST
+	case errors.Is(err, sa.ErrNoSPI):
+		return ENOSPC
 	case errors.Is(err, context.DeadlineExceeded):
 		return ETIMEDOUT
 	}

@@ -18,6 +18,14 @@ var ErrPolicyExists = errors.New("policy exists")
 // delete is not installed.
 var ErrNotFound = errors.New("not found")
 
+// ErrStateExists is returned (wrapped) when a state with the same SPI and
+// destination is already installed.
+var ErrStateExists = errors.New("state already exists")
+
+// ErrNoSPI is returned (wrapped) by AllocSPI when every SPI of the range
+// is taken.
+var ErrNoSPI = errors.New("no free SPI")
+
 // spdb is the policy half of DB.
 type spdb struct {
 	mu        sync.Mutex

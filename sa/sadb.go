@@ -74,7 +74,7 @@ func (db *DB) AddSA(c Config) (*SA, error) {
 	k := stateKey(s.spi, c.Dst.Unmap())
 	if _, ok := d.byKey.get(k); ok {
 		s.discard()
-		return nil, fmt.Errorf("sa: state spi 0x%08x dst %v already exists (delete it first or use UpdateSA)", s.spi, c.Dst)
+		return nil, fmt.Errorf("sa: state spi 0x%08x dst %v: %w (delete it first or use UpdateSA)", s.spi, c.Dst, ErrStateExists)
 	}
 	if s.dir == DirIn {
 		if o, ok := d.inbound.get(u32Key(s.spi)); ok {
@@ -174,7 +174,7 @@ func (db *DB) UpdateSA(c Config) error {
 	oldKey, newKey := stateKey(s.spi, old.cfg.Dst), stateKey(s.spi, p.cfg.Dst)
 	if newKey != oldKey {
 		if _, ok := d.byKey.get(newKey); ok {
-			return fmt.Errorf("sa: state spi 0x%08x dst %v already exists", s.spi, p.cfg.Dst)
+			return fmt.Errorf("sa: state spi 0x%08x dst %v: %w", s.spi, p.cfg.Dst, ErrStateExists)
 		}
 		d.byKey.remove(oldKey)
 		d.byKey.put(newKey, s)

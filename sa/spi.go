@@ -50,7 +50,7 @@ func (db *DB) AllocSPI(lo, hi uint32) (uint32, error) {
 		}
 	}
 	if !found {
-		return 0, fmt.Errorf("sa: no free SPI in 0x%x-0x%x", lo, hi)
+		return 0, fmt.Errorf("sa: %w in 0x%x-0x%x", ErrNoSPI, lo, hi)
 	}
 	l := &SA{db: db, spi: spi, dir: DirIn, addTime: now}
 	l.refs.Store(refDead) // a reservation has no keys to hold
