@@ -33,6 +33,11 @@ type Options struct {
 	MetricsListen string
 	// Logger receives the daemon's logs; nil discards them.
 	Logger *slog.Logger
+	// IKEHandoff makes espd own the IKE port (IKEPort, 0: 500) next to the
+	// encapsulation port and hand IKE datagrams to the IKE daemon
+	// registered on the control socket (daemon/ike.go).
+	IKEHandoff bool
+	IKEPort    uint16
 }
 
 // Daemon is a running espd.
@@ -79,6 +84,10 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 	defer func() { err = errors.Join(err, d.shutdown()) }()
 	d.log.Info("data plane up", "tun", d.dp.TUNName(), "workers", d.dp.Config().Workers,
 		"encap_port", d.dp.Config().EncapPort, "table", d.dp.Config().Table)
+	if err := d.startIKE(); err != nil {
+		return fmt.Errorf("IKE hand-off: %w", err)
+	}
+	defer d.stopIKE()
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -36,6 +36,7 @@ func run(args []string) error {
 		mark      uint
 		logFormat string
 		logLevel  string
+		ikePort   uint
 	)
 	fs.StringVar(&dp.TUN.Name, "tun", tun.DefaultName, "name of the cleartext TUN device")
 	fs.IntVar(&dp.TUN.MTU, "mtu", tun.DefaultMTU, "MTU of the TUN device")
@@ -51,6 +52,8 @@ func run(args []string) error {
 	fs.StringVar(&opts.Control.Group, "socket-group", "", "group (name or gid) whose members may use the control socket besides root")
 	fs.StringVar(&opts.ConfigPath, "config", "", "configuration file of static SAs and policies, re-read on SIGHUP")
 	fs.StringVar(&opts.MetricsListen, "metrics-listen", "", "address of the Prometheus /metrics endpoint (e.g. 127.0.0.1:9585)")
+	fs.BoolVar(&opts.IKEHandoff, "ike-handoff", false, "own the IKE port and the encapsulation port, and hand IKE to charon's espd plugin over the control socket")
+	fs.UintVar(&ikePort, "ike-port", 500, "IKE port with --ike-handoff")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -63,6 +66,10 @@ func run(args []string) error {
 		return fmt.Errorf("--udp-port %d out of range 1-65535", udpPort)
 	}
 	dp.EncapPort = uint16(udpPort)
+	if ikePort == 0 || ikePort > 65535 || ikePort == udpPort {
+		return fmt.Errorf("--ike-port %d: out of range 1-65535 or the --udp-port", ikePort)
+	}
+	opts.IKEPort = uint16(ikePort)
 	if mark > 0xffffffff {
 		return fmt.Errorf("--mark %d out of range", mark)
 	}

@@ -1,0 +1,182 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/espd/espd/control"
+	"github.com/espd/espd/dataplane"
+)
+
+// The IKE hand-off (espd --ike-handoff): espd owns UDP 500 and the
+// encapsulation port, keeps ESP-in-UDP for itself and hands IKE datagrams
+// to the IKE daemon (charon's espd plugin) registered on the control
+// socket, which sends its own datagrams back the same way. UDP-encapsulated
+// ESP thus never passes through charon, and IKE never through the TUN.
+
+var _ control.IKEBackend = (*Daemon)(nil)
+
+// ikeHubs maps a running *Daemon to its *ikeHub while the hand-off runs.
+var ikeHubs sync.Map
+
+// ikeHub connects the data plane's IKE ports to the current registration.
+type ikeHub struct {
+	dp  *dataplane.Device
+	log *slog.Logger
+
+	mu  sync.Mutex
+	cur *ikeSession
+
+	// undelivered counts datagrams that arrived with no one registered.
+	undelivered atomic.Uint64
+	lastLog     atomic.Int64
+}
+
+// startIKE starts the hand-off if the options ask for it.
+func (d *Daemon) startIKE() error {
+	if !d.opts.IKEHandoff {
+		return nil
+	}
+	h := &ikeHub{dp: d.dp, log: d.log.With("component", "ike")}
+	if err := d.dp.StartIKE(d.opts.IKEPort, h.deliver); err != nil {
+		return err
+	}
+	ikeHubs.Store(d, h)
+	return nil
+}
+
+// stopIKE ends the registration and closes the IKE port.
+func (d *Daemon) stopIKE() error {
+	v, ok := ikeHubs.LoadAndDelete(d)
+	if !ok {
+		return nil
+	}
+	h := v.(*ikeHub)
+	h.mu.Lock()
+	cur := h.cur
+	h.mu.Unlock()
+	if cur != nil {
+		cur.Close()
+	}
+	return d.dp.StopIKE()
+}
+
+// RegisterIKE implements control.IKEBackend: the caller receives the IKE
+// datagrams from now on; an earlier registration ends.
+func (d *Daemon) RegisterIKE(queue int) (control.IKESession, error) {
+	v, ok := ikeHubs.Load(d)
+	if !ok {
+		return nil, control.Errorf(control.EOPNOTSUPP, "IKE hand-off is off: espd owns no IKE ports (start it with --ike-handoff)")
+	}
+	h := v.(*ikeHub)
+	if queue <= 0 {
+		queue = 1024
+	}
+	s := &ikeSession{hub: h, ch: make(chan control.IKEPacket, queue)}
+	h.mu.Lock()
+	old := h.cur
+	h.cur = s
+	h.mu.Unlock()
+	if old != nil {
+		h.log.Warn("IKE hand-off taken over by a new registration; the previous one ends")
+		old.Close()
+	}
+	ike, natt := h.dp.IKEPorts()
+	h.log.Info("IKE daemon registered for the hand-off", "ike_port", ike, "natt_port", natt)
+	return s, nil
+}
+
+// deliver is the data plane's IKE handler: it copies the datagram to the
+// registration's queue, or drops and counts it.
+func (h *ikeHub) deliver(p dataplane.IKEPacket) {
+	h.mu.Lock()
+	s := h.cur
+	h.mu.Unlock()
+	if s == nil || !s.offer(control.IKEPacket{Src: p.Src, Dst: p.Dst, Data: append([]byte(nil), p.Data...)}) {
+		h.undelivered.Add(1)
+		why := "no IKE daemon registered"
+		if s != nil {
+			why = "the IKE daemon's queue is full"
+		}
+		h.logLimited("IKE datagram dropped", "from", p.Src.String(), "reason", why, "dropped_total", h.undelivered.Load())
+	}
+}
+
+// logLimited logs at most every 10 s.
+func (h *ikeHub) logLimited(msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := h.lastLog.Load()
+	if now-last < int64(10*time.Second) || !h.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	h.log.Warn(msg, args...)
+}
+
+// ikeSession is one registration.
+type ikeSession struct {
+	hub *ikeHub
+	ch  chan control.IKEPacket
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// offer queues p without blocking; false if the queue is full or the
+// session ended.
+func (s *ikeSession) offer(p control.IKEPacket) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	select {
+	case s.ch <- p:
+		return true
+	default:
+		return false
+	}
+}
+
+// Packets implements control.IKESession.
+func (s *ikeSession) Packets() <-chan control.IKEPacket { return s.ch }
+
+// Ports implements control.IKESession.
+func (s *ikeSession) Ports() (ike, natt uint16) { return s.hub.dp.IKEPorts() }
+
+// Send implements control.IKESession.
+func (s *ikeSession) Send(p control.IKEPacket) error {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return control.Errorf(control.ENOENT, "the IKE hand-off registration ended")
+	}
+	err := s.hub.dp.SendIKE(dataplane.IKEPacket{Src: p.Src, Dst: p.Dst, Data: p.Data})
+	if err != nil && errors.Is(err, dataplane.ErrIKEOff) {
+		return control.Errorf(control.EOPNOTSUPP, "IKE hand-off stopped")
+	}
+	if err != nil {
+		return fmt.Errorf("sending IKE to %v: %w", p.Dst, err)
+	}
+	return nil
+}
+
+// Close implements control.IKESession.
+func (s *ikeSession) Close() {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.ch)
+	}
+	s.mu.Unlock()
+	h := s.hub
+	h.mu.Lock()
+	if h.cur == s {
+		h.cur = nil
+	}
+	h.mu.Unlock()
+}
