@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <daemon.h>
 #include <collections/hashtable.h>
@@ -526,6 +527,15 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 				 data->copy_dscp == DSCP_COPY_YES ? 1 : 0);
 	if (lt)
 	{
+		if ((lt->bytes.life && lt->bytes.rekey > lt->bytes.life) ||
+			(lt->packets.life && lt->packets.rekey > lt->packets.life) ||
+			(lt->time.life && lt->time.rekey > lt->time.life))
+		{
+			DBG1(DBG_KNL, "espd: SA %.8x: a soft limit lies beyond its hard "
+				 "limit (is rand_bytes/rand_packets above rekey_bytes/"
+				 "rekey_packets?); the SA will not be rekeyed before it "
+				 "expires", spi);
+		}
 		put_lifetime(&m, ESPD_A_LIFETIME_SOFT, lt->bytes.rekey,
 					 lt->packets.rekey, lt->time.rekey);
 		put_lifetime(&m, ESPD_A_LIFETIME_HARD, lt->bytes.life,
@@ -657,7 +667,7 @@ METHOD(kernel_ipsec_t, update_sa, status_t,
 typedef struct {
 	bool found;
 	uint32_t state;
-	uint64_t bytes, packets, use_time;
+	uint64_t bytes, packets, use_time, last_use;
 } sa_stats_t;
 
 static void stats_reply(void *ctx, const espd_hdr_t *h, const uint8_t *body,
@@ -691,6 +701,9 @@ static void stats_reply(void *ctx, const espd_hdr_t *h, const uint8_t *body,
 					break;
 				case ESPD_ST_USE_TIME:
 					espd_attr_u64(&b, &st->use_time);
+					break;
+				case ESPD_ST_LAST_USE:
+					espd_attr_u64(&b, &st->last_use);
 					break;
 			}
 		}
@@ -735,24 +748,38 @@ METHOD(kernel_ipsec_t, query_sa, status_t,
 	{
 		return FAILED;
 	}
-	/* espd reports when the SA was first used (XFRM's use_time); charon
-	 * wants the last use: the time the byte count was last seen growing */
 	now = time_monotonic(NULL);
-	this->mutex->lock(this->mutex);
-	e = this->sas->get(this->sas, &key);
-	if (e)
+	if (st.last_use)
 	{
-		if (st.bytes > e->last_bytes)
-		{
-			e->last_bytes = st.bytes;
-			e->last_use = now;
-		}
-		use = e->last_use;
+		/* espd's last use, wall-clock ns: as a monotonic time for charon */
+		struct timespec ts;
+		int64_t ago;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ago = ((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec -
+			   (int64_t)st.last_use) / 1000000000;
+		use = now - max(ago, (int64_t)0);
 	}
-	this->mutex->unlock(this->mutex);
-	if (!e && st.use_time)
+	else
 	{
-		use = now;
+		/* an espd without ST_LAST_USE: the time the byte count was last
+		 * seen growing */
+		this->mutex->lock(this->mutex);
+		e = this->sas->get(this->sas, &key);
+		if (e)
+		{
+			if (st.bytes > e->last_bytes)
+			{
+				e->last_bytes = st.bytes;
+				e->last_use = now;
+			}
+			use = e->last_use;
+		}
+		this->mutex->unlock(this->mutex);
+		if (!e && st.use_time)
+		{
+			use = now;
+		}
 	}
 	if (bytes)
 	{

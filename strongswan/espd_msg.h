@@ -142,6 +142,7 @@ enum {
 	ESPD_ST_USE_TIME = 5,
 	ESPD_ST_SEQ_OUT = 6,
 	ESPD_ST_REPLAY_TOP = 7,
+	ESPD_ST_LAST_USE = 8,
 };
 
 /* FLOW */

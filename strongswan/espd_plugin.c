@@ -88,7 +88,7 @@ plugin_t *espd_plugin_create()
 		.mark = lib->settings->get_int(lib->settings, "%s.plugins.espd.mark",
 									   0xe5d0, lib->ns),
 		.ike_handoff = lib->settings->get_bool(lib->settings,
-							"%s.plugins.espd.ike_handoff", TRUE, lib->ns),
+							"%s.plugins.espd.ike_handoff", FALSE, lib->ns),
 	};
 	if (espd_settings.timeout_ms < 100)
 	{
