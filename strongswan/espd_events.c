@@ -323,6 +323,9 @@ static void *run(private_espd_events_t *this)
 	time_t last_log = 0;
 	int backoff = 100, r;
 
+	/* cancellation only where the thread waits (reads, naps), never while
+	 * it holds a lock or talks to espd */
+	thread_cancelability(FALSE);
 	thread_cleanup_push((thread_cleanup_t)close_fd, this);
 	for (;;)
 	{
