@@ -251,7 +251,14 @@ func (c *Charon) startCharon(ctx context.Context, node *testbed.Node, i int) (*c
 		extra = fmt.Sprintf("\t\tespd {\n\t\t\tsocket = unix://%s\n\t\t\tike_handoff = no\n\t\t}\n", c.espd[i].sock)
 	}
 	load = append(load, "kernel-netlink", "socket-default", "vici")
-	conf := fmt.Sprintf(strongswanConf, strings.Join(load, " "), p.uri, extra, filepath.Join(dir, "charon.log"))
+	// libipsec needs charon's routes (table 220) into its ipsec0 TUN;
+	// espd routes its policies' destinations into its own TUN, and
+	// charon's table 220 would take the traffic past it.
+	routes := "yes"
+	if c.kind == CharonEspd {
+		routes = "no"
+	}
+	conf := fmt.Sprintf(strongswanConf, strings.Join(load, " "), routes, p.uri, extra, filepath.Join(dir, "charon.log"))
 	confPath := filepath.Join(dir, "strongswan.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		return nil, err
@@ -280,6 +287,7 @@ func (c *Charon) startCharon(ctx context.Context, node *testbed.Node, i int) (*c
 const strongswanConf = `charon {
 	load_modular = no
 	load = %s
+	install_routes = %s
 	install_virtual_ip = no
 	plugins {
 		vici {
