@@ -287,6 +287,17 @@ METHOD(socket_t, receive, status_t,
 			*out = pkt;
 			return SUCCESS;
 		}
+		if (h.type == ESPD_MSG_IKE_UNREGISTER && !(h.flags & ESPD_F_REPLY))
+		{
+			/* another IKE daemon registered: two charons on one espd */
+			DBG1(DBG_NET, "espd: another IKE daemon took over espd's IKE "
+				 "hand-off; registering again in 5 s");
+			drop_fd(this);
+			old = thread_cancelability(TRUE);
+			sleep(5);
+			thread_cancelability(old);
+			continue;
+		}
 		if (h.type == ESPD_MSG_ERROR)
 		{
 			espd_parse_error(this->buf + ESPD_HDR_LEN,
