@@ -37,6 +37,7 @@ func run(args []string) error {
 		logFormat string
 		logLevel  string
 		ikePort   uint
+		pprofAddr string
 	)
 	fs.StringVar(&dp.TUN.Name, "tun", tun.DefaultName, "name of the cleartext TUN device")
 	fs.IntVar(&dp.TUN.MTU, "mtu", tun.DefaultMTU, "MTU of the TUN device")
@@ -54,6 +55,7 @@ func run(args []string) error {
 	fs.StringVar(&opts.MetricsListen, "metrics-listen", "", "address of the Prometheus /metrics endpoint (e.g. 127.0.0.1:9585)")
 	fs.BoolVar(&opts.IKEHandoff, "ike-handoff", false, "own the IKE port and the encapsulation port, and hand IKE to charon's espd plugin over the control socket")
 	fs.UintVar(&ikePort, "ike-port", 500, "IKE port with --ike-handoff")
+	fs.StringVar(&pprofAddr, "pprof-listen", "", "debugging: serve net/http/pprof (CPU, block, mutex profiles) on this address, e.g. 127.0.0.1:6060")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -89,6 +91,11 @@ func run(args []string) error {
 		return fmt.Errorf("--log-format %q: want text or json", logFormat)
 	}
 
+	if pprofAddr != "" {
+		if err := startPprof(pprofAddr, opts.Logger); err != nil {
+			return err
+		}
+	}
 	d, err := daemon.New(opts)
 	if err != nil {
 		return err
