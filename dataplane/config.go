@@ -60,6 +60,10 @@ type Config struct {
 	// RecvBuffer is the outer sockets' SO_RCVBUF (forced); 0 means
 	// DefaultRecvBuffer, negative leaves the kernel's default.
 	RecvBuffer int
+	// NoGSO turns UDP segmentation offload off: ESP-in-UDP is then sent
+	// packet by packet through the raw sockets, and received without
+	// UDP_GRO (see SocketConfig).
+	NoGSO bool
 	// Keepalive is the NAT-keepalive interval for outbound states with
 	// UDP encapsulation; 0 means DefaultKeepalive, negative disables.
 	Keepalive time.Duration

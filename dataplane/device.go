@@ -121,7 +121,7 @@ func (d *Device) Start() (err error) {
 	d.cfg.Table = r.Table()
 	socks, err := OpenSockets(SocketConfig{
 		Mark: d.cfg.Mark, EncapPort: d.cfg.EncapPort, NoIPv6: d.cfg.NoIPv6,
-		Batch: d.cfg.Batch, RecvBuffer: d.cfg.RecvBuffer,
+		Batch: d.cfg.Batch, RecvBuffer: d.cfg.RecvBuffer, NoGSO: d.cfg.NoGSO,
 	})
 	if err != nil {
 		return err

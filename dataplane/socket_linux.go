@@ -29,6 +29,9 @@ type SocketConfig struct {
 	Batch int
 	// RecvBuffer, if > 0, sets SO_RCVBUFFORCE on the receiving sockets.
 	RecvBuffer int
+	// NoGSO sends all ESP-in-UDP through the raw sockets and leaves
+	// UDP_GRO off on the UDP sockets.
+	NoGSO bool
 }
 
 // Sockets are espd's outer sockets: raw ESP (IP protocol 50) and
@@ -37,7 +40,9 @@ type SocketConfig struct {
 // packets package esp builds, so that TTL, DSCP, ECN and DF are espd's to
 // set per packet. The UDP sockets own the encapsulation port: they receive
 // ESP-in-UDP, IKE and keepalives, and keep the kernel from answering them
-// with port unreachable.
+// with port unreachable. Unless NoGSO, they also send the ESP-in-UDP they
+// can, several datagrams per message (UDP_SEGMENT), and receive with
+// UDP_GRO (gso_linux.go).
 type Sockets struct {
 	recv []Receiver
 	send *rawSender
@@ -77,6 +82,9 @@ func OpenSockets(cfg SocketConfig) (s *Sockets, err error) {
 	s.send, err = openRawSender(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if !cfg.NoGSO {
+		s.send.useGSO(s.recv, cfg.Batch)
 	}
 	return s, nil
 }
@@ -137,6 +145,7 @@ type receiver struct {
 	fam  int
 	udp  bool
 	port uint16
+	gro  *groReader // UDP socket with UDP_GRO on
 }
 
 func openRawESP(fam int, cfg SocketConfig) (*receiver, error) {
@@ -202,7 +211,14 @@ func openUDP(fam int, cfg SocketConfig) (*receiver, error) {
 		unix.Close(fd)
 		return nil, err
 	}
-	return &receiver{c: c, fam: fam, udp: true, port: cfg.EncapPort}, nil
+	r := &receiver{c: c, fam: fam, udp: true, port: cfg.EncapPort}
+	// UDP_GRO (Linux 5.0): a run of datagrams sent with UDP_SEGMENT, or
+	// coalesced by the NIC's GRO, arrives as one. Without it, the kernel
+	// splits such runs before queueing them.
+	if !cfg.NoGSO && unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil {
+		r.gro = newGROReader()
+	}
+	return r, nil
 }
 
 // Receive implements Receiver.
@@ -212,7 +228,12 @@ func (r *receiver) Receive(msgs []Message) (int, error) {
 		if len(msgs[i].Buf) <= RecvOffset {
 			return 0, fmt.Errorf("dataplane: receive buffer of %d bytes", len(msgs[i].Buf))
 		}
-		r.c.prepare(i, msgs[i].Buf[RecvOffset:], true, 0)
+		if r.gro == nil {
+			r.c.prepare(i, msgs[i].Buf[RecvOffset:], true, 0)
+		}
+	}
+	if r.gro != nil {
+		return r.receiveGRO(msgs[:n])
 	}
 	n, err := r.c.recv(n)
 	if err != nil {
@@ -233,17 +254,7 @@ func (r *receiver) parse(i int, m *Message) {
 		return
 	}
 	m.Start, m.End = RecvOffset, RecvOffset+int(h.len)
-	name := &r.c.names[i]
-	var src netip.Addr
-	var sport uint16
-	if name.Family == unix.AF_INET6 {
-		src = netip.AddrFrom16(name.Addr)
-		sport = binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&name.Port))[:])
-	} else {
-		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(name))
-		src = netip.AddrFrom4(sa4.Addr)
-		sport = binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa4.Port))[:])
-	}
+	src, sport := r.peer(i)
 	var dst netip.Addr
 	parseControl(r.c.control(i), &dst, &m.TOS)
 	if r.fam == unix.AF_INET && !r.udp {
@@ -271,14 +282,26 @@ func (r *receiver) parse(i int, m *Message) {
 	}
 }
 
+// peer returns the source address and port of message i of the last
+// recvmmsg.
+func (r *receiver) peer(i int) (netip.Addr, uint16) {
+	name := &r.c.names[i]
+	if name.Family == unix.AF_INET6 {
+		return netip.AddrFrom16(name.Addr), binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&name.Port))[:])
+	}
+	sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(name))
+	return netip.AddrFrom4(sa4.Addr), binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa4.Port))[:])
+}
+
 // parseControl reads the destination address (IP_PKTINFO, IPV6_PKTINFO)
-// and the TOS or traffic class (IP_TOS, IPV6_TCLASS) out of oob.
-func parseControl(oob []byte, dst *netip.Addr, tos *uint8) {
+// and the TOS or traffic class (IP_TOS, IPV6_TCLASS) out of oob, and
+// returns the UDP_GRO segment size (0 if none).
+func parseControl(oob []byte, dst *netip.Addr, tos *uint8) (seg int) {
 	for len(oob) >= unix.SizeofCmsghdr {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
 		l := int(h.Len)
 		if l < unix.SizeofCmsghdr || l > len(oob) {
-			return
+			return seg
 		}
 		data := oob[unix.CmsgLen(0):l]
 		switch {
@@ -290,27 +313,44 @@ func parseControl(oob []byte, dst *netip.Addr, tos *uint8) {
 			*tos = uint8(binary.NativeEndian.Uint32(data))
 		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
 			*dst = netip.AddrFrom16([16]byte(data[:16]))
+		case h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO && len(data) >= 2:
+			if len(data) >= 4 {
+				seg = int(binary.NativeEndian.Uint32(data))
+			} else {
+				seg = int(binary.NativeEndian.Uint16(data))
+			}
 		}
 		next := unix.CmsgSpace(l - unix.CmsgLen(0))
 		if next > len(oob) {
-			return
+			return seg
 		}
 		oob = oob[next:]
 	}
+	return seg
 }
 
 // Close implements Receiver.
 func (r *receiver) Close() error { return r.c.close() }
 
 // rawSender sends complete IP packets through IPPROTO_RAW sockets, which
-// imply IP_HDRINCL (IPv4) and IPV6_HDRINCL (IPv6).
+// imply IP_HDRINCL (IPv4) and IPV6_HDRINCL (IPv6), and ESP-in-UDP from the
+// encapsulation port's UDP sockets with UDP_SEGMENT where the packets
+// allow it (gso_linux.go). Packets leave in the order given.
 type rawSender struct {
 	mu     sync.Mutex
 	v4, v6 *mmsgConn
+	g4, g6 *gsoConn // nil: no UDP socket of the family, or GSO off
+
+	// the Send call in progress
+	n4, n6   int
+	sent     int
+	firstErr error
+	fallback func(pkts [][]byte)
 }
 
 func openRawSender(cfg SocketConfig) (*rawSender, error) {
 	s := &rawSender{}
+	s.fallback = s.sendRaw
 	fd, err := socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW, cfg, "raw send")
 	if err != nil {
 		return nil, err
@@ -335,6 +375,23 @@ func openRawSender(cfg SocketConfig) (*rawSender, error) {
 	return s, nil
 }
 
+// useGSO sends the ESP-in-UDP that allows it from the UDP receivers'
+// sockets (they own the encapsulation port).
+func (s *rawSender) useGSO(recv []Receiver, batch int) {
+	for _, r := range recv {
+		u, ok := r.(*receiver)
+		if !ok || !u.udp {
+			continue
+		}
+		g := newGSOConn(u.c.rc, u.fam, u.port, batch)
+		if u.fam == unix.AF_INET {
+			s.g4 = g
+		} else {
+			s.g6 = g
+		}
+	}
+}
+
 // errNoIPv6 and errNotIP are returned for packets the sender cannot send.
 var (
 	errNoIPv6 = errors.New("dataplane: IPv6 outer packet with IPv6 disabled")
@@ -345,52 +402,90 @@ var (
 func (s *rawSender) Send(pkts [][]byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var firstErr error
-	sent := 0
-	n4, n6 := 0, 0
-	flush := func(c *mmsgConn, n int) {
-		ok, err := s.flush(c, n)
-		sent += ok
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
+	s.sent, s.firstErr = 0, nil
 	for _, p := range pkts {
-		switch {
-		case len(p) >= packet.IPv4HeaderLen && p[0]>>4 == 4:
-			sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&s.v4.names[n4]))
-			*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: [4]byte(p[16:20])}
-			s.v4.prepare(n4, p, false, unix.SizeofSockaddrInet4)
-			if n4++; n4 == len(s.v4.hdrs) {
-				flush(s.v4, n4)
-				n4 = 0
+		g := s.g4
+		if len(p) > 0 && p[0]>>4 == 6 {
+			g = s.g6
+		}
+		if hl, ok := g.eligible(p); ok {
+			s.flushRaw()
+			if !g.add(p, hl) {
+				s.flushGSO()
+				g.add(p, hl)
 			}
-		case len(p) >= packet.IPv6HeaderLen && p[0]>>4 == 6:
-			if s.v6 == nil {
-				if firstErr == nil {
-					firstErr = errNoIPv6
-				}
-				continue
-			}
-			s.v6.names[n6] = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: [16]byte(p[24:40])}
-			s.v6.prepare(n6, p, false, unix.SizeofSockaddrInet6)
-			if n6++; n6 == len(s.v6.hdrs) {
-				flush(s.v6, n6)
-				n6 = 0
-			}
-		default:
-			if firstErr == nil {
-				firstErr = errNotIP
-			}
+			continue
+		}
+		s.flushGSO()
+		s.queueRaw(p)
+	}
+	s.flushGSO()
+	s.flushRaw()
+	return s.sent, s.firstErr
+}
+
+func (s *rawSender) fail(err error) {
+	if err != nil && s.firstErr == nil {
+		s.firstErr = err
+	}
+}
+
+// queueRaw prepares p for the raw sockets, sending what is queued when a
+// vector is full.
+func (s *rawSender) queueRaw(p []byte) {
+	switch {
+	case len(p) >= packet.IPv4HeaderLen && p[0]>>4 == 4:
+		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&s.v4.names[s.n4]))
+		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: [4]byte(p[16:20])}
+		s.v4.prepare(s.n4, p, false, unix.SizeofSockaddrInet4)
+		if s.n4++; s.n4 == len(s.v4.hdrs) {
+			s.flushRaw()
+		}
+	case len(p) >= packet.IPv6HeaderLen && p[0]>>4 == 6:
+		if s.v6 == nil {
+			s.fail(errNoIPv6)
+			return
+		}
+		s.v6.names[s.n6] = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: [16]byte(p[24:40])}
+		s.v6.prepare(s.n6, p, false, unix.SizeofSockaddrInet6)
+		if s.n6++; s.n6 == len(s.v6.hdrs) {
+			s.flushRaw()
+		}
+	default:
+		s.fail(errNotIP)
+	}
+}
+
+// sendRaw sends pkts through the raw sockets at once (the GSO fallback).
+func (s *rawSender) sendRaw(pkts [][]byte) {
+	for _, p := range pkts {
+		s.queueRaw(p)
+	}
+	s.flushRaw()
+}
+
+func (s *rawSender) flushRaw() {
+	if s.n4 > 0 {
+		ok, err := s.flush(s.v4, s.n4)
+		s.sent += ok
+		s.fail(err)
+		s.n4 = 0
+	}
+	if s.n6 > 0 {
+		ok, err := s.flush(s.v6, s.n6)
+		s.sent += ok
+		s.fail(err)
+		s.n6 = 0
+	}
+}
+
+func (s *rawSender) flushGSO() {
+	for _, g := range [2]*gsoConn{s.g4, s.g6} {
+		if g.pending() {
+			sent, _ := g.flush(s.fallback)
+			s.sent += sent
 		}
 	}
-	if n4 > 0 {
-		flush(s.v4, n4)
-	}
-	if n6 > 0 {
-		flush(s.v6, n6)
-	}
-	return sent, firstErr
 }
 
 // flush sends the n prepared messages of c, skipping any that fails.

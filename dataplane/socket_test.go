@@ -2,7 +2,9 @@ package dataplane
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strconv"
 	"testing"
@@ -216,4 +218,92 @@ func TestSocketsRoundTrip(t *testing.T) {
 			t.Errorf("unmarked Send: %d, %v; want 0 and an error", n, err)
 		}
 	})
+}
+
+// TestSocketsGSO sends runs of ESP-in-UDP that the sender groups into
+// UDP_SEGMENT messages (same size, TOS and peer; a shorter packet ends a
+// run) mixed with packets it must send raw (DF clear), and checks that the
+// receiver splits what UDP_GRO delivers back into the same packets, in
+// order, each with its own TOS, and that with GSO on the runs did travel
+// as fewer datagrams.
+func TestSocketsGSO(t *testing.T) {
+	for _, noGSO := range []bool{false, true} {
+		t.Run(fmt.Sprintf("NoGSO=%v", noGSO), func(t *testing.T) {
+			a, b := twoNS(t)
+			sa := openIn(t, a, SocketConfig{Mark: testMark, EncapPort: 4503, NoGSO: noGSO, RecvBuffer: 4 << 20})
+			sb := openIn(t, b, SocketConfig{Mark: testMark, EncapPort: 4503, NoGSO: noGSO, RecvBuffer: 4 << 20})
+			for _, fam := range []struct {
+				name     string
+				src, dst netip.Addr
+				r        Receiver
+			}{
+				{"IPv4", netip.MustParseAddr("198.18.1.1"), netip.MustParseAddr("198.18.1.2"), sb.Receivers()[1]},
+				{"IPv6", netip.MustParseAddr("2001:db8:1::1"), netip.MustParseAddr("2001:db8:1::2"), sb.Receivers()[3]},
+			} {
+				t.Run(fam.name, func(t *testing.T) {
+					const total = 300
+					var pkts [][]byte
+					tosOf := func(i int) uint8 { return uint8(i/25) << 2 }
+					for i := range total {
+						size := 1000
+						switch {
+						case i%50 == 49:
+							size = 300 // ends a run
+						case i%70 == 69:
+							size = 1200 // larger: starts a new run
+						}
+						pl := make([]byte, size)
+						binary.BigEndian.PutUint32(pl, 0x1234)
+						binary.BigEndian.PutUint32(pl[4:], uint32(i))
+						p := outerPkt(t, fam.src, fam.dst, 4503, 4503, tosOf(i), pl)
+						if fam.src.Is4() && i%90 == 89 {
+							p[6] &^= 0x40 // DF clear: not for the UDP socket
+							binary.BigEndian.PutUint16(p[10:], 0)
+							binary.BigEndian.PutUint16(p[10:], packet.Checksum(p[:packet.IPv4HeaderLen], 0))
+						}
+						pkts = append(pkts, p)
+					}
+					if n, err := sa.Sender().Send(pkts); n != total || err != nil {
+						t.Fatalf("Send: %d, %v", n, err)
+					}
+					msgs := make([]Message, 64)
+					for i := range msgs {
+						msgs[i].Buf = make([]byte, 2048)
+					}
+					deadline := time.AfterFunc(5*time.Second, func() { fam.r.Close() })
+					defer deadline.Stop()
+					got := 0
+					for got < total {
+						n, err := fam.r.Receive(msgs)
+						if err != nil {
+							t.Fatalf("after %d: %v", got, err)
+						}
+						for _, m := range msgs[:n] {
+							if m.Err != nil {
+								t.Fatalf("packet %d: %v", got, m.Err)
+							}
+							p := m.Buf[m.Start:m.End]
+							if len(p) < 8 || binary.BigEndian.Uint32(p[4:]) != uint32(got) {
+								t.Fatalf("packet %d: got number %d (%d bytes)", got, binary.BigEndian.Uint32(p[4:]), len(p))
+							}
+							if want := len(pkts[got]) - packet.UDPHeaderLen - map[bool]int{true: packet.IPv4HeaderLen, false: packet.IPv6HeaderLen}[fam.src.Is4()]; len(p) != want {
+								t.Fatalf("packet %d: %d bytes, want %d", got, len(p), want)
+							}
+							if m.TOS != tosOf(got) || m.Src != netip.AddrPortFrom(fam.src, 4503) || m.Dst != netip.AddrPortFrom(fam.dst, 4503) {
+								t.Fatalf("packet %d: TOS %#x src %v dst %v", got, m.TOS, m.Src, m.Dst)
+							}
+							got++
+						}
+					}
+					g := fam.r.(*receiver).gro
+					switch {
+					case noGSO && g != nil:
+						t.Error("UDP_GRO on with NoGSO")
+					case !noGSO && (g == nil || g.datagrams >= total/4):
+						t.Errorf("%d packets arrived in %d datagrams: GSO/GRO not in effect", total, g.datagrams)
+					}
+				})
+			}
+		})
+	}
 }

@@ -1,0 +1,372 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/espd/espd/packet"
+)
+
+// UDP segmentation offload for ESP-in-UDP (RFC 3948).
+//
+// Raw ESP costs the kernel a trip through its IP output path, the link and
+// the peer's IP input path for every packet. ESP-in-UDP can do better:
+// sent from the encapsulation port's UDP socket with UDP_SEGMENT, a run of
+// same-size datagrams to one peer is one message that the kernel carries
+// as a single GSO packet and splits only where it must (a real NIC
+// segments it in hardware or at the driver; veth passes it whole), and a
+// receiving socket with UDP_GRO gets such a run back as one datagram with
+// its segment size. The ESP packets on the wire are the same; only the
+// outer IPv4 ID (the kernel's, not the sequence number's low bits) and the
+// UDP checksum (computed, not zero) differ from what package esp builds.
+const (
+	// gsoMaxSegments is the most datagrams per UDP_SEGMENT message: the
+	// kernel's UDP_MAX_SEGMENTS (64 before Linux 6.9, 128 since).
+	gsoMaxSegments = 64
+	// gsoMaxBytes bounds a message's UDP payload (the UDP length field).
+	gsoMaxBytes = 65535 - packet.UDPHeaderLen - packet.IPv6HeaderLen
+	// groBufSize holds the largest datagram UDP_GRO delivers.
+	groBufSize = 1 << 16
+	// groMessages is the number of datagrams per recvmmsg with UDP_GRO.
+	groMessages = 16
+	// gsoFailLimit is the number of consecutive failed UDP_SEGMENT
+	// messages after which a family falls back to the raw sender for good
+	// (a kernel without UDP_SEGMENT, a path that refuses it).
+	gsoFailLimit = 8
+)
+
+// gsoConn sends UDP-encapsulated ESP from the encapsulation port's socket,
+// grouping consecutive datagrams of one size to one peer, with the same
+// source, TOS and TTL, into UDP_SEGMENT messages. It is driven by the
+// rawSender, under its mutex.
+type gsoConn struct {
+	rc   syscall.RawConn
+	fam  int
+	port uint16
+
+	hdrs  []mmsghdr
+	iovs  []unix.Iovec // one per datagram
+	names []unix.RawSockaddrInet6
+	oob   []byte // gsoOOB bytes per message
+	pkts  [][]byte
+	first []int // per message: index of its first datagram in pkts and iovs
+	segs  []int // per message: its segment size
+
+	nmsg   int
+	closed bool // the last message takes no more datagrams
+	fails  int  // consecutive failed messages
+	off    bool // given up on UDP_SEGMENT: everything goes raw
+
+	// the sendmmsg call in progress, read by writeFn
+	callOff, callN int
+	count          int
+	errno          syscall.Errno
+	writeFn        func(uintptr) bool
+}
+
+// gsoOOB is the control-message room per message: source address, TOS or
+// traffic class, TTL or hop limit, segment size.
+const gsoOOB = 128
+
+func newGSOConn(rc syscall.RawConn, fam int, port uint16, batch int) *gsoConn {
+	g := &gsoConn{
+		rc: rc, fam: fam, port: port,
+		hdrs:  make([]mmsghdr, batch),
+		iovs:  make([]unix.Iovec, 2*batch),
+		names: make([]unix.RawSockaddrInet6, batch),
+		oob:   make([]byte, batch*gsoOOB),
+		pkts:  make([][]byte, 2*batch),
+		first: make([]int, batch),
+		segs:  make([]int, batch),
+	}
+	g.writeFn = g.sendmmsg
+	return g
+}
+
+func (g *gsoConn) sendmmsg(fd uintptr) bool {
+	r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&g.hdrs[g.callOff])), uintptr(g.callN), unix.MSG_DONTWAIT, 0, 0)
+	if e == unix.EAGAIN || e == unix.EINTR {
+		return false
+	}
+	g.count, g.errno = int(r), e
+	return true
+}
+
+// eligible reports whether p, a complete outer packet, is ESP-in-UDP that
+// the socket can send unchanged: from the encapsulation port, with the
+// standard header package esp writes, IPv4 with DF (what the socket sets
+// on a datagram that fits the path) and not fragmented. It returns the
+// IP header's length.
+func (g *gsoConn) eligible(p []byte) (int, bool) {
+	if g == nil || g.off {
+		return 0, false
+	}
+	var hl int
+	if g.fam == unix.AF_INET {
+		hl = packet.IPv4HeaderLen
+		if len(p) < hl+packet.UDPHeaderLen || p[0] != 0x45 || p[9] != packet.ProtoUDP ||
+			binary.BigEndian.Uint16(p[6:8]) != 0x4000 || int(binary.BigEndian.Uint16(p[2:4])) != len(p) {
+			return 0, false
+		}
+	} else {
+		hl = packet.IPv6HeaderLen
+		if len(p) < hl+packet.UDPHeaderLen || p[0]>>4 != 6 || p[6] != packet.ProtoUDP ||
+			int(binary.BigEndian.Uint16(p[4:6]))+hl != len(p) {
+			return 0, false
+		}
+	}
+	if binary.BigEndian.Uint16(p[hl:hl+2]) != g.port || len(p)-hl-packet.UDPHeaderLen > gsoMaxBytes {
+		return 0, false
+	}
+	return hl, true
+}
+
+// sameGroup reports whether p goes to the same peer with the same outer
+// header fields as q, the first datagram of a message.
+func (g *gsoConn) sameGroup(p, q []byte) bool {
+	if g.fam == unix.AF_INET {
+		// TOS, TTL, addresses, destination port
+		return p[1] == q[1] && p[8] == q[8] && string(p[12:20]) == string(q[12:20]) && string(p[22:24]) == string(q[22:24])
+	}
+	// traffic class, hop limit, addresses, destination port
+	return p[0] == q[0] && p[1]&0xf0 == q[1]&0xf0 && p[7] == q[7] && string(p[8:40]) == string(q[8:40]) && string(p[42:44]) == string(q[42:44])
+}
+
+// add queues p (eligible, with an IP header of hl bytes). It reports
+// false, queueing nothing, when the vectors are full: flush and add again.
+func (g *gsoConn) add(p []byte, hl int) bool {
+	n := g.used()
+	if n == len(g.iovs) {
+		return false
+	}
+	payload := p[hl+packet.UDPHeaderLen:]
+	if m := g.nmsg - 1; m >= 0 && !g.closed {
+		h := &g.hdrs[m].hdr
+		seg, cnt := g.segs[m], int(h.Iovlen)
+		if len(payload) <= seg && cnt < gsoMaxSegments && (cnt+1)*seg <= gsoMaxBytes && g.sameGroup(p, g.pkts[g.first[m]]) {
+			g.setIov(n, p, payload)
+			h.SetIovlen(cnt + 1)
+			g.closed = len(payload) < seg
+			return true
+		}
+	}
+	if g.nmsg == len(g.hdrs) {
+		return false
+	}
+	m := g.nmsg
+	g.nmsg++
+	g.first[m], g.segs[m] = n, len(payload)
+	g.closed = false
+	g.setIov(n, p, payload)
+	h := &g.hdrs[m].hdr
+	*h = unix.Msghdr{}
+	h.Iov = &g.iovs[n]
+	h.SetIovlen(1)
+	h.Name = (*byte)(unsafe.Pointer(&g.names[m]))
+	if g.fam == unix.AF_INET {
+		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&g.names[m]))
+		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: [4]byte(p[16:20])}
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], binary.BigEndian.Uint16(p[22:24]))
+		h.Namelen = unix.SizeofSockaddrInet4
+	} else {
+		sa := &g.names[m]
+		*sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: [16]byte(p[24:40])}
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], binary.BigEndian.Uint16(p[42:44]))
+		h.Namelen = unix.SizeofSockaddrInet6
+	}
+	g.hdrs[m].len = 0
+	return true
+}
+
+func (g *gsoConn) setIov(i int, p, payload []byte) {
+	g.pkts[i] = p
+	iov := &g.iovs[i]
+	iov.Base = unsafe.SliceData(payload)
+	iov.SetLen(len(payload))
+}
+
+// finish writes message m's control messages: the source address, the
+// TOS or traffic class and the TTL or hop limit of its first datagram's
+// header, and the segment size if it has more than one datagram.
+func (g *gsoConn) finish(m int) {
+	p := g.pkts[g.first[m]]
+	oob := g.oob[m*gsoOOB : (m+1)*gsoOOB]
+	off := 0
+	put := func(level, typ int32, data []byte) {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[off]))
+		h.Level, h.Type = level, typ
+		h.SetLen(unix.CmsgLen(len(data)))
+		copy(oob[off+unix.CmsgLen(0):], data)
+		off += unix.CmsgSpace(len(data))
+	}
+	var b [20]byte
+	if g.fam == unix.AF_INET {
+		// struct in_pktinfo: ifindex, spec_dst (the source), addr
+		clear(b[:12])
+		copy(b[4:8], p[12:16])
+		put(unix.IPPROTO_IP, unix.IP_PKTINFO, b[:unix.SizeofInet4Pktinfo])
+		binary.NativeEndian.PutUint32(b[:4], uint32(p[1]))
+		put(unix.IPPROTO_IP, unix.IP_TOS, b[:4])
+		binary.NativeEndian.PutUint32(b[:4], uint32(p[8]))
+		put(unix.IPPROTO_IP, unix.IP_TTL, b[:4])
+	} else {
+		// struct in6_pktinfo: addr, ifindex
+		copy(b[:16], p[8:24])
+		clear(b[16:20])
+		put(unix.IPPROTO_IPV6, unix.IPV6_PKTINFO, b[:unix.SizeofInet6Pktinfo])
+		binary.NativeEndian.PutUint32(b[:4], uint32(p[0]<<4|p[1]>>4))
+		put(unix.IPPROTO_IPV6, unix.IPV6_TCLASS, b[:4])
+		binary.NativeEndian.PutUint32(b[:4], uint32(p[7]))
+		put(unix.IPPROTO_IPV6, unix.IPV6_HOPLIMIT, b[:4])
+	}
+	if g.hdrs[m].hdr.Iovlen > 1 {
+		binary.NativeEndian.PutUint16(b[:2], uint16(g.segs[m]))
+		put(unix.SOL_UDP, unix.UDP_SEGMENT, b[:2])
+	}
+	h := &g.hdrs[m].hdr
+	h.Control = &oob[0]
+	h.SetControllen(off)
+}
+
+// pending reports whether messages wait to be sent.
+func (g *gsoConn) pending() bool { return g != nil && g.nmsg > 0 }
+
+// flush sends the queued messages. A message the kernel refuses goes to
+// fallback datagram by datagram (the raw sender), so that nothing is lost
+// to a kernel or path without UDP_SEGMENT; after gsoFailLimit refusals in
+// a row the family stops trying. It returns the datagrams sent and the
+// first error of a message that fallback did not take.
+func (g *gsoConn) flush(fallback func(pkts [][]byte)) (sent int, calls int) {
+	for m := range g.nmsg {
+		g.finish(m)
+	}
+	for off := 0; off < g.nmsg; {
+		g.callOff, g.callN = off, g.nmsg-off
+		calls++
+		err := g.rc.Write(g.writeFn)
+		k := 0
+		if err == nil && g.errno == 0 {
+			k = g.count
+		}
+		for m := off; m < off+k; m++ {
+			sent += int(g.hdrs[m].hdr.Iovlen)
+		}
+		if k > 0 {
+			g.fails = 0
+		}
+		off += k
+		if err != nil || g.errno != 0 {
+			// message off failed: send its datagrams the raw way
+			f := g.first[off]
+			fallback(g.pkts[f : f+int(g.hdrs[off].hdr.Iovlen)])
+			if g.fails++; g.fails >= gsoFailLimit {
+				g.off = true
+			}
+			off++
+		}
+	}
+	clear(g.pkts[:g.used()])
+	g.nmsg, g.closed = 0, false
+	return sent, calls
+}
+
+// used returns the number of datagrams queued.
+func (g *gsoConn) used() int {
+	if g.nmsg == 0 {
+		return 0
+	}
+	return g.first[g.nmsg-1] + int(g.hdrs[g.nmsg-1].hdr.Iovlen)
+}
+
+// groReader splits the datagrams a UDP_GRO socket delivers, each a run of
+// segments of one size, into the caller's messages, one ESP packet each,
+// keeping what does not fit for the next call.
+type groReader struct {
+	bufs  [][]byte
+	metas []groMeta
+	n     int // datagrams from the last recvmmsg
+	next  int // next datagram to split
+	off   int // offset of its next segment
+
+	datagrams uint64 // received, for tests
+}
+
+type groMeta struct {
+	src, dst netip.AddrPort
+	tos      uint8
+	seg      int // segment size; 0: one datagram
+	size     int
+	err      error
+}
+
+func newGROReader() *groReader {
+	g := &groReader{bufs: make([][]byte, groMessages), metas: make([]groMeta, groMessages)}
+	for i := range g.bufs {
+		g.bufs[i] = make([]byte, groBufSize)
+	}
+	return g
+}
+
+// receiveGRO implements Receive for a UDP socket with UDP_GRO.
+func (r *receiver) receiveGRO(msgs []Message) (int, error) {
+	g := r.gro
+	if g.next >= g.n {
+		n := min(len(g.bufs), len(r.c.hdrs))
+		for i := range n {
+			r.c.prepare(i, g.bufs[i], true, 0)
+		}
+		n, err := r.c.recv(n)
+		if err != nil {
+			return 0, err
+		}
+		for i := range n {
+			r.parseGRO(i, &g.metas[i])
+		}
+		g.n, g.next, g.off = n, 0, 0
+		g.datagrams += uint64(n)
+	}
+	k := 0
+	for k < len(msgs) && g.next < g.n {
+		mt := &g.metas[g.next]
+		m := &msgs[k]
+		*m = Message{Buf: m.Buf, UDP: true, Src: mt.src, Dst: mt.dst, TOS: mt.tos, Err: mt.err}
+		l := mt.size - g.off
+		if mt.seg > 0 && l > mt.seg {
+			l = mt.seg
+		}
+		if mt.err == nil {
+			if RecvOffset+l > len(m.Buf) {
+				m.Err = ErrTruncated
+			} else {
+				copy(m.Buf[RecvOffset:], g.bufs[g.next][g.off:g.off+l])
+				m.Start, m.End = RecvOffset, RecvOffset+l
+			}
+		}
+		if g.off += l; g.off >= mt.size || mt.err != nil {
+			g.next++
+			g.off = 0
+		}
+		k++
+	}
+	return k, nil
+}
+
+// parseGRO fills in mt from datagram i of the last recvmmsg.
+func (r *receiver) parseGRO(i int, mt *groMeta) {
+	h := &r.c.hdrs[i]
+	*mt = groMeta{}
+	src, sport := r.peer(i)
+	var dst netip.Addr
+	mt.seg = parseControl(r.c.control(i), &dst, &mt.tos)
+	mt.src = netip.AddrPortFrom(src, sport)
+	mt.dst = netip.AddrPortFrom(dst, r.port)
+	if h.hdr.Flags&unix.MSG_TRUNC != 0 {
+		mt.err = ErrTruncated
+		return
+	}
+	mt.size = int(h.len)
+}
