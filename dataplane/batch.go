@@ -3,6 +3,8 @@ package dataplane
 import (
 	"net/netip"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/sa"
@@ -147,21 +149,67 @@ type queues struct {
 	crypto  chan *batch
 	inorder chan *batch
 	wg      sync.WaitGroup // producers; the last one closes the queues
+	done    atomic.Uint64  // batches the in-order stage has finished
 }
 
 func newQueues(n int) *queues {
 	return &queues{crypto: make(chan *batch, n+1), inorder: make(chan *batch, n)}
 }
 
-// push hands b to the workers and the in-order stage, or reports false if
-// the in-order queue is full. b must be locked.
-func (q *queues) push(b *batch) bool {
+// stallTimeout is how long a producer waits for room in a full queue
+// while the in-order stage finishes no batch: past it, the stage is stuck
+// (a sender blocked on a full socket, say) and the producer drops instead
+// of waiting, until the stage moves again.
+const stallTimeout = 100 * time.Millisecond
+
+// producer is one producer's state for push.
+type producer struct {
+	timer   *time.Timer
+	stalled bool   // the last push gave up on a stuck stage
+	at      uint64 // queues.done when it did
+}
+
+func newProducer() *producer {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &producer{timer: t}
+}
+
+// push hands b to the workers and the in-order stage. When the in-order
+// queue is full it waits for room, so that a burst is held by the kernel
+// (the TUN's queue, the socket's receive buffer) rather than dropped here,
+// as long as the in-order stage keeps finishing batches; when the stage
+// has finished none for stallTimeout it reports false (b is not queued)
+// and goes on reporting false at once until the stage moves. b must be
+// locked.
+func (q *queues) push(b *batch, p *producer) bool {
 	select {
 	case q.inorder <- b:
 		q.crypto <- b
+		p.stalled = false
 		return true
 	default:
+	}
+	done := q.done.Load()
+	if p.stalled && p.at == done {
 		return false
+	}
+	p.stalled = false
+	for {
+		p.timer.Reset(stallTimeout)
+		select {
+		case q.inorder <- b:
+			p.timer.Stop()
+			q.crypto <- b
+			return true
+		case <-p.timer.C:
+			now := q.done.Load()
+			if now == done {
+				p.stalled, p.at = true, now
+				return false
+			}
+			done = now
+		}
 	}
 }
 

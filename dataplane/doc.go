@@ -24,9 +24,13 @@
 // until a worker has done its crypto, so that a state deleted or expired
 // meanwhile keeps its keys until then and has them zeroed right after.
 //
-// Queues never block a reader: when the in-order queue is full the batch
-// is dropped and counted. Buffers and batches come from a sync.Pool and
-// the steady state allocates nothing per packet.
+// A reader that finds the in-order queue full waits for room, so that a
+// burst is held by the kernel (the TUN's queue, the socket's receive
+// buffer) instead of being dropped here, but only while the in-order stage
+// keeps finishing batches: when it has finished none for stallTimeout the
+// reader drops the batch, and goes on dropping at once until the stage
+// moves again, counting QueueDrops. Buffers and batches come from a
+// sync.Pool and the steady state allocates nothing per packet.
 //
 // The kernel side (TUN device, outer sockets, routes) is behind small
 // interfaces (TUN, Receiver, Sender) so that tests and benchmarks run the

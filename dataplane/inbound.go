@@ -19,6 +19,7 @@ func (d *Device) readOuter(r Receiver) {
 	defer d.wg.Done()
 	defer d.in.producerDone()
 	bs := min(d.cfg.Batch, d.pool.size)
+	prod := newProducer()
 	for {
 		b := d.pool.get()
 		b.out = false
@@ -27,7 +28,7 @@ func (d *Device) readOuter(r Receiver) {
 		}
 		n, err := r.Receive(b.msgs[:bs])
 		if n > 0 {
-			d.classifyIn(b, n)
+			d.classifyIn(b, n, prod)
 		} else {
 			d.pool.put(b)
 		}
@@ -50,7 +51,7 @@ func (d *Device) readOuter(r Receiver) {
 
 // classifyIn finds the inbound state of each of the n packets received
 // into b and queues b.
-func (d *Device) classifyIn(b *batch, n int) {
+func (d *Device) classifyIn(b *batch, n int, prod *producer) {
 	var l local
 	var (
 		haveSPI bool
@@ -111,7 +112,7 @@ func (d *Device) classifyIn(b *batch, n int) {
 	}
 	if live > 0 {
 		b.mu.Lock()
-		if !d.in.push(b) {
+		if !d.in.push(b, prod) {
 			b.mu.Unlock()
 			l[cQueueDrops] += uint64(live)
 			d.db.CountGlobal(sa.GlobalQueueDrop, uint64(live))
@@ -187,6 +188,7 @@ func (d *Device) writeLoop() {
 		d.writeBatch(w, b)
 		b.mu.Unlock()
 		d.pool.put(b)
+		d.in.done.Add(1)
 	}
 }
 

@@ -30,6 +30,7 @@ type outReader struct {
 	innerMTU int
 
 	runs []seqRun
+	prod *producer
 	pmtu pmtuCache
 	icmp icmpSender
 }
@@ -46,7 +47,7 @@ type seqRun struct {
 func (d *Device) readTUN() {
 	defer d.wg.Done()
 	defer d.out.producerDone()
-	r := &outReader{runs: make([]seqRun, 0, 16)}
+	r := &outReader{runs: make([]seqRun, 0, 16), prod: newProducer()}
 	r.pmtu.init(d)
 	r.icmp.init(d)
 	bs := min(d.io.TUN.BatchSize(), d.pool.size)
@@ -140,7 +141,7 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 	if live > 0 {
 		r.reserve(b)
 		b.mu.Lock()
-		if !d.out.push(b) {
+		if !d.out.push(b, r.prod) {
 			b.mu.Unlock()
 			l[cQueueDrops] += uint64(live)
 			d.db.CountGlobal(sa.GlobalQueueDrop, uint64(live))
@@ -294,6 +295,7 @@ func (d *Device) sendLoop() {
 		d.sendBatch(s, b)
 		b.mu.Unlock()
 		d.pool.put(b)
+		d.out.done.Add(1)
 	}
 }
 
