@@ -24,8 +24,8 @@ func drive(h *harness, tmpl [][]byte, total, limit int, done <-chan int) {
 // benchHarness is a harness that records nothing and reports counts on a
 // channel: sent outer packets (outbound) or packets written back to the
 // TUN (loop).
-func benchHarness(tb testing.TB, loop bool) (*harness, chan int) {
-	h := newHarness(tb, Config{Workers: 0, QueueLen: 64}, loop)
+func benchHarness(tb testing.TB, loop bool, workers int) (*harness, chan int) {
+	h := newHarness(tb, Config{Workers: workers, QueueLen: 64}, loop)
 	h.tun.record, h.tx.record = false, false
 	done := make(chan int, 4096)
 	if loop {
@@ -46,27 +46,38 @@ func template(n, size int) [][]byte {
 }
 
 // TestNoAllocsPerPacket runs batches through the whole pipeline, out and
-// back in, and checks that the steady state allocates nothing.
+// back in, run to completion and with workers, and checks that the steady
+// state allocates nothing.
 func TestNoAllocsPerPacket(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	h, done := benchHarness(t, true)
-	tmpl := template(64, 512)
-	drive(h, tmpl, 64*200, 64*8, done) // warm the pools up
-	allocs := testing.AllocsPerRun(200, func() { drive(h, tmpl, len(tmpl), len(tmpl), done) })
-	if allocs != 0 {
-		t.Errorf("%.2f allocations per batch of %d packets through the pipeline, want 0", allocs, len(tmpl))
-	}
-	if st := h.d.Stats(); st.QueueDrops != 0 || st.CryptoDrops != 0 {
-		t.Errorf("drops during the run: %+v", st)
+	for _, workers := range []int{0, 2} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			h, done := benchHarness(t, true, workers)
+			tmpl := template(64, 512)
+			drive(h, tmpl, 64*200, 64*8, done) // warm the pools up
+			allocs := testing.AllocsPerRun(200, func() { drive(h, tmpl, len(tmpl), len(tmpl), done) })
+			if allocs != 0 {
+				t.Errorf("%.2f allocations per batch of %d packets through the pipeline, want 0", allocs, len(tmpl))
+			}
+			if st := h.d.Stats(); st.QueueDrops != 0 || st.CryptoDrops != 0 {
+				t.Errorf("drops during the run: %+v", st)
+			}
+		})
 	}
 }
 
 func benchmarkPipeline(b *testing.B, loop bool) {
+	for _, workers := range []int{0, 2} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) { benchmarkSizes(b, loop, workers) })
+	}
+}
+
+func benchmarkSizes(b *testing.B, loop bool, workers int) {
 	for _, size := range []int{64, 512, 1400} {
 		b.Run(fmt.Sprint(size), func(b *testing.B) {
-			h, done := benchHarness(b, loop)
+			h, done := benchHarness(b, loop, workers)
 			tmpl := template(h.tun.BatchSize(), size)
 			drive(h, tmpl, len(tmpl)*16, len(tmpl)*8, done)
 			b.SetBytes(int64(size))

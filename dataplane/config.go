@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/espd/espd/routing"
@@ -45,7 +44,13 @@ type Config struct {
 	EncapPort uint16
 	// NoIPv6 opens no IPv6 sockets and installs no IPv6 rule.
 	NoIPv6 bool
-	// Workers is the number of crypto goroutines; 0 means GOMAXPROCS.
+	// Workers is the number of crypto goroutines. 0 (the default) means
+	// none: each reader encrypts or decrypts its own batches and sends or
+	// writes them itself (run to completion), saving the two goroutine
+	// handoffs, and the thread wakeups they cost, of every batch; it is
+	// the faster choice where system calls, not crypto, are the limit
+	// (BENCHMARKS.md). n > 0 hands the batches to n workers and an in-order
+	// stage per direction, spreading one flow's crypto over n cores.
 	Workers int
 	// OuterMTU is the MTU of the path to the peers. 0 means the MTU of
 	// the route to each peer (refreshed every 30 s), or DefaultOuterMTU
@@ -86,8 +91,8 @@ func (c *Config) setDefaults() error {
 	if c.EncapPort == 0 {
 		c.EncapPort = DefaultEncapPort
 	}
-	if c.Workers <= 0 {
-		c.Workers = runtime.GOMAXPROCS(0)
+	if c.Workers < 0 {
+		c.Workers = 0
 	}
 	if c.QueueLen <= 0 {
 		c.QueueLen = DefaultQueueLen

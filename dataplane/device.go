@@ -63,6 +63,7 @@ type Device struct {
 	out  *queues
 	in   *queues
 
+	inline  bool // run to completion: readers do the crypto and the I/O
 	stats   counters
 	fragID  atomic.Uint32
 	closing atomic.Bool
@@ -87,7 +88,7 @@ func New(cfg Config, db *sa.DB, log *slog.Logger) (*Device, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Device{cfg: cfg, db: db, log: log, stop: make(chan struct{})}
+	d := &Device{cfg: cfg, db: db, log: log, stop: make(chan struct{}), inline: cfg.Workers == 0}
 	d.fragID.Store(uint32(time.Now().UnixNano()))
 	return d, nil
 }
@@ -177,14 +178,17 @@ func (d *Device) StartWith(io IO) error {
 		d.wg.Add(1)
 		go d.readOuter(r)
 	}
-	d.wg.Add(4 + d.cfg.Workers)
+	d.wg.Add(2)
 	go func() { defer d.wg.Done(); d.out.closeWhenDone() }()
 	go func() { defer d.wg.Done(); d.in.closeWhenDone() }()
-	for range d.cfg.Workers {
-		go d.worker()
+	if !d.inline {
+		d.wg.Add(2 + d.cfg.Workers)
+		for range d.cfg.Workers {
+			go d.worker()
+		}
+		go d.sendLoop()
+		go d.writeLoop()
 	}
-	go d.sendLoop()
-	go d.writeLoop()
 	if d.cfg.Keepalive > 0 {
 		d.wg.Add(1)
 		go d.keepalives()

@@ -20,6 +20,10 @@ func (d *Device) readOuter(r Receiver) {
 	defer d.in.producerDone()
 	bs := min(d.cfg.Batch, d.pool.size)
 	prod := newProducer()
+	var w *inWriter
+	if d.inline {
+		w = &inWriter{}
+	}
 	for {
 		b := d.pool.get()
 		b.out = false
@@ -28,7 +32,7 @@ func (d *Device) readOuter(r Receiver) {
 		}
 		n, err := r.Receive(b.msgs[:bs])
 		if n > 0 {
-			d.classifyIn(b, n, prod)
+			d.classifyIn(b, n, prod, w)
 		} else {
 			d.pool.put(b)
 		}
@@ -51,7 +55,7 @@ func (d *Device) readOuter(r Receiver) {
 
 // classifyIn finds the inbound state of each of the n packets received
 // into b and queues b.
-func (d *Device) classifyIn(b *batch, n int, prod *producer) {
+func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 	var l local
 	var (
 		haveSPI bool
@@ -110,7 +114,15 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer) {
 		e.drop = pass
 		live++
 	}
-	if live > 0 {
+	switch {
+	case live == 0:
+		d.pool.put(b)
+	case w != nil: // run to completion
+		decrypt(b)
+		b.release()
+		d.writeBatch(w, b)
+		d.pool.put(b)
+	default:
 		b.mu.Lock()
 		if !d.in.push(b, prod) {
 			b.mu.Unlock()
@@ -118,8 +130,6 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer) {
 			d.db.CountGlobal(sa.GlobalQueueDrop, uint64(live))
 			d.pool.put(b)
 		}
-	} else {
-		d.pool.put(b)
 	}
 	d.countGlobal(&l)
 	l.flush(&d.stats)

@@ -31,6 +31,7 @@ type outReader struct {
 
 	runs []seqRun
 	prod *producer
+	send *outSender // run to completion: the reader sends
 	pmtu pmtuCache
 	icmp icmpSender
 }
@@ -48,6 +49,9 @@ func (d *Device) readTUN() {
 	defer d.wg.Done()
 	defer d.out.producerDone()
 	r := &outReader{runs: make([]seqRun, 0, 16), prod: newProducer()}
+	if d.inline {
+		r.send = d.newOutSender()
+	}
 	r.pmtu.init(d)
 	r.icmp.init(d)
 	bs := min(d.io.TUN.BatchSize(), d.pool.size)
@@ -138,7 +142,16 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 		e.drop = pass
 		live++
 	}
-	if live > 0 {
+	switch {
+	case live == 0:
+		d.pool.put(b)
+	case d.inline:
+		r.reserve(b)
+		encrypt(b)
+		b.release()
+		d.sendBatch(r.send, b)
+		d.pool.put(b)
+	default:
 		r.reserve(b)
 		b.mu.Lock()
 		if !d.out.push(b, r.prod) {
@@ -147,8 +160,6 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 			d.db.CountGlobal(sa.GlobalQueueDrop, uint64(live))
 			d.pool.put(b)
 		}
-	} else {
-		d.pool.put(b)
 	}
 	d.countGlobal(&l)
 	l.flush(&d.stats)
@@ -285,11 +296,15 @@ type outSender struct {
 	acct  accounting
 }
 
+func (d *Device) newOutSender() *outSender {
+	return &outSender{pkts: make([][]byte, 0, 2*d.pool.size)}
+}
+
 // sendLoop is the outbound in-order stage: it takes batches in the order
 // they were read, waits for their crypto and sends them.
 func (d *Device) sendLoop() {
 	defer d.wg.Done()
-	s := &outSender{pkts: make([][]byte, 0, 2*d.pool.size)}
+	s := d.newOutSender()
 	for b := range d.out.inorder {
 		b.mu.Lock()
 		d.sendBatch(s, b)

@@ -42,7 +42,7 @@ func run(args []string) error {
 	fs.StringVar(&dp.TUN.Name, "tun", tun.DefaultName, "name of the cleartext TUN device")
 	fs.IntVar(&dp.TUN.MTU, "mtu", tun.DefaultMTU, "MTU of the TUN device")
 	fs.IntVar(&dp.OuterMTU, "outer-mtu", 0, "MTU of the path to the peers (0: the route's MTU)")
-	fs.IntVar(&dp.Workers, "workers", 0, "crypto workers (0: GOMAXPROCS)")
+	fs.IntVar(&dp.Workers, "workers", 0, "crypto worker goroutines (0: none, each reader encrypts or decrypts and sends its own batches)")
 	fs.UintVar(&udpPort, "udp-port", uint(dataplane.DefaultEncapPort), "ESP-in-UDP port (RFC 3948)")
 	fs.UintVar(&mark, "mark", 0, "SO_MARK of espd's outer packets, kept out of the TUN by a policy-routing rule (0: default)")
 	fs.IntVar(&dp.Table, "table", 0, "routing table of the routes into the TUN (0: default)")
