@@ -18,8 +18,12 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	wgtun "golang.zx2c4.com/wireguard/tun"
 )
 
@@ -35,9 +39,10 @@ const (
 // virtio-net header into the bytes in front of each packet.
 const MinWriteOffset = 16
 
-// ErrTooManySegments is returned by Read when a super-packet had more
-// segments than the buffers given; the packets that fit were returned and
-// the device remains usable.
+// ErrTooManySegments was returned by Read when a super-packet had more
+// segments than the buffers given and the rest were lost. Read no longer
+// loses them (they come with the next calls) and returns it only on a
+// device without offloads, through the driver.
 var ErrTooManySegments = wgtun.ErrTooManySegments
 
 // Config says which TUN device to open.
@@ -49,13 +54,37 @@ type Config struct {
 }
 
 // Device is an open TUN interface, up. Read and Write may be called
-// concurrently with each other, each from one goroutine at a time.
+// concurrently with each other and from several goroutines.
 type Device struct {
 	dev   wgtun.Device
 	name  string
 	index int
 	mtu   int
 
+	// The data path: the driver opens the device and watches its state;
+	// espd reads and writes the descriptor itself (vnet.go, coalesce.go).
+	rc   syscall.RawConn
+	vnet bool // IFF_VNET_HDR with TSO (else the driver's Read and Write)
+	uso  bool // UDP segmentation offload too
+
+	rmu    sync.Mutex
+	rbuf   []byte
+	spl    splitter
+	rn     int
+	rerr   error
+	readFn func(uintptr) bool
+
+	wmu     sync.Mutex
+	co      coalescer
+	iovs    []unix.Iovec
+	saved   [vnetHdrLen + 60 + 60]byte // the head of a super-packet, to undo
+	wn      int
+	werr    error
+	writeFn func(uintptr) bool
+
+	stats stats
+
+	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
 	drained   chan struct{}
@@ -95,6 +124,9 @@ func Create(cfg Config) (*Device, error) {
 	if d.name, err = dev.Name(); err != nil {
 		return fail(fmt.Errorf("tun: name: %w", err))
 	}
+	if err := d.initOffloads(); err != nil {
+		return fail(err)
+	}
 	h, err := netlink.NewHandle()
 	if err != nil {
 		return fail(fmt.Errorf("tun: netlink: %w", err))
@@ -111,32 +143,218 @@ func Create(cfg Config) (*Device, error) {
 	return d, nil
 }
 
-// BatchSize is the largest number of packets one Read returns and the
-// number of buffers callers should pass to Read.
+// BatchSize is the number of buffers callers should pass to Read (a
+// super-packet's segments beyond it come with the next Reads).
 func (d *Device) BatchSize() int { return d.dev.BatchSize() }
 
 // Read reads one or more packets into bufs, each starting at offset, and
 // stores their lengths in sizes. len(sizes) >= len(bufs); each buffer must
-// hold offset+MTU bytes. It returns the number of packets read. An
-// ErrTooManySegments error comes with the packets that did fit; other
-// errors other than os.ErrClosed concern one read and are not fatal.
+// hold offset+MTU bytes. It returns the number of packets read: the
+// segments of a TSO/USO super-packet, as many as bufs hold, the rest at
+// the next calls. Errors other than os.ErrClosed concern one read and are
+// not fatal.
 func (d *Device) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
-	return d.dev.Read(bufs, sizes, offset)
+	if !d.vnet {
+		n, err := d.dev.Read(bufs, sizes, offset)
+		return n, d.closedErr(err)
+	}
+	if len(bufs) == 0 {
+		return 0, nil
+	}
+	d.rmu.Lock()
+	defer d.rmu.Unlock()
+	for {
+		if d.spl.pending() {
+			n, err := d.spl.split(bufs, sizes, offset)
+			d.stats.readPackets.Add(uint64(n))
+			return n, err
+		}
+		if err := d.rc.Read(d.readFn); err != nil {
+			return 0, d.closedErr(err)
+		}
+		if d.rerr != nil {
+			return 0, d.closedErr(d.rerr)
+		}
+		d.stats.reads.Add(1)
+		n, err := d.spl.start(d.rbuf[:d.rn], bufs[0][offset:], &sizes[0])
+		if err != nil || n == 1 {
+			d.stats.readPackets.Add(uint64(n))
+			return n, err
+		}
+		d.stats.superReads.Add(1)
+	}
 }
 
-// Write writes the packets bufs[i][offset:], coalescing TCP and UDP
-// segments of the same flow where the buffers' capacity allows (so it may
-// modify bufs, beyond len, up to cap). offset must be at least
+func (d *Device) read(fd uintptr) bool {
+	n, err := unix.Read(int(fd), d.rbuf)
+	if err == unix.EAGAIN || err == unix.EINTR {
+		return false
+	}
+	d.rn, d.rerr = n, nil
+	if err != nil {
+		d.rn, d.rerr = 0, err
+	}
+	return true
+}
+
+// closedErr maps the errors of a closed or removed device to os.ErrClosed.
+func (d *Device) closedErr(err error) error {
+	if err != nil && (d.closing.Load() || errors.Is(err, syscall.EBADFD) || errors.Is(err, os.ErrClosed)) {
+		return os.ErrClosed
+	}
+	return err
+}
+
+// Write writes the packets bufs[i][offset:], coalescing TCP segments (and
+// UDP datagrams, with USO) of a flow into super-packets (coalesce.go). It
+// may modify the offset bytes in front of each packet and the headers of
+// the first packet of each super-packet. offset must be at least
 // MinWriteOffset. The error joins the failures of individual packets.
 func (d *Device) Write(bufs [][]byte, offset int) error {
 	if offset < MinWriteOffset {
 		return fmt.Errorf("tun: write offset %d below %d", offset, MinWriteOffset)
 	}
-	_, err := d.dev.Write(bufs, offset)
-	if errors.Is(err, os.ErrClosed) {
-		return os.ErrClosed
+	if !d.vnet {
+		_, err := d.dev.Write(bufs, offset)
+		return d.closedErr(err)
 	}
-	return err
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	c := &d.co
+	c.plan(bufs, offset)
+	var errs []error
+	for i := range bufs {
+		m := c.member[i]
+		if m >= 0 && c.groups[m].first != i {
+			continue // written with its group
+		}
+		var err error
+		if m < 0 || c.groups[m].count == 1 {
+			err = d.writeOne(bufs[i][offset-vnetHdrLen:])
+		} else {
+			err = d.writeGroup(bufs, offset, &c.groups[m])
+		}
+		if err != nil {
+			if err == os.ErrClosed {
+				return err
+			}
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// writeOne writes one packet, b being its virtio header room and the
+// packet.
+func (d *Device) writeOne(b []byte) error {
+	clear(b[:vnetHdrLen])
+	d.iovs = d.iovs[:1]
+	setIov(&d.iovs[0], b)
+	d.stats.writePackets.Add(1)
+	return d.writev()
+}
+
+// writeGroup writes g as one super-packet; if the kernel refuses it, it
+// restores the first packet and writes the packets one by one.
+func (d *Device) writeGroup(bufs [][]byte, offset int, g *group) error {
+	b := bufs[g.first][offset-vnetHdrLen:]
+	head := b[:vnetHdrLen+g.hl]
+	copy(d.saved[:], head)
+	superHeader(b, g)
+	d.iovs = d.iovs[:0]
+	d.iovs = append(d.iovs, unix.Iovec{})
+	setIov(&d.iovs[0], b)
+	for j := d.co.next[g.first]; j >= 0; j = d.co.next[j] {
+		d.iovs = append(d.iovs, unix.Iovec{})
+		setIov(&d.iovs[len(d.iovs)-1], bufs[j][offset+g.hl:])
+	}
+	err := d.writev()
+	if err == nil {
+		d.stats.writePackets.Add(uint64(g.count))
+		d.stats.superWrites.Add(1)
+		return nil
+	}
+	if err == os.ErrClosed {
+		return err
+	}
+	copy(head, d.saved[:len(head)])
+	var errs []error
+	for j := g.first; j >= 0; j = d.co.next[j] {
+		if err := d.writeOne(bufs[j][offset-vnetHdrLen:]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// writev writes d.iovs as one packet.
+func (d *Device) writev() error {
+	if err := d.rc.Write(d.writeFn); err != nil {
+		return d.closedErr(err)
+	}
+	d.stats.writes.Add(1)
+	return d.closedErr(d.werr)
+}
+
+func (d *Device) write(fd uintptr) bool {
+	_, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&d.iovs[0])), uintptr(len(d.iovs)))
+	if e == unix.EAGAIN || e == unix.EINTR {
+		return false
+	}
+	d.werr = nil
+	if e != 0 {
+		d.werr = e
+	}
+	return true
+}
+
+// initOffloads takes the descriptor from the driver and turns on checksum
+// and TCP segmentation offload, and UDP segmentation offload where the
+// kernel has it.
+func (d *Device) initOffloads() error {
+	f, ok := d.dev.(interface{ File() *os.File })
+	if !ok {
+		return nil
+	}
+	rc, err := f.File().SyscallConn()
+	if err != nil {
+		return fmt.Errorf("tun: %w", err)
+	}
+	var flags uint16
+	var ioErr error
+	if err := rc.Control(func(fd uintptr) {
+		ifr, err := unix.NewIfreq(d.name)
+		if err != nil {
+			ioErr = err
+			return
+		}
+		if ioErr = unix.IoctlIfreq(int(fd), unix.TUNGETIFF, ifr); ioErr != nil {
+			return
+		}
+		flags = ifr.Uint16()
+		if flags&unix.IFF_VNET_HDR == 0 {
+			return
+		}
+		if unix.IoctlSetInt(int(fd), unix.TUNSETOFFLOAD, offloadsTCP|offloadsUDP) == nil {
+			d.uso = true
+		} else {
+			ioErr = unix.IoctlSetInt(int(fd), unix.TUNSETOFFLOAD, offloadsTCP)
+		}
+	}); err != nil {
+		return fmt.Errorf("tun: %w", err)
+	}
+	if ioErr != nil {
+		return fmt.Errorf("tun: offloads on %s: %w", d.name, ioErr)
+	}
+	if flags&unix.IFF_VNET_HDR == 0 {
+		return nil
+	}
+	d.rc, d.vnet = rc, true
+	d.rbuf = make([]byte, vnetHdrLen+65535)
+	d.iovs = make([]unix.Iovec, 0, 256)
+	d.co.udp = d.uso
+	d.readFn, d.writeFn = d.read, d.write
+	return nil
 }
 
 // MTU returns the MTU the device was configured with.
@@ -151,6 +369,7 @@ func (d *Device) Index() int { return d.index }
 // Close closes the device; the kernel removes the interface. Pending and
 // later Reads and Writes return os.ErrClosed.
 func (d *Device) Close() error {
+	d.closing.Store(true)
 	d.closeOnce.Do(func() {
 		d.closeErr = d.dev.Close()
 		<-d.drained

@@ -1,0 +1,29 @@
+package tun
+
+import "sync/atomic"
+
+// Stats count a Device's system calls and packets, to tell how well the
+// offloads batch: ReadPackets/Reads packets per read, WritePackets/Writes
+// per write.
+type Stats struct {
+	// Reads counts read system calls, SuperReads those that returned a
+	// TSO/USO super-packet, ReadPackets the packets Read returned.
+	Reads, SuperReads, ReadPackets uint64
+	// Writes counts write system calls, SuperWrites those that wrote a
+	// coalesced super-packet, WritePackets the packets written.
+	Writes, SuperWrites, WritePackets uint64
+}
+
+type stats struct {
+	reads, superReads, readPackets    atomic.Uint64
+	writes, superWrites, writePackets atomic.Uint64
+}
+
+// Stats returns the counters.
+func (d *Device) Stats() Stats {
+	s := &d.stats
+	return Stats{
+		Reads: s.reads.Load(), SuperReads: s.superReads.Load(), ReadPackets: s.readPackets.Load(),
+		Writes: s.writes.Load(), SuperWrites: s.superWrites.Load(), WritePackets: s.writePackets.Load(),
+	}
+}
