@@ -333,7 +333,10 @@ func (r *receiver) receiveGRO(msgs []Message) (int, error) {
 	for k < len(msgs) && g.next < g.n {
 		mt := &g.metas[g.next]
 		m := &msgs[k]
-		*m = Message{Buf: m.Buf, UDP: true, Src: mt.src, Dst: mt.dst, TOS: mt.tos, Err: mt.err}
+		// Field by field: a composite literal would copy the whole
+		// struct with its pointers (write barriers) for every packet.
+		m.Start, m.End, m.UDP, m.TOS = 0, 0, true, mt.tos
+		m.Src, m.Dst, m.Err = mt.src, mt.dst, mt.err
 		l := mt.size - g.off
 		if mt.seg > 0 && l > mt.seg {
 			l = mt.seg

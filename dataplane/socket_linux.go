@@ -248,7 +248,8 @@ func (r *receiver) Receive(msgs []Message) (int, error) {
 // parse fills in m from message i of the last recvmmsg.
 func (r *receiver) parse(i int, m *Message) {
 	h := &r.c.hdrs[i]
-	*m = Message{Buf: m.Buf, UDP: r.udp}
+	m.Start, m.End, m.UDP, m.TOS, m.Err = 0, 0, r.udp, 0, nil
+	m.Src, m.Dst = netip.AddrPort{}, netip.AddrPort{}
 	if h.hdr.Flags&unix.MSG_TRUNC != 0 {
 		m.Err = ErrTruncated
 		return
