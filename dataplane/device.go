@@ -65,6 +65,7 @@ type Device struct {
 
 	inline  bool // run to completion: readers do the crypto and the I/O
 	stats   counters
+	sources atomic.Pointer[statSources]
 	fragID  atomic.Uint32
 	closing atomic.Bool
 	started bool
@@ -166,6 +167,7 @@ func (d *Device) StartWith(io IO) error {
 	}
 	d.started = true
 	d.io = io
+	d.sources.Store(newStatSources(io))
 	d.pool = newPool(max(io.TUN.BatchSize(), d.cfg.Batch))
 	d.out = newQueues(d.cfg.QueueLen)
 	d.in = newQueues(d.cfg.QueueLen)
@@ -231,7 +233,37 @@ func (d *Device) Close() error {
 }
 
 // Stats returns a snapshot of the global counters.
-func (d *Device) Stats() Stats { return d.stats.snapshot() }
+func (d *Device) Stats() Stats {
+	st := d.stats.snapshot()
+	src := d.sources.Load()
+	if src == nil {
+		return st
+	}
+	if src.tun != nil {
+		ts := src.tun.Stats()
+		st.TUNReads, st.TUNSuperReads, st.TUNWrites, st.TUNSuperWrites = ts.Reads, ts.SuperReads, ts.Writes, ts.SuperWrites
+	}
+	if c := src.socks; c != nil {
+		st.RecvCalls, st.RecvDatagrams = c.recvCalls.Load(), c.recvDatagrams.Load()
+		st.SendCalls, st.SendMessages = c.sendCalls.Load(), c.sendMessages.Load()
+	}
+	return st
+}
+
+// statSources are the counters of the kernel side, where it has them.
+type statSources struct {
+	tun   interface{ Stats() tun.Stats }
+	socks *ioCounts
+}
+
+func newStatSources(io IO) *statSources {
+	src := &statSources{}
+	src.tun, _ = io.TUN.(interface{ Stats() tun.Stats })
+	if s, ok := io.Sender.(interface{ ioCounts() *ioCounts }); ok {
+		src.socks = s.ioCounts()
+	}
+	return src
+}
 
 // TUNName returns the name of the TUN interface (after Start).
 func (d *Device) TUNName() string { return d.cfg.TUN.Name }

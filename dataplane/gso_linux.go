@@ -66,15 +66,17 @@ type gsoConn struct {
 	count          int
 	errno          syscall.Errno
 	writeFn        func(uintptr) bool
+
+	counts *ioCounts
 }
 
 // gsoOOB is the control-message room per message: source address, TOS or
 // traffic class, TTL or hop limit, segment size.
 const gsoOOB = 128
 
-func newGSOConn(rc syscall.RawConn, fam int, port uint16, batch int) *gsoConn {
+func newGSOConn(rc syscall.RawConn, fam int, port uint16, batch int, counts *ioCounts) *gsoConn {
 	g := &gsoConn{
-		rc: rc, fam: fam, port: port,
+		rc: rc, fam: fam, port: port, counts: counts,
 		hdrs:  make([]mmsghdr, batch),
 		iovs:  make([]unix.Iovec, 2*batch),
 		names: make([]unix.RawSockaddrInet6, batch),
@@ -238,19 +240,18 @@ func (g *gsoConn) pending() bool { return g != nil && g.nmsg > 0 }
 // flush sends the queued messages. A message the kernel refuses goes to
 // fallback datagram by datagram (the raw sender), so that nothing is lost
 // to a kernel or path without UDP_SEGMENT; after gsoFailLimit refusals in
-// a row the family stops trying. It returns the datagrams sent and the
-// first error of a message that fallback did not take.
-func (g *gsoConn) flush(fallback func(pkts [][]byte)) (sent int, calls int) {
+// a row the family stops trying. It returns the datagrams sent.
+func (g *gsoConn) flush(fallback func(pkts [][]byte)) (sent int) {
 	for m := range g.nmsg {
 		g.finish(m)
 	}
 	for off := 0; off < g.nmsg; {
 		g.callOff, g.callN = off, g.nmsg-off
-		calls++
 		err := g.rc.Write(g.writeFn)
 		k := 0
 		if err == nil && g.errno == 0 {
 			k = g.count
+			g.counts.send(k)
 		}
 		for m := off; m < off+k; m++ {
 			sent += int(g.hdrs[m].hdr.Iovlen)
@@ -271,7 +272,7 @@ func (g *gsoConn) flush(fallback func(pkts [][]byte)) (sent int, calls int) {
 	}
 	clear(g.pkts[:g.used()])
 	g.nmsg, g.closed = 0, false
-	return sent, calls
+	return sent
 }
 
 // used returns the number of datagrams queued.

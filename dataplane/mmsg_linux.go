@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"os"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -34,6 +35,29 @@ type mmsgConn struct {
 	errno syscall.Errno
 
 	readFn, writeFn func(uintptr) bool
+
+	counts *ioCounts // nil: not counted
+}
+
+// ioCounts count the outer sockets' system calls and what they carried,
+// to tell the batch sizes achieved (dataplane.Stats).
+type ioCounts struct {
+	recvCalls, recvDatagrams atomic.Uint64
+	sendCalls, sendMessages  atomic.Uint64
+}
+
+func (c *ioCounts) recv(datagrams int) {
+	if c != nil {
+		c.recvCalls.Add(1)
+		c.recvDatagrams.Add(uint64(datagrams))
+	}
+}
+
+func (c *ioCounts) send(messages int) {
+	if c != nil {
+		c.sendCalls.Add(1)
+		c.sendMessages.Add(uint64(messages))
+	}
 }
 
 const oobSize = 128
@@ -88,6 +112,7 @@ func (c *mmsgConn) recv(n int) (int, error) {
 	if c.errno != 0 {
 		return 0, c.errno
 	}
+	c.counts.recv(c.count)
 	return c.count, nil
 }
 
@@ -102,6 +127,7 @@ func (c *mmsgConn) sendFrom(off, n int) (int, error) {
 	if c.errno != 0 {
 		return 0, c.errno
 	}
+	c.counts.send(c.count)
 	return c.count, nil
 }
 

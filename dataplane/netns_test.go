@@ -242,6 +242,12 @@ func TestTwoNamespaces(t *testing.T) {
 		if st.InvalidSPI != 0 || st.CryptoDrops != 0 || st.SendErrors != 0 || st.SelectorDrop != 0 {
 			t.Errorf("unexpected drops: %+v", st)
 		}
+		// The system-call counters add up with the packet counters.
+		if st.TUNReads == 0 || st.TUNReads > st.TUNRxPackets || st.TUNWrites == 0 || st.TUNWrites > st.TUNTxPackets ||
+			st.RecvCalls == 0 || st.RecvCalls > st.RecvDatagrams || st.RecvDatagrams > st.RxPackets ||
+			st.SendCalls == 0 || st.SendCalls > st.SendMessages || st.SendMessages > st.TxPackets {
+			t.Errorf("system-call counters do not add up: %+v", st)
+		}
 	}
 	// Removing the policies' routes leaves the table empty.
 	for _, g := range []*gateway{a, b} {

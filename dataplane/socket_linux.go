@@ -44,8 +44,9 @@ type SocketConfig struct {
 // can, several datagrams per message (UDP_SEGMENT), and receive with
 // UDP_GRO (gso_linux.go).
 type Sockets struct {
-	recv []Receiver
-	send *rawSender
+	recv   []Receiver
+	send   *rawSender
+	counts ioCounts
 }
 
 // OpenSockets opens the outer sockets in the calling thread's network
@@ -85,6 +86,20 @@ func OpenSockets(cfg SocketConfig) (s *Sockets, err error) {
 	}
 	if !cfg.NoGSO {
 		s.send.useGSO(s.recv, cfg.Batch)
+	}
+	s.send.counts = &s.counts
+	for _, c := range []*mmsgConn{s.send.v4, s.send.v6} {
+		if c != nil {
+			c.counts = &s.counts
+		}
+	}
+	for _, r := range s.recv {
+		r.(*receiver).c.counts = &s.counts
+	}
+	for _, g := range []*gsoConn{s.send.g4, s.send.g6} {
+		if g != nil {
+			g.counts = &s.counts
+		}
 	}
 	return s, nil
 }
@@ -342,6 +357,8 @@ type rawSender struct {
 	v4, v6 *mmsgConn
 	g4, g6 *gsoConn // nil: no UDP socket of the family, or GSO off
 
+	counts *ioCounts // the Sockets' counters, shared with the receivers
+
 	// the Send call in progress
 	n4, n6   int
 	sent     int
@@ -384,7 +401,7 @@ func (s *rawSender) useGSO(recv []Receiver, batch int) {
 		if !ok || !u.udp {
 			continue
 		}
-		g := newGSOConn(u.c.rc, u.fam, u.port, batch)
+		g := newGSOConn(u.c.rc, u.fam, u.port, batch, nil)
 		if u.fam == unix.AF_INET {
 			s.g4 = g
 		} else {
@@ -483,7 +500,7 @@ func (s *rawSender) flushRaw() {
 func (s *rawSender) flushGSO() {
 	for _, g := range [2]*gsoConn{s.g4, s.g6} {
 		if g.pending() {
-			sent, _ := g.flush(s.fallback)
+			sent := g.flush(s.fallback)
 			s.sent += sent
 		}
 	}
@@ -506,6 +523,9 @@ func (s *rawSender) flush(c *mmsgConn, n int) (int, error) {
 	}
 	return sent, firstErr
 }
+
+// ioCounts returns the counters of the Sockets the sender belongs to.
+func (s *rawSender) ioCounts() *ioCounts { return s.counts }
 
 // Close implements Sender.
 func (s *rawSender) Close() error {

@@ -41,6 +41,17 @@ type Stats struct {
 	SendErrors     uint64 // outer packets the kernel refused
 	TUNWriteErrors uint64 // failed TUN writes
 	ReadErrors     uint64 // failed TUN or socket reads
+
+	// System calls, to tell the batch sizes achieved: TUNRxPackets per
+	// TUNReads (read(2) of the TUN; TUNSuperReads of them returned a
+	// TSO/USO super-packet), TUNTxPackets per TUNWrites (TUNSuperWrites
+	// of them a coalesced super-packet); RecvDatagrams per RecvCalls
+	// (recvmmsg; a UDP_GRO datagram counts once) and RxPackets per
+	// RecvDatagrams; SendMessages per SendCalls (sendmmsg; a UDP_SEGMENT
+	// message counts once) and TxPackets per SendMessages. Zero on
+	// fakes.
+	TUNReads, TUNSuperReads, TUNWrites, TUNSuperWrites uint64
+	RecvCalls, RecvDatagrams, SendCalls, SendMessages  uint64
 }
 
 type counter int
@@ -94,7 +105,7 @@ func (l *local) flush(c *counters) {
 
 func (c *counters) snapshot() Stats {
 	g := func(i counter) uint64 { return c[i].Load() }
-	return Stats{
+	return Stats{ // system calls: Device.Stats
 		TUNRxPackets: g(cTUNRxPackets), TUNRxBytes: g(cTUNRxBytes),
 		TUNTxPackets: g(cTUNTxPackets), TUNTxBytes: g(cTUNTxBytes),
 		RxPackets: g(cRxPackets), RxBytes: g(cRxBytes),
