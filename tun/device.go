@@ -67,12 +67,13 @@ type Device struct {
 	vnet bool // IFF_VNET_HDR with TSO (else the driver's Read and Write)
 	uso  bool // UDP segmentation offload too
 
-	rmu    sync.Mutex
-	rbuf   []byte
-	spl    splitter
-	rn     int
-	rerr   error
-	readFn func(uintptr) bool
+	rmu       sync.Mutex
+	rbuf      []byte
+	spl       splitter
+	rn        int
+	rerr      error
+	readFn    func(uintptr) bool
+	tryReadFn func(uintptr) bool
 
 	wmu     sync.Mutex
 	co      coalescer
@@ -177,12 +178,47 @@ func (d *Device) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 		}
 		d.stats.reads.Add(1)
 		n, err := d.spl.start(d.rbuf[:d.rn], bufs[0][offset:], &sizes[0])
-		if err != nil || n == 1 {
-			d.stats.readPackets.Add(uint64(n))
-			return n, err
+		if err != nil {
+			return 0, err
 		}
-		d.stats.superReads.Add(1)
+		if n == 0 {
+			d.stats.superReads.Add(1)
+			continue
+		}
+		// A single packet (an ACK, a datagram): read what else is queued
+		// without waiting, so that a stream of small packets travels in
+		// batches too.
+		for n < len(bufs) && !d.spl.pending() {
+			if err := d.rc.Read(d.tryReadFn); err != nil || d.rerr != nil {
+				break // EAGAIN, or an error the next Read reports
+			}
+			d.stats.reads.Add(1)
+			k, err := d.spl.start(d.rbuf[:d.rn], bufs[n][offset:], &sizes[n])
+			if err != nil {
+				break
+			}
+			if k == 0 {
+				d.stats.superReads.Add(1)
+				k, _ = d.spl.split(bufs[n:], sizes[n:], offset)
+			}
+			n += k
+		}
+		d.stats.readPackets.Add(uint64(n))
+		return n, nil
 	}
+}
+
+// tryRead reads without waiting: EAGAIN ends the attempt.
+func (d *Device) tryRead(fd uintptr) bool {
+	n, err := unix.Read(int(fd), d.rbuf)
+	if err == unix.EINTR {
+		return false
+	}
+	d.rn, d.rerr = n, err
+	if err != nil {
+		d.rn = 0
+	}
+	return true
 }
 
 func (d *Device) read(fd uintptr) bool {
@@ -353,7 +389,7 @@ func (d *Device) initOffloads() error {
 	d.rbuf = make([]byte, vnetHdrLen+65535)
 	d.iovs = make([]unix.Iovec, 0, 256)
 	d.co.udp = d.uso
-	d.readFn, d.writeFn = d.read, d.write
+	d.readFn, d.tryReadFn, d.writeFn = d.read, d.tryRead, d.write
 	return nil
 }
 

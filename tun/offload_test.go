@@ -121,7 +121,9 @@ func TestCoalesceAndSplit(t *testing.T) {
 			if w.Writes-before.Writes != 1 || w.SuperWrites-before.SuperWrites != 1 || w.WritePackets-before.WritePackets != uint64(tc.n) {
 				t.Errorf("%d packets written in %d writes (%d super-packets)", tc.n, w.Writes-before.Writes, w.SuperWrites-before.SuperWrites)
 			}
-			got := readN(t, dev, tc.n, func(p []byte) bool { return len(p) > 20 && string(addrs(p)[len(addrs(p))/2:]) == string(tc.dst.AsSlice()) })
+			got := readN(t, dev, tc.n, func(p []byte) bool {
+				return len(p) > 20 && string(addrs(p)[len(addrs(p))/2:]) == string(tc.dst.AsSlice())
+			})
 			for i, p := range got {
 				want := sent[i]
 				if len(p) != len(want) || !l4Valid(p) {
@@ -232,4 +234,55 @@ func readN(t *testing.T, dev *tun.Device, n int, match func([]byte) bool) [][]by
 		t.Fatal(errors.New(fmt.Sprint(len(got), " packets")))
 	}
 	return got
+}
+
+// TestReadBatchesSmallPackets forwards packets that the kernel hands to
+// the TUN one by one (datagrams of different flows) and expects one Read
+// to return all that are queued, not one per call.
+func TestReadBatchesSmallPackets(t *testing.T) {
+	ns := netnstest.New(t, "tun")
+	dev := createIn(t, ns, tun.Config{Name: "esptest4"})
+	if err := ns.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
+		t.Fatal(err)
+	}
+	ns.IP(t, "route", "add", "198.18.105.0/24", "dev", "esptest4")
+	ns.IP(t, "route", "add", "198.18.106.0/24", "dev", "esptest4")
+	src, dst := netip.MustParseAddr("198.18.105.2"), netip.MustParseAddr("198.18.106.2")
+	const n = 8
+	var bufs [][]byte
+	for i := range n {
+		bufs = append(bufs, append(make([]byte, 16), udp4(src, dst, 40000, uint16(1000+i), 17, []byte("small"))...))
+	}
+	if err := dev.Write(bufs, 16); err != nil {
+		t.Fatal(err)
+	}
+	const off = 80
+	rb := make([][]byte, dev.BatchSize())
+	sizes := make([]int, len(rb))
+	for i := range rb {
+		rb[i] = make([]byte, off+dev.MTU())
+	}
+	got := 0
+	deadline := time.AfterFunc(5*time.Second, func() { dev.Close() })
+	defer deadline.Stop()
+	for got < n {
+		k, err := dev.Read(rb, sizes, off)
+		if err != nil {
+			t.Fatalf("after %d packets: %v", got, err)
+		}
+		first := got
+		for i := range k {
+			p := rb[i][off : off+sizes[i]]
+			if len(p) < 20 || p[0]>>4 != 4 || netip.AddrFrom4([4]byte(p[16:20])) != dst {
+				continue // the kernel's own (IPv6 router solicitations, ...)
+			}
+			if udpDstPort(p) != 1000+got {
+				t.Fatalf("packet %d: destination port %d", got, udpDstPort(p))
+			}
+			got++
+		}
+		if first == 0 && got > 0 && got != n {
+			t.Errorf("the first Read with our packets returned %d of the %d queued", got, n)
+		}
+	}
 }
