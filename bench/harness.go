@@ -248,20 +248,21 @@ func sourceVersion() string {
 
 // version names the binary a system runs, for the JSON.
 func version(name string, env *system.Env) string {
-	cmd := map[string][]string{
-		"libipsec":             {"swanctl", "--version"},
-		"espd-charon":          {"swanctl", "--version"},
-		"wireguard-go":         {env.WireGuardBin, "--version"},
-		"wireguard-go-noaesni": {env.WireGuardBin, "--version"},
-	}[name]
-	if cmd == nil {
-		return ""
+	switch name {
+	case "libipsec", "espd-charon":
+		out, err := exec.Command("dpkg-query", "-W", "-f", "${Version}", "strongswan-charon").Output()
+		if err != nil || len(out) == 0 {
+			return "strongSwan (version unknown)"
+		}
+		return "strongSwan " + strings.TrimSpace(string(out)) + " (Debian package strongswan-charon)"
+	case "wireguard-go", "wireguard-go-noaesni":
+		out, err := exec.Command(env.WireGuardBin, "--version").Output()
+		if err != nil {
+			return ""
+		}
+		return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
 	}
-	out, err := exec.Command(cmd[0], cmd[1:]...).Output()
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	return ""
 }
 
 // oneLine shortens an error to its first line for the tables.

@@ -41,7 +41,7 @@ func (r *Report) Chart(w io.Writer) error {
 		return fmt.Errorf("report: nothing to chart")
 	}
 	const panelH = 2.6 * vg.Inch
-	legendH := vg.Length(len(systems))*0.2*vg.Inch + 0.3*vg.Inch
+	legendH := vg.Length(len(systems))*0.17*vg.Inch + 0.2*vg.Inch
 	width := vg.Length(max(8, 1.6*float64(len(r.Suites)))) * vg.Inch
 	height := panelH*vg.Length(len(r.MSS)) + legendH
 	groupW := (width - 1.2*vg.Inch) / vg.Length(len(r.Suites)) * 0.8
@@ -59,14 +59,16 @@ func (r *Report) Chart(w io.Writer) error {
 		}
 		p.Title.Text = title
 		p.Y.Label.Text = "Gbit/s (median)"
-		p.Y.Min = 0
 		p.NominalX(r.Suites...)
+		p.X.Min, p.X.Max = -0.5, float64(len(r.Suites))-0.5
 		p.Add(plotter.NewGrid())
+		top := 0.0
 		for j, s := range systems {
 			vals := make(plotter.Values, len(r.Suites))
 			for k, suite := range r.Suites {
 				if st := r.Stat(Key{System: s.Name, Suite: suite, Kind: KindTCP, MSS: mss}); st.N > 0 {
 					vals[k] = st.Median / 1e9
+					top = max(top, vals[k])
 				}
 			}
 			bars, err := plotter.NewBarChart(vals, barW)
@@ -85,6 +87,7 @@ func (r *Report) Chart(w io.Writer) error {
 				legend.Add(label, bars)
 			}
 		}
+		p.Y.Min, p.Y.Max = 0, top*1.1
 		plots[i] = []*plot.Plot{p}
 	}
 	c := vgsvg.New(width, height)
