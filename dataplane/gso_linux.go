@@ -237,37 +237,55 @@ func (g *gsoConn) finish(m int) {
 // pending reports whether messages wait to be sent.
 func (g *gsoConn) pending() bool { return g != nil && g.nmsg > 0 }
 
-// flush sends the queued messages. A message the kernel refuses goes to
-// fallback datagram by datagram (the raw sender), so that nothing is lost
-// to a kernel or path without UDP_SEGMENT; after gsoFailLimit refusals in
-// a row the family stops trying. It returns the datagrams sent.
+// flush sends the queued messages. A message of one datagram gains
+// nothing from the UDP socket and goes to fallback (the raw sender) with
+// the rest of its run of such messages: its UDP checksum is then the one
+// package esp wrote, complete, whereas the socket leaves it to checksum
+// offload, which a virtual link (veth) never performs, so that a capture
+// there shows it incomplete and cannot be replayed (the end-to-end
+// injection test does exactly that with pings). A message the kernel
+// refuses goes to fallback datagram by datagram, so that nothing is lost to
+// a kernel or path without UDP_SEGMENT; after gsoFailLimit refusals in a
+// row the family stops trying. It returns the datagrams sent here.
 func (g *gsoConn) flush(fallback func(pkts [][]byte)) (sent int) {
-	for m := range g.nmsg {
-		g.finish(m)
-	}
 	for off := 0; off < g.nmsg; {
-		g.callOff, g.callN = off, g.nmsg-off
-		err := g.rc.Write(g.writeFn)
-		k := 0
-		if err == nil && g.errno == 0 {
-			k = g.count
-			g.counts.send(k)
+		end := off
+		for end < g.nmsg && g.hdrs[end].hdr.Iovlen == 1 {
+			end++
 		}
-		for m := off; m < off+k; m++ {
-			sent += int(g.hdrs[m].hdr.Iovlen)
+		if end > off {
+			fallback(g.pkts[g.first[off] : g.first[end-1]+1])
+			off = end
+			continue
 		}
-		if k > 0 {
-			g.fails = 0
+		for end < g.nmsg && g.hdrs[end].hdr.Iovlen > 1 {
+			g.finish(end)
+			end++
 		}
-		off += k
-		if err != nil || g.errno != 0 {
-			// message off failed: send its datagrams the raw way
-			f := g.first[off]
-			fallback(g.pkts[f : f+int(g.hdrs[off].hdr.Iovlen)])
-			if g.fails++; g.fails >= gsoFailLimit {
-				g.off = true
+		for off < end {
+			g.callOff, g.callN = off, end-off
+			err := g.rc.Write(g.writeFn)
+			k := 0
+			if err == nil && g.errno == 0 {
+				k = g.count
+				g.counts.send(k)
 			}
-			off++
+			for m := off; m < off+k; m++ {
+				sent += int(g.hdrs[m].hdr.Iovlen)
+			}
+			if k > 0 {
+				g.fails = 0
+			}
+			off += k
+			if off < end && (err != nil || g.errno != 0 || k == 0) {
+				// message off failed: send its datagrams the raw way
+				f := g.first[off]
+				fallback(g.pkts[f : f+int(g.hdrs[off].hdr.Iovlen)])
+				if g.fails++; g.fails >= gsoFailLimit {
+					g.off = true
+				}
+				off++
+			}
 		}
 	}
 	clear(g.pkts[:g.used()])
