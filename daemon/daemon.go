@@ -108,7 +108,8 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 		if err := d.Reload(); err != nil {
 			return fmt.Errorf("configuration: %w", err)
 		}
-		d.log.Info("configuration loaded", "path", d.opts.ConfigPath, "states", len(d.file.sas), "policies", len(d.file.policies))
+		states, policies := d.fileCounts()
+		d.log.Info("configuration loaded", "path", d.opts.ConfigPath, "states", states, "policies", policies)
 	}
 
 	ccfg := d.opts.Control
@@ -147,10 +148,19 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 			if err := d.Reload(); err != nil {
 				d.log.Error("configuration refused; running state unchanged", "err", err)
 			} else {
-				d.log.Info("configuration reloaded", "path", d.opts.ConfigPath, "states", len(d.file.sas), "policies", len(d.file.policies))
+				states, policies := d.fileCounts()
+				d.log.Info("configuration reloaded", "path", d.opts.ConfigPath, "states", states, "policies", policies)
 			}
 		}
 	}
+}
+
+// fileCounts returns how many states and policies the configuration file
+// installed.
+func (d *Daemon) fileCounts() (states, policies int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.file.sas), len(d.file.policies)
 }
 
 // shutdown deletes every state (zeroing its keys) and policy, and closes

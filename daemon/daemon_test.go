@@ -104,10 +104,30 @@ func (r *running) reloadWith(t *testing.T, config string) {
 	if err := os.WriteFile(r.cfg, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if err := r.d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// hup writes the file and delivers SIGHUP's reload to Run, then waits
+// (bounded) until done reports the reload took effect. Run reloads on its
+// own goroutine, so the test must not touch the file again before then.
+func (r *running) hup(t *testing.T, config string, done func() bool) {
+	t.Helper()
+	if err := os.WriteFile(r.cfg, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	r.reload <- struct{}{}
-	// The reload channel is unbuffered and Run reloads synchronously, so a
-	// second (idempotent) send returns only once the first reload is done.
-	r.reload <- struct{}{}
+	deadline := time.Now().Add(10 * time.Second)
+	for !done() {
+		if time.Now().After(deadline) {
+			t.Fatal("the reload on SIGHUP did not take effect within 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Reload holds d.mu until it is done: wait for the last of it.
+	r.d.mu.Lock()
+	r.d.mu.Unlock()
 }
 
 func TestReloadAppliesDifference(t *testing.T) {
@@ -135,8 +155,12 @@ func TestReloadAppliesDifference(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Same SA with a new key (replaced), one policy gone, a second SA.
-	r.reloadWith(t, saTOML("0x1001", "out", key20b)+saTOML("0x1002", "out", key20)+policyTOML("198.18.2.0/24"))
+	// Same SA with a new key (replaced), one policy gone, a second SA;
+	// delivered as SIGHUP is.
+	r.hup(t, saTOML("0x1001", "out", key20b)+saTOML("0x1002", "out", key20)+policyTOML("198.18.2.0/24"), func() bool {
+		_, added := db.GetSA(0x1002, dst)
+		return added && len(db.Policies()) == 1
+	})
 	s1b, ok := db.GetSA(0x1001, dst)
 	if !ok || s1b == s1 {
 		t.Errorf("SA 0x1001 with a new key was not replaced (found %v, same %v)", ok, s1b == s1)
