@@ -84,6 +84,7 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 				continue
 			case esp.UDPIKE:
 				l[cIKE]++
+				d.handIKE(m, p) // IKE hand-off (ike.go), if running
 				continue
 			default:
 				l[cMalformed]++

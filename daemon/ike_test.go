@@ -1,0 +1,257 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/control"
+	"github.com/espd/espd/dataplane"
+	"github.com/espd/espd/tun/netnstest"
+)
+
+// handoffPeer is a namespace next to the daemon's, with UDP sockets on the
+// IKE ports of 198.18.0.2 and 2001:db8::2.
+type handoffPeer struct {
+	ns               *netnstest.NS
+	ike4, natt4      *net.UDPConn
+	ike6, natt6      *net.UDPConn
+	daemon4, daemon6 netip.Addr
+	peer4, peer6     netip.Addr
+}
+
+// startHandoff runs a daemon with the IKE hand-off in a namespace linked
+// to a peer namespace over a veth pair (198.18.0.1 and .2).
+func startHandoff(t *testing.T) (*Daemon, string, *handoffPeer) {
+	t.Helper()
+	ns := netnstest.New(t, "espd-ike")
+	peer := netnstest.New(t, "espd-ikepeer")
+	netnstest.Veth(t, ns, "veth0", peer, "veth0")
+	ns.IP(t, "addr", "add", "198.18.0.1/24", "dev", "veth0")
+	ns.IP(t, "addr", "add", "2001:db8::1/64", "dev", "veth0", "nodad")
+	ns.IP(t, "link", "set", "veth0", "up")
+	peer.IP(t, "addr", "add", "198.18.0.2/24", "dev", "veth0")
+	peer.IP(t, "addr", "add", "2001:db8::2/64", "dev", "veth0", "nodad")
+	peer.IP(t, "link", "set", "veth0", "up")
+
+	sock := filepath.Join(t.TempDir(), "espd.sock")
+	d, err := New(Options{
+		Dataplane:  dataplane.Config{Keepalive: -1},
+		Control:    control.ServerConfig{Path: sock},
+		IKEHandoff: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ns.Do(func() error { return d.Run(ctx, nil) }) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("daemon stopped with %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("daemon did not stop within 10 s")
+		}
+	})
+	hp := &handoffPeer{ns: peer,
+		daemon4: netip.MustParseAddr("198.18.0.1"), daemon6: netip.MustParseAddr("2001:db8::1"),
+		peer4: netip.MustParseAddr("198.18.0.2"), peer6: netip.MustParseAddr("2001:db8::2")}
+	if err := peer.Do(func() error {
+		for _, l := range []struct {
+			c    **net.UDPConn
+			addr netip.Addr
+			port uint16
+		}{{&hp.ike4, hp.peer4, 500}, {&hp.natt4, hp.peer4, 4500}, {&hp.ike6, hp.peer6, 500}, {&hp.natt6, hp.peer6, 4500}} {
+			c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(l.addr, l.port)))
+			if err != nil {
+				return err
+			}
+			*l.c = c
+			t.Cleanup(func() { c.Close() })
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("daemon exited at start: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("control socket did not appear")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return d, sock, hp
+}
+
+// ikeClient is a raw control connection registered for the hand-off.
+type ikeClient struct {
+	t  *testing.T
+	nc net.Conn
+}
+
+func (c *ikeClient) send(typ control.MsgType, seq uint32, fill func(*control.Builder)) {
+	c.t.Helper()
+	b := control.NewBuilder(control.Version, typ, 0, seq)
+	if fill != nil {
+		fill(b)
+	}
+	msg, err := b.Bytes()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.nc.Write(msg); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// read returns the next message, or nil if none arrives within wait.
+func (c *ikeClient) read(wait time.Duration) *control.Message {
+	c.t.Helper()
+	c.nc.SetReadDeadline(time.Now().Add(wait))
+	m, _, _, err := control.ReadMessage(c.nc, nil)
+	if err != nil {
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			return nil
+		}
+		c.t.Fatal(err)
+	}
+	return m
+}
+
+// packet decodes an IKE_PACKET's addresses and payload.
+func packet(t *testing.T, m *control.Message) (src, dst netip.AddrPort, data []byte) {
+	t.Helper()
+	var sa, da netip.Addr
+	var sp, dp uint16
+	for _, a := range m.Attrs {
+		switch a.Type {
+		case control.AttrSrc:
+			sa, _ = netip.AddrFromSlice(a.Value)
+		case control.AttrDst:
+			da, _ = netip.AddrFromSlice(a.Value)
+		case control.AttrIKEPorts:
+			sp, dp = uint16(a.Value[0])<<8|uint16(a.Value[1]), uint16(a.Value[2])<<8|uint16(a.Value[3])
+		case control.AttrIKEData:
+			data = a.Value
+		}
+	}
+	return netip.AddrPortFrom(sa, sp), netip.AddrPortFrom(da, dp), data
+}
+
+// TestIKEHandoff: IKE arriving on 500 and non-ESP-marked datagrams on 4500
+// reach the registered client with their addresses; ESP and keepalives on
+// 4500 do not; the client's datagrams leave from the port it names, and
+// ESP from the NAT-T port is refused.
+func TestIKEHandoff(t *testing.T) {
+	_, sock, peer := startHandoff(t)
+	nc, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c := &ikeClient{t: t, nc: nc}
+	c.send(control.MsgIKERegister, 1, nil)
+	if m := c.read(5 * time.Second); m == nil || m.Type != control.MsgIKERegister || m.Flags != control.FlagReply {
+		t.Fatalf("IKE_REGISTER reply: %+v", m)
+	}
+
+	// An IKE header (28 bytes: SPIs, next payload, version 2.0,
+	// IKE_SA_INIT, flags, message ID, length) and a little more.
+	ike := []byte{1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0, 33, 0x20, 34, 0x08, 0, 0, 0, 0, 0, 0, 0, 32, 0xaa, 0xbb, 0xcc, 0xdd}
+	marked := append([]byte{0, 0, 0, 0}, ike...)
+	esp := []byte{0xc0, 0, 0, 1, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8}
+	send := func(seq uint32, src netip.Addr, sport uint16, dst netip.AddrPort, data []byte) {
+		c.send(control.MsgIKEPacket, seq, func(b *control.Builder) {
+			b.Addr(control.AttrSrc, src)
+			b.Addr(control.AttrDst, dst.Addr())
+			b.U16Pair(control.AttrIKEPorts, sport, dst.Port())
+			b.Raw(control.AttrIKEData, data)
+		})
+	}
+	recv := func(conn *net.UDPConn, wantFrom netip.AddrPort, want []byte) {
+		t.Helper()
+		buf := make([]byte, 2048)
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, from, err := conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if from != wantFrom || !bytes.Equal(buf[:n], want) {
+			t.Fatalf("peer got %x from %v, want %x from %v", buf[:n], from, want, wantFrom)
+		}
+	}
+	seq := uint32(10)
+	for _, f := range []struct {
+		daemon, peerAddr netip.Addr
+		ike, natt        *net.UDPConn
+	}{{peer.daemon4, peer.peer4, peer.ike4, peer.natt4}, {peer.daemon6, peer.peer6, peer.ike6, peer.natt6}} {
+		daemon500 := netip.AddrPortFrom(f.daemon, 500)
+		daemon4500 := netip.AddrPortFrom(f.daemon, 4500)
+		peer500 := netip.AddrPortFrom(f.peerAddr, 500)
+		peer4500 := netip.AddrPortFrom(f.peerAddr, 4500)
+
+		// peer -> daemon
+		if _, err := f.ike.WriteToUDPAddrPort(ike, daemon500); err != nil {
+			t.Fatal(err)
+		}
+		m := c.read(5 * time.Second)
+		if m == nil || m.Type != control.MsgIKEPacket || m.Flags != 0 || m.Seq != 1 {
+			t.Fatalf("want IKE_PACKET seq 1 for the datagram on %v, got %+v", daemon500, m)
+		}
+		if src, dst, data := packet(t, m); src != peer500 || dst != daemon500 || !bytes.Equal(data, ike) {
+			t.Fatalf("datagram on 500 handed over as %v -> %v %x", src, dst, data)
+		}
+		for _, p := range [][]byte{esp, {0xff}, marked} {
+			if _, err := f.natt.WriteToUDPAddrPort(p, daemon4500); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m = c.read(5 * time.Second)
+		if m == nil || m.Type != control.MsgIKEPacket {
+			t.Fatalf("want the marked datagram on %v, got %+v", daemon4500, m)
+		}
+		if src, dst, data := packet(t, m); src != peer4500 || dst != daemon4500 || !bytes.Equal(data, marked) {
+			t.Fatalf("datagram on 4500 handed over as %v -> %v %x (ESP or keepalive leaked?)", src, dst, data)
+		}
+		if m := c.read(300 * time.Millisecond); m != nil {
+			t.Fatalf("unexpected message %v (ESP or keepalive handed over?)", m.Type)
+		}
+
+		// daemon -> peer, from each port; no reply on success.
+		send(seq, f.daemon, 500, peer500, ike)
+		recv(f.ike, daemon500, ike)
+		send(seq+1, f.daemon, 4500, peer4500, marked)
+		recv(f.natt, daemon4500, marked)
+		seq += 2
+		if m := c.read(300 * time.Millisecond); m != nil {
+			t.Fatalf("IKE_PACKET that was sent got a reply: %v", m.Type)
+		}
+	}
+	// ESP from the NAT-T port, and a port that is not IKE's, are refused.
+	send(20, peer.daemon4, 4500, netip.AddrPortFrom(peer.peer4, 4500), esp)
+	send(21, peer.daemon6, 4501, netip.AddrPortFrom(peer.peer6, 4500), marked)
+	for _, seq := range []uint32{20, 21} {
+		m := c.read(5 * time.Second)
+		if m == nil || m.Type != control.MsgError || m.Seq != seq {
+			t.Fatalf("want ERROR seq %d, got %+v", seq, m)
+		}
+	}
+}
