@@ -1,0 +1,149 @@
+package strongswantest
+
+import (
+	"context"
+	"encoding/hex"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/testbed"
+)
+
+var (
+	keyRE  = regexp.MustCompile(`(\d+)\[CHD\] (encryption|integrity) (initiator|responder) key => (\d+) bytes`)
+	dumpRE = regexp.MustCompile(`(\d+)\[CHD\]\s+\d+: ((?:[0-9A-F]{2} )+)`)
+)
+
+// childKeys returns the CHILD_SA keys charon logged (filelog chd = 4), in
+// order, as hex.
+func childKeys(log string) []string {
+	var keys []string
+	lines := strings.Split(log, "\n")
+	for i := 0; i < len(lines); i++ {
+		m := keyRE.FindStringSubmatch(lines[i])
+		if m == nil {
+			continue
+		}
+		thread := m[1]
+		want, _ := strconv.Atoi(m[4])
+		var key []byte
+		for j := i + 1; j < len(lines) && len(key) < want; j++ {
+			d := dumpRE.FindStringSubmatch(lines[j])
+			if d == nil || d[1] != thread {
+				continue
+			}
+			b, err := hex.DecodeString(strings.ReplaceAll(strings.TrimSpace(d[2]), " ", ""))
+			if err != nil {
+				break
+			}
+			key = append(key, b...)
+		}
+		if len(key) == want {
+			keys = append(keys, m[2]+" "+hex.EncodeToString(key))
+		}
+	}
+	return keys
+}
+
+// TestEspdRestart kills gateway A's espd with SIGKILL in the middle of a
+// transfer and starts it again: charon keeps running and says why, the
+// plugin reconnects, reinstalls the policies and has charon replace the
+// CHILD_SA that died with espd; traffic resumes with new SPIs within a
+// bound the test measures, the transfer completes intact, and no key is
+// ever used for two SAs (charon logs every CHILD_SA key at chd level 4).
+func TestEspdRestart(t *testing.T) {
+	requireStrongSwan(t)
+	p := newPair(t, pairOptions{A: charonOptions{Log: "chd = 4"}})
+	p.load(v4("aes256gcm16"))
+	p.initiate()
+	before, _ := p.a.installedChild("net")
+	oldSPIs := p.a.espdSPIs()
+
+	type result struct {
+		res testbed.TransferResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// 24 MB at 2 MB/s: it runs through the outage.
+		res, err := testbed.Transfer(context.Background(), testbed.TransferOptions{
+			From: p.topo.Client, To: p.topo.Server, Dst: testbed.ServerV4.Addr(),
+			Bytes: 24 << 20, MaxRate: 2 << 20, Timeout: 90 * time.Second, Seed: 7,
+		})
+		done <- result{res, err}
+	}()
+	time.Sleep(3 * time.Second)
+
+	p.a.killEspd()
+	killed := time.Now()
+	if !waitFor(5*time.Second, func() bool { return p.a.charonLogCount("espd: lost the connection to espd") > 0 }) {
+		t.Errorf("A: charon did not log losing espd")
+	}
+	time.Sleep(time.Second) // espd stays away for a moment
+	if done, err := p.a.charon.Exited(); done {
+		t.Fatalf("A: charon exited while espd was down: %v", err)
+	}
+	p.a.runEspd()
+	restarted := time.Now()
+
+	// A new CHILD_SA with new SPIs, installed in the new espd.
+	var after childSA
+	if !waitFor(30*time.Second, func() bool {
+		c, ok := p.a.installedChild("net")
+		if !ok || c.SPIOut == before.SPIOut || c.SPIIn == before.SPIIn {
+			return false
+		}
+		spis := p.a.espdSPIs()
+		after = c
+		return len(spis["out"]) == 1 && spis["out"][0] == c.SPIOut
+	}) {
+		t.Fatalf("A: no new CHILD_SA in the new espd within 30 s: charon %+v, espd %v", after, p.a.espdSPIs())
+	}
+	newSA := time.Since(restarted)
+	// Traffic resumes.
+	ctx := context.Background()
+	resumed := waitFor(30*time.Second, func() bool {
+		r, err := p.topo.Client.Ping(ctx, testbed.ServerV4.Addr(), testbed.PingOptions{Count: 1, Wait: 500 * time.Millisecond})
+		return err == nil && r.OK()
+	})
+	resume := time.Since(restarted)
+	if !resumed {
+		t.Fatalf("no traffic through the tunnel within 30 s of espd's restart")
+	}
+	t.Logf("espd down for %v; after its restart a new CHILD_SA (SPIs %s_i %s_o, were %s_i %s_o) was installed in %v and pings crossed after %v",
+		restarted.Sub(killed).Round(time.Millisecond), after.SPIIn, after.SPIOut, before.SPIIn, before.SPIOut,
+		newSA.Round(time.Millisecond), resume.Round(time.Millisecond))
+	for _, spi := range append(p.a.espdSPIs()["in"], p.a.espdSPIs()["out"]...) {
+		for _, old := range append(oldSPIs["in"], oldSPIs["out"]...) {
+			if spi == old {
+				t.Errorf("A: the new espd has the old SPI %s", spi)
+			}
+		}
+	}
+	if n := p.a.charonLogCount("died with espd", "hard expire"); n == 0 {
+		t.Errorf("A: the plugin did not report the SAs that died with espd")
+	}
+
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("transfer across the restart: %v (%v)", r.err, r.res)
+	}
+	t.Logf("transfer across the restart: %v", r.res)
+
+	// Every CHILD_SA got fresh keys: no key appears twice.
+	keys := childKeys(p.a.charon.Log())
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if seen[k] {
+			t.Errorf("A: a key was derived for two SAs: %s", k)
+		}
+		seen[k] = true
+	}
+	if len(keys) < 4 {
+		t.Fatalf("A: %d CHILD_SA keys in charon's log, want those of at least two CHILD_SAs", len(keys))
+	}
+	t.Logf("A: %d CHILD_SA keys logged, all distinct", len(keys))
+}
