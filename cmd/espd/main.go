@@ -38,11 +38,13 @@ func run(args []string) error {
 		logLevel  string
 		ikePort   uint
 		pprofAddr string
+		procs     int
 	)
 	fs.StringVar(&dp.TUN.Name, "tun", tun.DefaultName, "name of the cleartext TUN device")
 	fs.IntVar(&dp.TUN.MTU, "mtu", tun.DefaultMTU, "MTU of the TUN device")
 	fs.IntVar(&dp.OuterMTU, "outer-mtu", 0, "MTU of the path to the peers (0: the route's MTU)")
 	fs.IntVar(&dp.Workers, "workers", 0, "crypto worker goroutines (0: none, each reader encrypts or decrypts and sends its own batches)")
+	fs.IntVar(&procs, "procs", 0, "GOMAXPROCS (0: the GOMAXPROCS environment variable if set, else half the CPUs with --workers 0, all with workers)")
 	fs.UintVar(&udpPort, "udp-port", uint(dataplane.DefaultEncapPort), "ESP-in-UDP port (RFC 3948)")
 	fs.UintVar(&mark, "mark", 0, "SO_MARK of espd's outer packets, kept out of the TUN by a policy-routing rule (0: default)")
 	fs.IntVar(&dp.Table, "table", 0, "routing table of the routes into the TUN (0: default)")
@@ -91,6 +93,10 @@ func run(args []string) error {
 		return fmt.Errorf("--log-format %q: want text or json", logFormat)
 	}
 
+	if procs < 0 {
+		return fmt.Errorf("--procs %d: negative", procs)
+	}
+	setProcs(procs, dp.Workers)
 	if pprofAddr != "" {
 		if err := startPprof(pprofAddr, opts.Logger); err != nil {
 			return err
