@@ -1,15 +1,14 @@
 package strongswantest
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/espd/espd/testbed"
 )
 
 // Paths of what the tests run.
@@ -35,30 +34,13 @@ func buildAndRun(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	espdBin = filepath.Join(dir, "espd")
 	espctlBin = filepath.Join(dir, "espctl")
-	for _, b := range []struct{ out, pkg string }{{espdBin, "./cmd/espd"}, {espctlBin, "./cmd/espctl"}} {
-		if err := goBuild(b.out, b.pkg); err != nil {
+	for _, b := range []struct{ out, pkg string }{{espdBin, "github.com/espd/espd/cmd/espd"}, {espctlBin, "github.com/espd/espd/cmd/espctl"}} {
+		if err := testbed.GoBuild(b.out, b.pkg); err != nil {
 			fmt.Fprintf(os.Stderr, "strongswantest: cannot build %s:\n%v\n", b.pkg, err)
 			return 1
 		}
 	}
 	return m.Run()
-}
-
-// goBuild runs "go build -o out pkg" in the module root.
-func goBuild(out, pkg string) error {
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, gobin, "build", "-o", out, pkg)
-	cmd.Dir = "../.."
-	b, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("go build -o %s %s: %w\n%s", out, pkg, err, strings.TrimSpace(string(b)))
-	}
-	return nil
 }
 
 // requireStrongSwan skips the test, saying why, unless charon, swanctl and
