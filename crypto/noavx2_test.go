@@ -1,0 +1,45 @@
+package crypto
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// noAVX2Env names the environment variable that marks the child run of
+// TestWithoutAESNIAndAVX2.
+const noAVX2Env = "ESPD_CRYPTO_NO_AVX2_CHILD"
+
+// noAVX2GODEBUG turns off what boxes without AES-NI lack (the harness's
+// -noaesni mode uses the same switches): Go's AES-GCM then runs its generic
+// code, and golang.org/x/crypto's ChaCha20-Poly1305 its SSSE3 assembly
+// (go.mod keeps x/crypto at v0.51.0, the last release that has it).
+const noAVX2GODEBUG = "cpu.aes=off,cpu.pclmulqdq=off,cpu.avx2=off"
+
+// TestWithoutAESNIAndAVX2 runs the known-answer, scapy and round-trip
+// tests again in a child process with AES-NI, PCLMULQDQ and AVX2 switched
+// off, so that the code paths a Celeron or Atom gateway runs are checked
+// against the same vectors as the AVX2 and AES-NI ones.
+func TestWithoutAESNIAndAVX2(t *testing.T) {
+	if os.Getenv(noAVX2Env) != "" {
+		t.Skip("this is the child run")
+	}
+	if testing.Short() {
+		t.Skip("-short: no child run")
+	}
+	tests := []string{"TestDraftMcGrewGCM", "TestRFC7634ESPExample", "TestRFC3602Cases",
+		"TestScapyVectors", "TestRoundTrip", "TestESNHighBits", "TestTamper", "TestMalformed"}
+	cmd := exec.Command(os.Args[0], "-test.count=1", "-test.v",
+		"-test.run=^("+strings.Join(tests, "|")+")$")
+	cmd.Env = append(os.Environ(), noAVX2Env+"=1", "GODEBUG="+noAVX2GODEBUG)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("tests with GODEBUG=%s: %v\n%s", noAVX2GODEBUG, err, out)
+	}
+	for _, name := range tests {
+		if !strings.Contains(string(out), "--- PASS: "+name+" ") {
+			t.Errorf("%s did not pass in the child run with GODEBUG=%s:\n%s", name, noAVX2GODEBUG, out)
+		}
+	}
+}
