@@ -149,6 +149,7 @@ type queues struct {
 	crypto  chan *batch
 	inorder chan *batch
 	wg      sync.WaitGroup // producers; the last one closes the queues
+	pushed  atomic.Uint64  // batches pushed (counted before they are visible)
 	done    atomic.Uint64  // batches the in-order stage has finished
 }
 
@@ -183,6 +184,15 @@ func newProducer() *producer {
 // and goes on reporting false at once until the stage moves. b must be
 // locked.
 func (q *queues) push(b *batch, p *producer) bool {
+	if q.tryPush(b, p) {
+		return true
+	}
+	q.pushed.Add(^uint64(0))
+	return false
+}
+
+func (q *queues) tryPush(b *batch, p *producer) bool {
+	q.pushed.Add(1)
 	select {
 	case q.inorder <- b:
 		q.crypto <- b

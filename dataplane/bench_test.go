@@ -24,8 +24,8 @@ func drive(h *harness, tmpl [][]byte, total, limit int, done <-chan int) {
 // benchHarness is a harness that records nothing and reports counts on a
 // channel: sent outer packets (outbound) or packets written back to the
 // TUN (loop).
-func benchHarness(tb testing.TB, loop bool, workers int) (*harness, chan int) {
-	h := newHarness(tb, Config{Workers: workers, QueueLen: 64}, loop)
+func benchHarness(tb testing.TB, loop bool, m pipelineMode) (*harness, chan int) {
+	h := newHarness(tb, Config{Workers: m.workers, InlineAbove: m.inlineAbove, QueueLen: 64}, loop)
 	h.tun.record, h.tx.record = false, false
 	done := make(chan int, 4096)
 	if loop {
@@ -45,16 +45,30 @@ func template(n, size int) [][]byte {
 	return tmpl
 }
 
+// pipelineMode is how a device runs its crypto: run to completion
+// (workers 0), always on the workers, or on whichever its measured rate
+// picks (inlineAbove).
+type pipelineMode struct{ workers, inlineAbove int }
+
+func (m pipelineMode) String() string {
+	if m.inlineAbove > 0 {
+		return fmt.Sprintf("workers=%d,inline-above=%d", m.workers, m.inlineAbove)
+	}
+	return fmt.Sprintf("workers=%d", m.workers)
+}
+
+var pipelineModes = []pipelineMode{{0, 0}, {2, 0}, {2, DefaultInlineAbove}}
+
 // TestNoAllocsPerPacket runs batches through the whole pipeline, out and
-// back in, run to completion and with workers, and checks that the steady
+// back in, in each pipelineMode, and checks that the steady
 // state allocates nothing.
 func TestNoAllocsPerPacket(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	for _, workers := range []int{0, 2} {
-		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
-			h, done := benchHarness(t, true, workers)
+	for _, m := range pipelineModes {
+		t.Run(m.String(), func(t *testing.T) {
+			h, done := benchHarness(t, true, m)
 			tmpl := template(64, 512)
 			drive(h, tmpl, 64*200, 64*8, done) // warm the pools up
 			allocs := testing.AllocsPerRun(200, func() { drive(h, tmpl, len(tmpl), len(tmpl), done) })
@@ -69,15 +83,15 @@ func TestNoAllocsPerPacket(t *testing.T) {
 }
 
 func benchmarkPipeline(b *testing.B, loop bool) {
-	for _, workers := range []int{0, 2} {
-		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) { benchmarkSizes(b, loop, workers) })
+	for _, m := range pipelineModes {
+		b.Run(m.String(), func(b *testing.B) { benchmarkSizes(b, loop, m) })
 	}
 }
 
-func benchmarkSizes(b *testing.B, loop bool, workers int) {
+func benchmarkSizes(b *testing.B, loop bool, m pipelineMode) {
 	for _, size := range []int{64, 512, 1400} {
 		b.Run(fmt.Sprint(size), func(b *testing.B) {
-			h, done := benchHarness(b, loop, workers)
+			h, done := benchHarness(b, loop, m)
 			tmpl := template(h.tun.BatchSize(), size)
 			drive(h, tmpl, len(tmpl)*16, len(tmpl)*8, done)
 			b.SetBytes(int64(size))

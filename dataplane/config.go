@@ -20,7 +20,13 @@ const (
 	DefaultOuterMTU  = 1500
 	DefaultQueueLen  = 16
 	DefaultBatch     = 128
-	DefaultICMPRate  = 100
+	// DefaultInlineAbove is cmd/espd's Config.InlineAbove: AES-GCM with
+	// AES-NI and ChaCha20-Poly1305 with AVX2 or SSSE3 run faster on a
+	// current x86 core and stay on the readers; the same suites in
+	// portable Go, and CPUs as slow as the Atom gateways espd is for, go
+	// to the workers.
+	DefaultInlineAbove = 1000
+	DefaultICMPRate    = 100
 	// DefaultRecvBuffer is the outer sockets' forced SO_RCVBUF. The
 	// kernel's default (about 200 KiB) holds a few hundred full-size ESP
 	// packets: a burst from a TSO sender overflows it before the reader's
@@ -44,7 +50,7 @@ type Config struct {
 	EncapPort uint16
 	// NoIPv6 opens no IPv6 sockets and installs no IPv6 rule.
 	NoIPv6 bool
-	// Workers is the number of crypto goroutines. 0 (the default) means
+	// Workers is the number of crypto goroutines. 0 (the zero value) means
 	// none: each reader encrypts or decrypts its own batches and sends or
 	// writes them itself (run to completion), saving the two goroutine
 	// handoffs, and the thread wakeups they cost, of every batch; it is
@@ -52,6 +58,12 @@ type Config struct {
 	// (BENCHMARKS.md). n > 0 hands the batches to n workers and an in-order
 	// stage per direction, spreading one flow's crypto over n cores.
 	Workers int
+	// InlineAbove, with workers, is a crypto rate in MB/s: while the
+	// crypto of a direction's batches runs faster than this (as measured
+	// on them), its readers run their batches to completion as with no
+	// workers; while it runs slower, the batches go to the workers. 0
+	// means always the workers. cmd/espd's default is DefaultInlineAbove.
+	InlineAbove int
 	// OuterMTU is the MTU of the path to the peers. 0 means the MTU of
 	// the route to each peer (refreshed every 30 s), or DefaultOuterMTU
 	// without a router (fakes).

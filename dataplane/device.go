@@ -64,6 +64,8 @@ type Device struct {
 	in   *queues
 
 	inline  bool // run to completion: readers do the crypto and the I/O
+	outOff  offloader
+	inOff   offloader
 	stats   counters
 	sources atomic.Pointer[statSources]
 	fragID  atomic.Uint32
@@ -90,6 +92,10 @@ func New(cfg Config, db *sa.DB, log *slog.Logger) (*Device, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Device{cfg: cfg, db: db, log: log, stop: make(chan struct{}), inline: cfg.Workers == 0}
+	if cfg.Workers > 0 && cfg.InlineAbove > 0 {
+		d.outOff.inlineAbove.Store(int64(cfg.InlineAbove))
+		d.inOff.inlineAbove.Store(int64(cfg.InlineAbove))
+	}
 	d.fragID.Store(uint32(time.Now().UnixNano()))
 	return d, nil
 }

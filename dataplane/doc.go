@@ -11,12 +11,18 @@
 // (UDP_GRO runs split into packets) and looks up each packet's state by
 // SPI. What happens next depends on Config.Workers.
 //
-// With no workers (the default) each reader runs its batch to completion:
+// With no workers each reader runs its batch to completion:
 // it encrypts and sends it (sendmmsg, UDP_SEGMENT for ESP-in-UDP), or
 // checks the replay window, decrypts, checks the inner packets against
 // their state's selectors, records the sequence numbers in the window and
 // writes the batch to the TUN, which coalesces TCP and UDP segments (GRO).
 // A batch costs no goroutine handoff, and so no thread wakeup, on its way.
+//
+// With workers and Config.InlineAbove, each direction times its crypto
+// (offloader): batches whose crypto runs faster than InlineAbove are run to
+// completion by their reader as above, slower ones go to the workers, and a
+// reader goes back from the workers to running batches itself only when
+// none of the direction's batches is in flight, so that the order holds.
 //
 // With n workers each direction has two bounded queues: the crypto queue,
 // served by the n workers of both directions, and the in-order queue,

@@ -21,7 +21,7 @@ func (d *Device) readOuter(r Receiver) {
 	bs := min(d.cfg.Batch, d.pool.size)
 	prod := newProducer()
 	var w *inWriter
-	if d.inline {
+	if d.inline || d.cfg.Workers > 0 && d.cfg.InlineAbove > 0 {
 		w = &inWriter{}
 	}
 	for {
@@ -118,13 +118,15 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 	switch {
 	case live == 0:
 		d.pool.put(b)
-	case w != nil: // run to completion
-		decrypt(b)
+	case d.inline || !d.inOff.useWorkers(d.in): // run to completion
+		d.inOff.timeCrypto(b, decrypt)
 		b.release()
 		d.writeBatch(w, b)
 		d.pool.put(b)
+		l[cInlineBatches]++
 	default:
 		b.mu.Lock()
+		l[cHandedOff]++
 		if !d.in.push(b, prod) {
 			b.mu.Unlock()
 			l[cQueueDrops] += uint64(live)
@@ -267,7 +269,7 @@ func (d *Device) worker() {
 				out = nil
 				continue
 			}
-			encrypt(b)
+			d.outOff.timeCrypto(b, encrypt)
 			b.release()
 			b.mu.Unlock()
 		case b, ok := <-in:
@@ -275,7 +277,7 @@ func (d *Device) worker() {
 				in = nil
 				continue
 			}
-			decrypt(b)
+			d.inOff.timeCrypto(b, decrypt)
 			b.release()
 			b.mu.Unlock()
 		}

@@ -49,7 +49,7 @@ func (d *Device) readTUN() {
 	defer d.wg.Done()
 	defer d.out.producerDone()
 	r := &outReader{runs: make([]seqRun, 0, 16), prod: newProducer()}
-	if d.inline {
+	if d.inline || d.cfg.Workers > 0 && d.cfg.InlineAbove > 0 {
 		r.send = d.newOutSender()
 	}
 	r.pmtu.init(d)
@@ -145,15 +145,17 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 	switch {
 	case live == 0:
 		d.pool.put(b)
-	case d.inline:
+	case d.inline || !d.outOff.useWorkers(d.out):
 		r.reserve(b)
-		encrypt(b)
+		d.outOff.timeCrypto(b, encrypt)
 		b.release()
 		d.sendBatch(r.send, b)
 		d.pool.put(b)
+		l[cInlineBatches]++
 	default:
 		r.reserve(b)
 		b.mu.Lock()
+		l[cHandedOff]++
 		if !d.out.push(b, r.prod) {
 			b.mu.Unlock()
 			l[cQueueDrops] += uint64(live)

@@ -24,7 +24,33 @@ var innerSrc4, innerSrc6 = netip.MustParseAddr("198.19.100.1"), netip.MustParseA
 // state's sequence numbers leave in order without gaps and that every
 // flow's packets come back out of the TUN in order.
 func TestOrderUnderManyWorkers(t *testing.T) {
-	h := newHarness(t, Config{Workers: 8, QueueLen: 1024}, true)
+	checkOrder(t, Config{Workers: 8, QueueLen: 1024}, nil)
+}
+
+// TestOrderAcrossInlineAndWorkers is TestOrderUnderManyWorkers with
+// Config.InlineAbove, whose threshold flips every few batches between a
+// rate no cipher reaches and one every cipher beats, so that the readers
+// go back and forth between running batches themselves and handing them
+// to the workers while earlier batches are still on their way.
+func TestOrderAcrossInlineAndWorkers(t *testing.T) {
+	st := checkOrder(t, Config{Workers: 8, QueueLen: 1024, InlineAbove: DefaultInlineAbove}, func(d *Device, i int) {
+		above := int64(1)
+		if i/5%2 == 1 {
+			above = 1 << 40
+		}
+		d.outOff.inlineAbove.Store(above)
+		d.inOff.inlineAbove.Store(above)
+	})
+	if st.InlineBatches == 0 || st.HandedOff == 0 {
+		t.Errorf("%d batches inline, %d handed off: want both", st.InlineBatches, st.HandedOff)
+	}
+}
+
+// checkOrder runs the traffic of TestOrderUnderManyWorkers through a device
+// with cfg, calling between (if set) before each batch, and returns the
+// device's stats.
+func checkOrder(t *testing.T, cfg Config, between func(d *Device, i int)) Stats {
+	h := newHarness(t, cfg, true)
 	tunnels := []tunnel{
 		{reqid: 1, spi: 0x101, dst: netip.MustParsePrefix("198.19.1.0/24"), suite: "aes128gcm16-esn"},
 		{reqid: 2, spi: 0x102, dst: netip.MustParsePrefix("198.19.2.0/24"), sport: 4500, dport: 4500},
@@ -50,6 +76,9 @@ func TestOrderUnderManyWorkers(t *testing.T) {
 			}
 			pkts = append(pkts, udpPacket(src, dsts[k], 1000+uint16(k), 2000, next[k], 100+j*20, false))
 			next[k]++
+		}
+		if between != nil {
+			between(h.d, i)
 		}
 		h.tun.in <- pkts
 	}
@@ -96,6 +125,7 @@ func TestOrderUnderManyWorkers(t *testing.T) {
 			t.Errorf("state %v accounted %d packets, want %d", s, got, next[s.ReqID()-1])
 		}
 	}
+	return st
 }
 
 // oneOut sends one packet through a non-looped harness and returns the

@@ -52,6 +52,11 @@ type Stats struct {
 	// fakes.
 	TUNReads, TUNSuperReads, TUNWrites, TUNSuperWrites uint64
 	RecvCalls, RecvDatagrams, SendCalls, SendMessages  uint64
+
+	// InlineBatches counts the batches a reader ran to completion itself,
+	// HandedOff those it handed to the workers (Config.Workers,
+	// Config.InlineAbove).
+	InlineBatches, HandedOff uint64
 }
 
 type counter int
@@ -84,6 +89,8 @@ const (
 	cSendErrors
 	cTUNWriteErrors
 	cReadErrors
+	cInlineBatches
+	cHandedOff
 	numCounters
 )
 
@@ -116,5 +123,6 @@ func (c *counters) snapshot() Stats {
 		KeepalivesRx: g(cKeepalivesRx), KeepalivesTx: g(cKeepalivesTx), IKE: g(cIKE),
 		SelectorDrop: g(cSelectorDrop), CryptoDrops: g(cCryptoDrops), QueueDrops: g(cQueueDrops),
 		SendErrors: g(cSendErrors), TUNWriteErrors: g(cTUNWriteErrors), ReadErrors: g(cReadErrors),
+		InlineBatches: g(cInlineBatches), HandedOff: g(cHandedOff),
 	}
 }

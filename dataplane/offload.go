@@ -1,0 +1,108 @@
+package dataplane
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// minRateSample is the least crypto payload of a batch whose timing is
+// taken into a direction's crypto rate: below it the fixed cost per batch
+// and per packet, not the cipher, sets the time.
+const minRateSample = 16 << 10
+
+// offloader decides, for one direction with workers and a Config.InlineAbove
+// rate, whether a reader runs a batch's crypto and I/O itself or hands the
+// batch to the workers and the in-order stage.
+//
+// Handing off pays where the crypto is slow: it spreads one flow's crypto
+// over the cores, as pcrypt does. Where it is fast (AES-GCM with AES-NI,
+// ChaCha20-Poly1305 with AVX2) the two handoffs per batch, the thread
+// wakeups and the batch's trip through other cores' caches cost more than
+// the crypto they spread (BENCHMARKS.md: 45% more CPU per byte on the
+// 2-core harness machine). So both the readers and the workers time the
+// crypto of the batches that carry at least minRateSample bytes; while the
+// measured rate is below InlineAbove batches go to the workers, and once it
+// is 25% above it readers run them again, but only when no batch of the
+// direction is queued or in the in-order stage, so that each state's
+// packets still leave in the order they arrived.
+type offloader struct {
+	inlineAbove atomic.Int64 // MB/s (bytes per microsecond); 0: always hand off (tests change it)
+	rate        atomic.Int64 // bytes per microsecond, moving average; 0: no sample yet
+	handOff     atomic.Bool
+}
+
+// useWorkers reports whether the next batch goes to the workers. q's
+// batches in flight must be none for the answer to be false.
+func (o *offloader) useWorkers(q *queues) bool {
+	above := o.inlineAbove.Load()
+	if above <= 0 {
+		return true
+	}
+	if !o.handOff.Load() {
+		return q.inFlight() > 0 // a batch handed off earlier is still on its way
+	}
+	r := o.rate.Load()
+	if r == 0 || r*4 < above*5 || q.inFlight() > 0 {
+		return true
+	}
+	o.handOff.Store(false)
+	return false
+}
+
+// record takes the crypto of bytes that took d into the rate and updates
+// the decision. Readers and workers call it concurrently: a lost update
+// only drops a sample.
+func (o *offloader) record(bytes int, d time.Duration) {
+	above := o.inlineAbove.Load()
+	if above <= 0 || bytes < minRateSample {
+		return
+	}
+	us := d.Microseconds()
+	if us <= 0 {
+		us = 1
+	}
+	sample := int64(bytes) / us
+	r := o.rate.Load()
+	if r == 0 {
+		r = sample
+	} else {
+		r += (sample - r) / 4
+	}
+	o.rate.Store(max(r, 1))
+	if r < above {
+		o.handOff.Store(true)
+	}
+}
+
+// timeCrypto runs crypto on b, timing it when the rate decides anything
+// and the batch is large enough to be a sample.
+func (o *offloader) timeCrypto(b *batch, crypto func(*batch)) {
+	if o.inlineAbove.Load() <= 0 {
+		crypto(b)
+		return
+	}
+	n := cryptoBytes(b)
+	if n < minRateSample {
+		crypto(b)
+		return
+	}
+	t := time.Now()
+	crypto(b)
+	o.record(n, time.Since(t))
+}
+
+// inFlight is the number of batches pushed and not yet finished by the
+// in-order stage.
+func (q *queues) inFlight() uint64 { return q.pushed.Load() - q.done.Load() }
+
+// cryptoBytes is the payload the batch's crypto covers: the live packets'
+// bytes.
+func cryptoBytes(b *batch) int {
+	n := 0
+	for i := range b.n {
+		if e := &b.elems[i]; e.drop == pass {
+			n += e.end - e.start
+		}
+	}
+	return n
+}
