@@ -64,6 +64,12 @@ type Config struct {
 	// workers; while it runs slower, the batches go to the workers. 0
 	// means always the workers. cmd/espd's default is DefaultInlineAbove.
 	InlineAbove int
+	// OnHandOff, if set with InlineAbove, is called (never concurrently)
+	// with true when a direction starts handing its batches to the
+	// workers, and with false when neither does any more. cmd/espd uses it
+	// to run on half the CPUs while the readers run the batches themselves
+	// and on all of them while the workers do.
+	OnHandOff func(handOff bool)
 	// OuterMTU is the MTU of the path to the peers. 0 means the MTU of
 	// the route to each peer (refreshed every 30 s), or DefaultOuterMTU
 	// without a router (fakes).

@@ -66,6 +66,8 @@ type Device struct {
 	inline  bool // run to completion: readers do the crypto and the I/O
 	outOff  offloader
 	inOff   offloader
+	modeMu  sync.Mutex // serializes Config.OnHandOff calls
+	handing bool       // the last value passed to Config.OnHandOff
 	stats   counters
 	sources atomic.Pointer[statSources]
 	fragID  atomic.Uint32
@@ -95,6 +97,7 @@ func New(cfg Config, db *sa.DB, log *slog.Logger) (*Device, error) {
 	if cfg.Workers > 0 && cfg.InlineAbove > 0 {
 		d.outOff.inlineAbove.Store(int64(cfg.InlineAbove))
 		d.inOff.inlineAbove.Store(int64(cfg.InlineAbove))
+		d.outOff.changed, d.inOff.changed = d.handOffChanged, d.handOffChanged
 	}
 	d.fragID.Store(uint32(time.Now().UnixNano()))
 	return d, nil
@@ -293,4 +296,19 @@ func (d *Device) logf(k logLimit, msg string, args ...any) {
 		return
 	}
 	d.log.Warn(msg, args...)
+}
+
+// handOffChanged tells Config.OnHandOff whether either direction now hands
+// its batches to the workers, when that changed.
+func (d *Device) handOffChanged() {
+	if d.cfg.OnHandOff == nil {
+		return
+	}
+	d.modeMu.Lock()
+	defer d.modeMu.Unlock()
+	h := d.outOff.handOff.Load() || d.inOff.handOff.Load()
+	if h != d.handing {
+		d.handing = h
+		d.cfg.OnHandOff(h)
+	}
 }

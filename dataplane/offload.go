@@ -29,6 +29,7 @@ type offloader struct {
 	inlineAbove atomic.Int64 // MB/s (bytes per microsecond); 0: always hand off (tests change it)
 	rate        atomic.Int64 // bytes per microsecond, moving average; 0: no sample yet
 	handOff     atomic.Bool
+	changed     func() // called after handOff changed (Device.handOffChanged)
 }
 
 // useWorkers reports whether the next batch goes to the workers. q's
@@ -45,7 +46,9 @@ func (o *offloader) useWorkers(q *queues) bool {
 	if r == 0 || r*4 < above*5 || q.inFlight() > 0 {
 		return true
 	}
-	o.handOff.Store(false)
+	if o.handOff.CompareAndSwap(true, false) && o.changed != nil {
+		o.changed()
+	}
 	return false
 }
 
@@ -69,8 +72,8 @@ func (o *offloader) record(bytes int, d time.Duration) {
 		r += (sample - r) / 4
 	}
 	o.rate.Store(max(r, 1))
-	if r < above {
-		o.handOff.Store(true)
+	if r < above && !o.handOff.Load() && o.handOff.CompareAndSwap(false, true) && o.changed != nil {
+		o.changed()
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,28 +29,56 @@ func TestOrderUnderManyWorkers(t *testing.T) {
 }
 
 // TestOrderAcrossInlineAndWorkers is TestOrderUnderManyWorkers with
-// Config.InlineAbove, whose threshold flips every few batches between a
+// Config.InlineAbove, whose threshold flips every five batches between a
 // rate no cipher reaches and one every cipher beats, so that the readers
 // go back and forth between running batches themselves and handing them
-// to the workers while earlier batches are still on their way.
+// to the workers while earlier batches are still on their way (half-way
+// through each fast phase the test lets them drain, which is when the
+// readers may take over again), and checks that Config.OnHandOff hears of
+// each change once.
 func TestOrderAcrossInlineAndWorkers(t *testing.T) {
-	st := checkOrder(t, Config{Workers: 8, QueueLen: 1024, InlineAbove: DefaultInlineAbove}, func(d *Device, i int) {
-		above := int64(1)
-		if i/5%2 == 1 {
-			above = 1 << 40
+	var (
+		mu    sync.Mutex
+		calls []bool
+	)
+	onHandOff := func(h bool) {
+		mu.Lock()
+		calls = append(calls, h)
+		mu.Unlock()
+	}
+	cfg := Config{Workers: 8, QueueLen: 1024, InlineAbove: DefaultInlineAbove, OnHandOff: onHandOff}
+	st := checkOrder(t, cfg, func(h *harness, i, sent int) {
+		above := int64(1 << 40)
+		if i/5%2 == 0 {
+			// Let what is in flight drain now and then, so that the
+			// readers can go back to running batches themselves.
+			above = 1
+			if i%5 == 2 {
+				waitFor(t, "the packets sent so far back in the TUN", func() bool { return h.tun.count.Load() >= uint64(sent) })
+			}
 		}
-		d.outOff.inlineAbove.Store(above)
-		d.inOff.inlineAbove.Store(above)
+		h.d.outOff.inlineAbove.Store(above)
+		h.d.inOff.inlineAbove.Store(above)
 	})
 	if st.InlineBatches == 0 || st.HandedOff == 0 {
 		t.Errorf("%d batches inline, %d handed off: want both", st.InlineBatches, st.HandedOff)
 	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) < 2 {
+		t.Fatalf("OnHandOff called %d times (%v), want both ways", len(calls), calls)
+	}
+	for i, h := range calls {
+		if h != (i%2 == 0) {
+			t.Fatalf("OnHandOff calls %v: want true, false, true, ... (only changes)", calls)
+		}
+	}
 }
 
 // checkOrder runs the traffic of TestOrderUnderManyWorkers through a device
-// with cfg, calling between (if set) before each batch, and returns the
-// device's stats.
-func checkOrder(t *testing.T, cfg Config, between func(d *Device, i int)) Stats {
+// with cfg, calling between (if set) before each batch i with the number
+// of packets sent before it, and returns the device's stats.
+func checkOrder(t *testing.T, cfg Config, between func(h *harness, i, sent int)) Stats {
 	h := newHarness(t, cfg, true)
 	tunnels := []tunnel{
 		{reqid: 1, spi: 0x101, dst: netip.MustParsePrefix("198.19.1.0/24"), suite: "aes128gcm16-esn"},
@@ -78,7 +107,7 @@ func checkOrder(t *testing.T, cfg Config, between func(d *Device, i int)) Stats 
 			next[k]++
 		}
 		if between != nil {
-			between(h.d, i)
+			between(h, i, i*per)
 		}
 		h.tun.in <- pkts
 	}

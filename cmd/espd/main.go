@@ -46,7 +46,7 @@ func run(args []string) error {
 	fs.IntVar(&dp.OuterMTU, "outer-mtu", 0, "MTU of the path to the peers (0: the route's MTU)")
 	fs.IntVar(&dp.Workers, "workers", runtime.GOMAXPROCS(0), "crypto worker goroutines, default one per CPU: batches are encrypted and decrypted in parallel and leave in order, as with pcrypt (0: none, each reader runs its own batches to completion, which saves two goroutine handoffs per batch where system calls and not crypto are the limit)")
 	fs.IntVar(&dp.InlineAbove, "inline-above", dataplane.DefaultInlineAbove, "with workers, a crypto rate in MB/s: while a direction's crypto runs faster than this (measured on its batches), its readers run their batches to completion, which saves two goroutine handoffs per batch; while slower, the workers take them (0: always the workers)")
-	fs.IntVar(&procs, "procs", 0, "GOMAXPROCS (0: the GOMAXPROCS environment variable if set, else half the CPUs with --workers 0, all with workers)")
+	fs.IntVar(&procs, "procs", 0, "GOMAXPROCS (0: the GOMAXPROCS environment variable if set, else half the CPUs while the readers run batches to completion (--workers 0, or workers with --inline-above while the crypto is fast) and all of them while workers take batches)")
 	fs.UintVar(&udpPort, "udp-port", uint(dataplane.DefaultEncapPort), "ESP-in-UDP port (RFC 3948)")
 	fs.UintVar(&mark, "mark", 0, "SO_MARK of espd's outer packets, kept out of the TUN by a policy-routing rule (0: default)")
 	fs.IntVar(&dp.Table, "table", 0, "routing table of the routes into the TUN (0: default)")
@@ -98,7 +98,7 @@ func run(args []string) error {
 	if procs < 0 {
 		return fmt.Errorf("--procs %d: negative", procs)
 	}
-	setProcs(procs, dp.Workers)
+	setProcs(procs, dp)
 	if pprofAddr != "" {
 		if err := startPprof(pprofAddr, opts.Logger); err != nil {
 			return err
