@@ -90,7 +90,8 @@ func newGSOConn(rc syscall.RawConn, fam int, port uint16, batch int, counts *ioC
 }
 
 func (g *gsoConn) sendmmsg(fd uintptr) bool {
-	r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&g.hdrs[g.callOff])), uintptr(g.callN), unix.MSG_DONTWAIT, 0, 0)
+	// Raw: the socket is non-blocking (tun.rawRead says why).
+	r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&g.hdrs[g.callOff])), uintptr(g.callN), unix.MSG_DONTWAIT, 0, 0)
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false
 	}

@@ -85,7 +85,8 @@ func newMmsgConn(fd int, name string, batch int) (*mmsgConn, error) {
 }
 
 func (c *mmsgConn) recvmmsg(fd uintptr) bool {
-	r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&c.hdrs[0])), uintptr(c.n), uintptr(c.flags), 0, 0)
+	// Raw: the socket is non-blocking (tun.rawRead says why).
+	r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&c.hdrs[0])), uintptr(c.n), uintptr(c.flags), 0, 0)
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false
 	}
@@ -94,7 +95,8 @@ func (c *mmsgConn) recvmmsg(fd uintptr) bool {
 }
 
 func (c *mmsgConn) sendmmsg(fd uintptr) bool {
-	r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&c.hdrs[c.off])), uintptr(c.n), uintptr(c.flags), 0, 0)
+	// Raw: the socket is non-blocking (tun.rawRead says why).
+	r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&c.hdrs[c.off])), uintptr(c.n), uintptr(c.flags), 0, 0)
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false
 	}
