@@ -26,22 +26,9 @@ var (
 // with DF set that does not fit gives ErrDontFragment; too few or too small
 // buffers give ErrShortBuffer before anything is written.
 func FragmentIPv4(frags [][]byte, pkt []byte, mtu int) (int, error) {
-	if len(pkt) < IPv4HeaderLen {
-		return 0, ErrTruncated
-	}
-	if pkt[0]>>4 != 4 {
-		return 0, ErrVersion
-	}
-	hl := int(pkt[0]&0x0f) * 4
-	if hl < IPv4HeaderLen {
-		return 0, ErrHeaderLength
-	}
-	tl := int(binary.BigEndian.Uint16(pkt[2:4]))
-	if tl < hl {
-		return 0, ErrTotalLength
-	}
-	if tl > len(pkt) {
-		return 0, ErrTruncated
+	hl, tl, err := ipv4Lengths(pkt)
+	if err != nil {
+		return 0, err
 	}
 	if tl <= mtu {
 		if len(frags) < 1 || cap(frags[0]) < tl {

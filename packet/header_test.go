@@ -203,3 +203,41 @@ func TestTOS(t *testing.T) {
 		}
 	}
 }
+
+// TestIPv4LengthsCallers pins the header checks FragmentIPv4 and
+// ICMPv4FragNeeded share through ipv4Lengths: the same error, in the same
+// order, from both, for each malformed header. Each case edits its own copy
+// of a good 1508-byte UDP packet.
+func TestIPv4LengthsCallers(t *testing.T) {
+	gw := netip.MustParseAddr("198.18.0.254")
+	good := ipv4Packet("198.18.0.1", "198.19.0.2", ProtoUDP, nil, ports(1, 2, 1480))
+	cases := []struct {
+		name string
+		edit func(p []byte) []byte
+		err  error
+	}{
+		{"empty", func([]byte) []byte { return nil }, ErrTruncated},
+		{"short", func(p []byte) []byte { return p[:19] }, ErrTruncated},
+		{"version", func(p []byte) []byte { p[0] = 0x65; return p }, ErrVersion},
+		{"short and version 6", func([]byte) []byte { return []byte{0x60, 0, 0, 0} }, ErrTruncated},
+		{"ihl 4", func(p []byte) []byte { p[0] = 0x44; return p }, ErrHeaderLength},
+		{"total below ihl", func(p []byte) []byte { binary.BigEndian.PutUint16(p[2:4], 19); return p }, ErrTotalLength},
+		{"ihl past total and buffer", func(p []byte) []byte { p[0] = 0x4f; binary.BigEndian.PutUint16(p[2:4], 40); return p[:40] }, ErrTotalLength},
+		{"total past buffer", func(p []byte) []byte { return p[:len(p)-1] }, ErrTruncated},
+		{"good", func(p []byte) []byte { return p }, nil},
+	}
+	for _, tc := range cases {
+		pkt := tc.edit(append([]byte(nil), good...))
+		hl, tl, err := ipv4Lengths(pkt)
+		if err != tc.err || err == nil && (hl != 20 || tl != len(good)) {
+			t.Errorf("%s: ipv4Lengths: %d, %d, %v, want 20, %d, %v", tc.name, hl, tl, err, len(good), tc.err)
+		}
+		frags := [][]byte{make([]byte, 1500), make([]byte, 1500), make([]byte, 1500), make([]byte, 1500)}
+		if _, err := FragmentIPv4(frags, pkt, 576); err != tc.err {
+			t.Errorf("%s: FragmentIPv4: %v, want %v", tc.name, err, tc.err)
+		}
+		if _, err := ICMPv4FragNeeded(make([]byte, 600), gw, pkt, 1400); err != tc.err {
+			t.Errorf("%s: ICMPv4FragNeeded: %v, want %v", tc.name, err, tc.err)
+		}
+	}
+}

@@ -59,22 +59,9 @@ func ICMPv4FragNeeded(dst []byte, src netip.Addr, pkt []byte, mtu int) (int, err
 	if mtu < 68 || mtu > 0xffff {
 		return 0, ErrMTU
 	}
-	if len(pkt) < IPv4HeaderLen {
-		return 0, ErrTruncated
-	}
-	if pkt[0]>>4 != 4 {
-		return 0, ErrVersion
-	}
-	hl := int(pkt[0]&0x0f) * 4
-	if hl < IPv4HeaderLen {
-		return 0, ErrHeaderLength
-	}
-	tl := int(binary.BigEndian.Uint16(pkt[2:4]))
-	if tl < hl {
-		return 0, ErrTotalLength
-	}
-	if tl > len(pkt) {
-		return 0, ErrTruncated
+	hl, tl, err := ipv4Lengths(pkt)
+	if err != nil {
+		return 0, err
 	}
 	osrc := netip.AddrFrom4([4]byte(pkt[12:16]))
 	odst := netip.AddrFrom4([4]byte(pkt[16:20]))

@@ -67,6 +67,34 @@ func PutIPv4Header(b []byte, h IPv4Header) (int, error) {
 	return IPv4HeaderLen, nil
 }
 
+// ipv4Lengths checks the start of the IPv4 packet pkt and returns its
+// header length (options included) and total length, in bytes. It checks,
+// in this order: 20 bytes present (ErrTruncated), version 4 (ErrVersion),
+// IHL at least 5 (ErrHeaderLength), total length at least the header
+// (ErrTotalLength) and within pkt (ErrTruncated); so hl <= tl <= len(pkt).
+// It does not verify the header checksum. Unlike ParseIPv4Header, an IHL
+// past the end of pkt with a total length below it gives ErrTotalLength.
+func ipv4Lengths(pkt []byte) (hl, tl int, err error) {
+	if len(pkt) < IPv4HeaderLen {
+		return 0, 0, ErrTruncated
+	}
+	if pkt[0]>>4 != 4 {
+		return 0, 0, ErrVersion
+	}
+	hl = int(pkt[0]&0x0f) * 4
+	if hl < IPv4HeaderLen {
+		return 0, 0, ErrHeaderLength
+	}
+	tl = int(binary.BigEndian.Uint16(pkt[2:4]))
+	if tl < hl {
+		return 0, 0, ErrTotalLength
+	}
+	if tl > len(pkt) {
+		return 0, 0, ErrTruncated
+	}
+	return hl, tl, nil
+}
+
 // ParseIPv4Header reads the IPv4 header at the start of b, as a raw IPv4
 // socket delivers it in front of the payload. It checks the version, the
 // header length, the total length (which must fit in b; bytes past it are
