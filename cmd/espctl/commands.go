@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/sa"
@@ -80,77 +79,26 @@ func mergeLifetime(l *sa.Lifetime, cur sa.Lifetime, set map[string]bool, name st
 }
 
 func saDel(a *app, ctx context.Context, args []string) error {
-	f := newSAFlags("sa del", "id")
-	if err := a.parse(f.fs, f.parse, args); err != nil {
+	spi, dst, err := a.saID("sa del", args)
+	if err != nil {
 		return err
 	}
-	spi, id, err := f.id()
-	if err != nil {
-		return usageError{err}
-	}
 	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
-		return c.DeleteSA(ctx, spi, id.Dst)
+		return c.DeleteSA(ctx, spi, dst)
 	})
 }
 
 func saGet(a *app, ctx context.Context, args []string) error {
-	f := newSAFlags("sa get", "id")
-	if err := a.parse(f.fs, f.parse, args); err != nil {
+	spi, dst, err := a.saID("sa get", args)
+	if err != nil {
 		return err
 	}
-	spi, id, err := f.id()
-	if err != nil {
-		return usageError{err}
-	}
-	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
-		in, err := c.GetSA(ctx, spi, id.Dst)
-		if err != nil {
-			return err
-		}
-		if a.json {
-			return writeJSON(a.stdout, saView(in))
-		}
-		printSA(a.stdout, in, time.Now())
-		return nil
-	})
-}
-
-// noFlags parses the flags of a command that takes none but --json.
-func (a *app) noFlags(name string, args []string) error {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	return a.parse(fs, func(args []string) error {
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		if fs.NArg() != 0 {
-			return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-		}
-		return nil
-	}, args)
+	get := func(c *control.Client, ctx context.Context) (control.SAInfo, error) { return c.GetSA(ctx, spi, dst) }
+	return query(a, ctx, get, saView, saPrinter())
 }
 
 func saList(a *app, ctx context.Context, args []string) error {
-	if err := a.noFlags("sa list", args); err != nil {
-		return err
-	}
-	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
-		list, err := c.ListSAs(ctx)
-		if err != nil {
-			return err
-		}
-		if a.json {
-			views := make([]saJSON, 0, len(list))
-			for _, in := range list {
-				views = append(views, saView(in))
-			}
-			return writeJSON(a.stdout, views)
-		}
-		now := time.Now()
-		for _, in := range list {
-			printSA(a.stdout, in, now)
-		}
-		return nil
-	})
+	return listCmd(a, ctx, "sa list", args, (*control.Client).ListSAs, saView, saPrinter())
 }
 
 func saFlush(a *app, ctx context.Context, args []string) error {
@@ -178,27 +126,14 @@ func policyPut(a *app, ctx context.Context, args []string, name string,
 	if err != nil {
 		return usageError{err}
 	}
-	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
-		got, err := put(c, ctx, p)
-		if err != nil {
-			return err
-		}
-		if a.json {
-			return writeJSON(a.stdout, policyView(got))
-		}
-		printPolicy(a.stdout, got)
-		return nil
-	})
+	ask := func(c *control.Client, ctx context.Context) (sa.Policy, error) { return put(c, ctx, p) }
+	return query(a, ctx, ask, policyView, printPolicy)
 }
 
 func policyDel(a *app, ctx context.Context, args []string) error {
-	f := newPolicyFlags("policy del", false)
-	if err := a.parse(f.fs, f.parse, args); err != nil {
-		return err
-	}
-	sel, dir, err := f.selector()
+	sel, dir, err := a.policyID("policy del", args)
 	if err != nil {
-		return usageError{err}
+		return err
 	}
 	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
 		return c.DeletePolicy(ctx, sel, dir)
@@ -206,48 +141,16 @@ func policyDel(a *app, ctx context.Context, args []string) error {
 }
 
 func policyGet(a *app, ctx context.Context, args []string) error {
-	f := newPolicyFlags("policy get", false)
-	if err := a.parse(f.fs, f.parse, args); err != nil {
+	sel, dir, err := a.policyID("policy get", args)
+	if err != nil {
 		return err
 	}
-	sel, dir, err := f.selector()
-	if err != nil {
-		return usageError{err}
-	}
-	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
-		p, err := c.GetPolicy(ctx, sel, dir)
-		if err != nil {
-			return err
-		}
-		if a.json {
-			return writeJSON(a.stdout, policyView(p))
-		}
-		printPolicy(a.stdout, p)
-		return nil
-	})
+	get := func(c *control.Client, ctx context.Context) (sa.Policy, error) { return c.GetPolicy(ctx, sel, dir) }
+	return query(a, ctx, get, policyView, printPolicy)
 }
 
 func policyList(a *app, ctx context.Context, args []string) error {
-	if err := a.noFlags("policy list", args); err != nil {
-		return err
-	}
-	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
-		list, err := c.ListPolicies(ctx)
-		if err != nil {
-			return err
-		}
-		if a.json {
-			views := make([]policyJSON, 0, len(list))
-			for _, p := range list {
-				views = append(views, policyView(p))
-			}
-			return writeJSON(a.stdout, views)
-		}
-		for _, p := range list {
-			printPolicy(a.stdout, p)
-		}
-		return nil
-	})
+	return listCmd(a, ctx, "policy list", args, (*control.Client).ListPolicies, policyView, printPolicy)
 }
 
 func policyFlush(a *app, ctx context.Context, args []string) error {
@@ -275,17 +178,8 @@ func spiAlloc(a *app, ctx context.Context, args []string) error {
 	if lo > hi {
 		return usagef("spi alloc: --min 0x%08x is above --max 0x%08x", lo, hi)
 	}
-	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
-		spi, err := c.AllocSPI(ctx, lo, hi)
-		if err != nil {
-			return err
-		}
-		if a.json {
-			return writeJSON(a.stdout, map[string]any{"spi": spi, "spi_hex": fmt.Sprintf("0x%08x", spi)})
-		}
-		fmt.Fprintf(a.stdout, "0x%08x\n", spi)
-		return nil
-	})
+	alloc := func(c *control.Client, ctx context.Context) (uint32, error) { return c.AllocSPI(ctx, lo, hi) }
+	return query(a, ctx, alloc, spiView, printSPI)
 }
 
 func stats(a *app, ctx context.Context, args []string) error {
@@ -304,23 +198,13 @@ func stats(a *app, ctx context.Context, args []string) error {
 			return usageError{err}
 		}
 	}
-	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
-		var st control.Stats
-		var err error
+	ask := func(c *control.Client, ctx context.Context) (control.Stats, error) {
 		if one {
-			st, err = c.SAStats(ctx, spi, id.Dst)
-		} else {
-			st, err = c.Stats(ctx)
+			return c.SAStats(ctx, spi, id.Dst)
 		}
-		if err != nil {
-			return err
-		}
-		if a.json {
-			return writeJSON(a.stdout, statsView(st))
-		}
-		printStats(a.stdout, st)
-		return nil
-	})
+		return c.Stats(ctx)
+	}
+	return query(a, ctx, ask, statsView, printStats)
 }
 
 // parseEventKinds parses a comma-separated list of event kinds.
@@ -374,12 +258,8 @@ func monitor(a *app, ctx context.Context, args []string) error {
 			if !ok {
 				return errors.New("connection to espd lost")
 			}
-			if a.json {
-				if err := writeJSON(a.stdout, eventView(e)); err != nil {
-					return err
-				}
-			} else {
-				printEvent(a.stdout, e)
+			if err := show(a, e, eventView, printEvent); err != nil {
+				return err
 			}
 		}
 	}

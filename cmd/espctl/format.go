@@ -168,6 +168,11 @@ func printPolicy(w io.Writer, p sa.Policy) {
 	}
 }
 
+// printSPI prints an SPI in hex.
+func printSPI(w io.Writer, spi uint32) {
+	fmt.Fprintf(w, "0x%08x\n", spi)
+}
+
 // printStats prints the global counters and each state's.
 func printStats(w io.Writer, st control.Stats) {
 	g := st.Global

@@ -137,6 +137,10 @@ func policyView(p sa.Policy) policyJSON {
 		Priority: p.Priority, ReqID: p.ReqID, Index: p.Index, TmplSrc: addrString(p.TmplSrc), TmplDst: addrString(p.TmplDst)}
 }
 
+func spiView(spi uint32) map[string]any {
+	return map[string]any{"spi": spi, "spi_hex": fmt.Sprintf("0x%08x", spi)}
+}
+
 type statsJSON struct {
 	Global globalJSON    `json:"global"`
 	SAs    []saStatsLine `json:"sas"`

@@ -195,6 +195,32 @@ func (a *app) parse(fs *flag.FlagSet, parse func([]string) error, args []string)
 	return nil
 }
 
+// cmdFlags is a command's flag set and the flags given on its command line.
+type cmdFlags struct {
+	fs  *flag.FlagSet
+	set map[string]bool
+}
+
+// parse parses args, every one of which must be a flag, and records in
+// f.set the flags given.
+func (f *cmdFlags) parse(args []string) error {
+	if err := f.fs.Parse(args); err != nil {
+		return err
+	}
+	if f.fs.NArg() != 0 {
+		return fmt.Errorf("unexpected argument %q", f.fs.Arg(0))
+	}
+	f.set = map[string]bool{}
+	f.fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	return nil
+}
+
+// noFlags parses the flags of a command that takes none but --json.
+func (a *app) noFlags(name string, args []string) error {
+	f := cmdFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	return a.parse(f.fs, f.parse, args)
+}
+
 // client dials the socket.
 func (a *app) client(ctx context.Context) (*control.Client, error) {
 	dctx, cancel := context.WithTimeout(ctx, a.timeout)

@@ -10,8 +10,7 @@ import (
 
 // policyFlags are the flags of policy add, update, del and get.
 type policyFlags struct {
-	fs  *flag.FlagSet
-	set map[string]bool
+	cmdFlags
 
 	src, dst, proto, sport, dport, dir string
 	action, priority, reqid            string
@@ -21,7 +20,7 @@ type policyFlags struct {
 // newPolicyFlags declares the selector and direction flags, and with full
 // the rest of a policy.
 func newPolicyFlags(name string, full bool) *policyFlags {
-	f := &policyFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	f := &policyFlags{cmdFlags: cmdFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}}
 	fs := f.fs
 	fs.StringVar(&f.src, "src", "", "inner source prefix (any if absent)")
 	fs.StringVar(&f.dst, "dst", "", "inner destination prefix (any if absent)")
@@ -37,18 +36,6 @@ func newPolicyFlags(name string, full bool) *policyFlags {
 		fs.StringVar(&f.tmplDst, "tmpl-dst", "", "template: outer destination")
 	}
 	return f
-}
-
-func (f *policyFlags) parse(args []string) error {
-	if err := f.fs.Parse(args); err != nil {
-		return err
-	}
-	if f.fs.NArg() != 0 {
-		return fmt.Errorf("unexpected argument %q", f.fs.Arg(0))
-	}
-	f.set = map[string]bool{}
-	f.fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
-	return nil
 }
 
 // selector builds the selector and direction that name a policy.
@@ -80,6 +67,20 @@ func (f *policyFlags) selector() (sa.Selector, sa.Direction, error) {
 		return sel, 0, errors.New("ports need --proto (tcp, udp, sctp, icmp, ...)")
 	}
 	return sel, dir, sel.Validate()
+}
+
+// policyID parses the flags of a command that names one policy (policy
+// del, policy get): its selector and direction.
+func (a *app) policyID(name string, args []string) (sa.Selector, sa.Direction, error) {
+	f := newPolicyFlags(name, false)
+	if err := a.parse(f.fs, f.parse, args); err != nil {
+		return sa.Selector{}, 0, err
+	}
+	sel, dir, err := f.selector()
+	if err != nil {
+		return sel, 0, usageError{err}
+	}
+	return sel, dir, nil
 }
 
 // policy builds a whole policy.

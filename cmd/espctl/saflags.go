@@ -20,8 +20,7 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 // saFlags are the flags of sa add, update, del and get.
 type saFlags struct {
-	fs  *flag.FlagSet
-	set map[string]bool // flags given on the command line
+	cmdFlags
 
 	spi, src, dst, newSrc, newDst, dir, proto, mode string
 	enc, auth, encKey, authKey                      string
@@ -39,7 +38,7 @@ type lifetimeFlags struct{ bytes, packets, add, use string }
 // groups: "id" (spi, dst), "config" (everything add takes), "update" (the
 // new-src and new-dst of update).
 func newSAFlags(name string, which ...string) *saFlags {
-	f := &saFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	f := &saFlags{cmdFlags: cmdFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}}
 	has := func(w string) bool {
 		for _, x := range which {
 			if x == w {
@@ -88,19 +87,6 @@ func newSAFlags(name string, which ...string) *saFlags {
 	return f
 }
 
-// parse parses args; every argument must be a flag.
-func (f *saFlags) parse(args []string) error {
-	if err := f.fs.Parse(args); err != nil {
-		return err
-	}
-	if f.fs.NArg() != 0 {
-		return fmt.Errorf("unexpected argument %q", f.fs.Arg(0))
-	}
-	f.set = map[string]bool{}
-	f.fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
-	return nil
-}
-
 // id returns the SPI and destination that name a state.
 func (f *saFlags) id() (uint32, sa.Config, error) {
 	var c sa.Config
@@ -113,6 +99,20 @@ func (f *saFlags) id() (uint32, sa.Config, error) {
 	}
 	c.Dst, err = parseAddr("dst", f.dst)
 	return spi, c, err
+}
+
+// saID parses the flags of a command that names one state (sa del, sa
+// get): its SPI and outer destination.
+func (a *app) saID(name string, args []string) (uint32, netip.Addr, error) {
+	f := newSAFlags(name, "id")
+	if err := a.parse(f.fs, f.parse, args); err != nil {
+		return 0, netip.Addr{}, err
+	}
+	spi, id, err := f.id()
+	if err != nil {
+		return 0, netip.Addr{}, usageError{err}
+	}
+	return spi, id.Dst, nil
 }
 
 // suite builds the algorithms from --enc, --auth and --esn.
