@@ -2,10 +2,7 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -59,32 +56,10 @@ func startEspd(t *testing.T, node *testbed.Node, extra ...string) *espd {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := e.waitReady(ctx); err != nil {
+	if err := testbed.WaitEspd(ctx, node, e.proc, e.sock, tunName); err != nil {
 		t.Fatalf("espd on %s: %v\nlog:\n%s", node.Role, err, tail(e.proc.Log(), 60))
 	}
 	return e
-}
-
-// waitReady waits until the control socket accepts connections and the TUN
-// exists.
-func (e *espd) waitReady(ctx context.Context) error {
-	for {
-		if done, err := e.proc.Exited(); done {
-			return fmt.Errorf("exited during start: %v", err)
-		}
-		c, err := net.DialTimeout("unix", e.sock, time.Second)
-		if err == nil {
-			c.Close()
-			if _, err := e.node.IP(ctx, "link", "show", "dev", tunName); err == nil {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not ready (socket %s, TUN %s): %w", e.sock, tunName, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 // alive fails the test if espd has exited.
@@ -114,54 +89,18 @@ func (e *espd) mustCtl(t *testing.T, args ...string) string {
 // runEspctl runs espctl against sock; prefix, if set, goes before the
 // binary (setpriv ...).
 func runEspctl(prefix []string, sock string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	argv := append(append(append([]string{}, prefix...), espctlBin, "-s", sock), args...)
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.WaitDelay = time.Second
-	out, err := cmd.CombinedOutput()
-	if ctx.Err() != nil {
-		err = fmt.Errorf("%v (%v)", err, ctx.Err())
-	}
-	return string(out), err
+	return testbed.Espctl(prefix, espctlBin, sock, args...)
 }
 
 // logContains reports whether espd's log has a line matching all of subs.
 func (e *espd) logContains(subs ...string) bool {
-	for line := range strings.SplitSeq(e.proc.Log(), "\n") {
-		ok := true
-		for _, s := range subs {
-			if !strings.Contains(line, s) {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			return true
-		}
-	}
-	return false
+	return testbed.CountLines(e.proc.Log(), subs...) > 0
 }
 
 // tail returns the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = append([]string{fmt.Sprintf("... (%d lines before)", len(lines)-n)}, lines[len(lines)-n:]...)
-	}
-	return strings.Join(lines, "\n")
-}
+func tail(s string, n int) string { return testbed.Tail(s, n) }
 
 // eventually polls cond every 50 ms until it holds or d passes.
 func eventually(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return testbed.Poll(d, 50*time.Millisecond, cond)
 }

@@ -3,7 +3,6 @@ package strongswantest
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,21 +86,8 @@ func (g *gateway) runEspd() {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	for {
-		if done, err := p.Exited(); done {
-			g.t.Fatalf("espd on %s exited during start: %v\n%s", g.name, err, tail(p.Log(), 40))
-		}
-		if c, err := net.DialTimeout("unix", g.sock, time.Second); err == nil {
-			c.Close()
-			if _, err := g.node.IP(ctx, "link", "show", "dev", tunName); err == nil {
-				return
-			}
-		}
-		select {
-		case <-ctx.Done():
-			g.t.Fatalf("espd on %s not ready: %v\n%s", g.name, ctx.Err(), tail(p.Log(), 40))
-		case <-time.After(50 * time.Millisecond):
-		}
+	if err := testbed.WaitEspd(ctx, g.node, p, g.sock, tunName); err != nil {
+		g.t.Fatalf("espd on %s: %v\n%s", g.name, err, tail(p.Log(), 40))
 	}
 }
 
@@ -231,15 +217,11 @@ func (g *gateway) load(conf string) {
 
 // espctl runs espctl against the gateway's espd.
 func (g *gateway) espctl(args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, espctlBin, append([]string{"-s", g.sock}, args...)...)
-	cmd.WaitDelay = time.Second
-	out, err := cmd.CombinedOutput()
+	out, err := testbed.Espctl(nil, espctlBin, g.sock, args...)
 	if err != nil {
-		return string(out), fmt.Errorf("espctl %s on %s: %w\n%s", strings.Join(args, " "), g.name, err, out)
+		return out, fmt.Errorf("espctl %s on %s: %w\n%s", strings.Join(args, " "), g.name, err, out)
 	}
-	return string(out), nil
+	return out, nil
 }
 
 func (g *gateway) mustEspctl(args ...string) string {
@@ -361,41 +343,13 @@ func (g *gateway) waitChild(name string, timeout time.Duration) childSA {
 
 // charonLogCount counts charon's log lines containing all of subs.
 func (g *gateway) charonLogCount(subs ...string) int {
-	n := 0
-	for line := range strings.SplitSeq(g.charon.Log(), "\n") {
-		ok := true
-		for _, s := range subs {
-			if !strings.Contains(line, s) {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			n++
-		}
-	}
-	return n
+	return testbed.CountLines(g.charon.Log(), subs...)
 }
 
 // tail returns the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func tail(s string, n int) string { return testbed.Tail(s, n) }
 
 // waitFor polls cond every 100 ms until it holds or timeout passes.
 func waitFor(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return testbed.Poll(timeout, 100*time.Millisecond, cond)
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -20,27 +19,10 @@ const (
 // espdBin and espctlBin are built by TestMain.
 var espdBin, espctlBin string
 
-// TestMain builds ./cmd/espd and ./cmd/espctl into a temporary directory.
+// TestMain builds ./cmd/espd and ./cmd/espctl into a temporary directory
+// and fails the whole package, saying why, if they do not build.
 func TestMain(m *testing.M) {
-	os.Exit(buildAndRun(m))
-}
-
-func buildAndRun(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "espd-sst-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "strongswantest:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	espdBin = filepath.Join(dir, "espd")
-	espctlBin = filepath.Join(dir, "espctl")
-	for _, b := range []struct{ out, pkg string }{{espdBin, "github.com/espd/espd/cmd/espd"}, {espctlBin, "github.com/espd/espd/cmd/espctl"}} {
-		if err := testbed.GoBuild(b.out, b.pkg); err != nil {
-			fmt.Fprintf(os.Stderr, "strongswantest: cannot build %s:\n%v\n", b.pkg, err)
-			return 1
-		}
-	}
-	return m.Run()
+	os.Exit(testbed.EspdMain(m, "strongswantest", &espdBin, &espctlBin))
 }
 
 // requireStrongSwan skips the test, saying why, unless charon, swanctl and
