@@ -49,3 +49,21 @@ func (a *accounting) flush() {
 	a.flushAccount()
 	a.flushDrops()
 }
+
+// passes reports whether the in-order stage sends or writes e. Otherwise
+// it counts e's drop: on its state with its reason and in l (a drop that
+// the reader already counted, dropCounted, is only skipped).
+func (a *accounting) passes(e *elem, l *local) bool {
+	switch e.drop {
+	case pass:
+		return true
+	case dropSA:
+		l[cCryptoDrops]++
+	case dropSelector:
+		l[cSelectorDrop]++
+	default:
+		return false
+	}
+	a.drop(e.sa, e.reason)
+	return false
+}

@@ -18,7 +18,6 @@ const (
 	dropCounted       // counted where it was dropped (reader stage)
 	dropSA            // refused by esp/crypto: counted per state with reason
 	dropSelector
-	dropInner
 )
 
 // fragMode says whether an outbound packet's outer packet may be
@@ -184,15 +183,16 @@ func newProducer() *producer {
 // and goes on reporting false at once until the stage moves. b must be
 // locked.
 func (q *queues) push(b *batch, p *producer) bool {
-	if q.tryPush(b, p) {
+	q.pushed.Add(1) // before b is visible to the in-order stage
+	if q.enqueue(b, p) {
 		return true
 	}
 	q.pushed.Add(^uint64(0))
 	return false
 }
 
-func (q *queues) tryPush(b *batch, p *producer) bool {
-	q.pushed.Add(1)
+// enqueue is push without the count.
+func (q *queues) enqueue(b *batch, p *producer) bool {
 	select {
 	case q.inorder <- b:
 		q.crypto <- b

@@ -63,18 +63,21 @@ type Device struct {
 	out  *queues
 	in   *queues
 
-	inline  bool // run to completion: readers do the crypto and the I/O
-	outOff  offloader
-	inOff   offloader
-	modeMu  sync.Mutex // serializes Config.OnHandOff calls
-	handing bool       // the last value passed to Config.OnHandOff
-	stats   counters
-	sources atomic.Pointer[statSources]
-	fragID  atomic.Uint32
-	closing atomic.Bool
-	started bool
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	inline bool // run to completion: readers do the crypto and the I/O
+	// readersRun: readers run some or all batches to completion (inline,
+	// or workers with InlineAbove), so each needs its own sender or writer.
+	readersRun bool
+	outOff     offloader
+	inOff      offloader
+	modeMu     sync.Mutex // serializes Config.OnHandOff calls
+	handing    bool       // the last value passed to Config.OnHandOff
+	stats      counters
+	sources    atomic.Pointer[statSources]
+	fragID     atomic.Uint32
+	closing    atomic.Bool
+	started    bool
+	stop       chan struct{}
+	wg         sync.WaitGroup
 
 	mu        sync.Mutex // serializes Start/StartWith/Close and route changes
 	closed    bool
@@ -94,7 +97,8 @@ func New(cfg Config, db *sa.DB, log *slog.Logger) (*Device, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Device{cfg: cfg, db: db, log: log, stop: make(chan struct{}), inline: cfg.Workers == 0}
-	if cfg.Workers > 0 && cfg.InlineAbove > 0 {
+	d.readersRun = d.inline || cfg.InlineAbove > 0
+	if !d.inline && cfg.InlineAbove > 0 {
 		d.outOff.inlineAbove.Store(int64(cfg.InlineAbove))
 		d.inOff.inlineAbove.Store(int64(cfg.InlineAbove))
 		d.outOff.changed, d.inOff.changed = d.handOffChanged, d.handOffChanged

@@ -21,7 +21,7 @@ func (d *Device) readOuter(r Receiver) {
 	bs := min(d.cfg.Batch, d.pool.size)
 	prod := newProducer()
 	var w *inWriter
-	if d.inline || d.cfg.Workers > 0 && d.cfg.InlineAbove > 0 {
+	if d.readersRun {
 		w = &inWriter{}
 	}
 	for {
@@ -216,17 +216,7 @@ func (d *Device) writeBatch(w *inWriter, b *batch) {
 				e.drop, e.reason = dropSA, sa.DropReplay
 			}
 		}
-		switch e.drop {
-		case pass:
-		case dropSA:
-			w.acct.drop(e.sa, e.reason)
-			l[cCryptoDrops]++
-			continue
-		case dropSelector:
-			w.acct.drop(e.sa, e.reason)
-			l[cSelectorDrop]++
-			continue
-		default:
+		if !w.acct.passes(e, &l) {
 			continue
 		}
 		if e.from.IsValid() {

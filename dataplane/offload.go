@@ -43,7 +43,7 @@ func (o *offloader) useWorkers(q *queues) bool {
 		return q.inFlight() > 0 // a batch handed off earlier is still on its way
 	}
 	r := o.rate.Load()
-	if r == 0 || r*4 < above*5 || q.inFlight() > 0 {
+	if r*4 < above*5 || q.inFlight() > 0 { // handOff is set only after a sample: r > 0
 		return true
 	}
 	if o.handOff.CompareAndSwap(true, false) && o.changed != nil {
@@ -72,6 +72,7 @@ func (o *offloader) record(bytes int, d time.Duration) {
 		r += (sample - r) / 4
 	}
 	o.rate.Store(max(r, 1))
+	// The Load spares the CAS (a write of the shared line) on every sample.
 	if r < above && !o.handOff.Load() && o.handOff.CompareAndSwap(false, true) && o.changed != nil {
 		o.changed()
 	}

@@ -49,7 +49,7 @@ func (d *Device) readTUN() {
 	defer d.wg.Done()
 	defer d.out.producerDone()
 	r := &outReader{runs: make([]seqRun, 0, 16), prod: newProducer()}
-	if d.inline || d.cfg.Workers > 0 && d.cfg.InlineAbove > 0 {
+	if d.readersRun {
 		r.send = d.newOutSender()
 	}
 	r.pmtu.init(d)
@@ -322,13 +322,7 @@ func (d *Device) sendBatch(s *outSender, b *batch) {
 	s.nfrag = 0
 	for i := range b.n {
 		e := &b.elems[i]
-		switch e.drop {
-		case pass:
-		case dropSA:
-			s.acct.drop(e.sa, e.reason)
-			l[cCryptoDrops]++
-			continue
-		default:
+		if !s.acct.passes(e, &l) {
 			continue
 		}
 		s.acct.add(e.sa, e.innerLen)
