@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/cpu"
 )
 
 // noAVX2Env names the environment variable that marks the child run of
@@ -28,7 +30,7 @@ func TestWithoutAESNIAndAVX2(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: no child run")
 	}
-	tests := []string{"TestDraftMcGrewGCM", "TestRFC7634ESPExample", "TestRFC3602Cases",
+	tests := []string{"TestChildCPUFeaturesOff", "TestDraftMcGrewGCM", "TestRFC7634ESPExample", "TestRFC3602Cases",
 		"TestScapyVectors", "TestRoundTrip", "TestESNHighBits", "TestTamper", "TestMalformed"}
 	cmd := exec.Command(os.Args[0], "-test.count=1", "-test.v",
 		"-test.run=^("+strings.Join(tests, "|")+")$")
@@ -41,5 +43,19 @@ func TestWithoutAESNIAndAVX2(t *testing.T) {
 		if !strings.Contains(string(out), "--- PASS: "+name+" ") {
 			t.Errorf("%s did not pass in the child run with GODEBUG=%s:\n%s", name, noAVX2GODEBUG, out)
 		}
+	}
+}
+
+// TestChildCPUFeaturesOff, in the child run of TestWithoutAESNIAndAVX2,
+// checks that the GODEBUG switches took: x/crypto picks its ChaCha20-Poly1305
+// assembly from golang.org/x/sys/cpu, so with AVX2 still on there the child
+// would test the AVX2 path again instead of the SSSE3 one.
+func TestChildCPUFeaturesOff(t *testing.T) {
+	if os.Getenv(noAVX2Env) == "" {
+		t.Skip("only in the child run of TestWithoutAESNIAndAVX2")
+	}
+	if cpu.X86.HasAES || cpu.X86.HasPCLMULQDQ || cpu.X86.HasAVX2 {
+		t.Fatalf("GODEBUG=%s: x/sys/cpu still reports AES %v, PCLMULQDQ %v, AVX2 %v",
+			noAVX2GODEBUG, cpu.X86.HasAES, cpu.X86.HasPCLMULQDQ, cpu.X86.HasAVX2)
 	}
 }
