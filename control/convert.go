@@ -14,50 +14,22 @@ import (
 
 var dirToWire = map[sa.Direction]uint32{sa.DirIn: DirIn, sa.DirOut: DirOut, sa.DirFwd: DirFwd}
 
-func dirFromWire(v uint32) (sa.Direction, bool) {
-	for d, w := range dirToWire {
-		if w == v {
-			return d, true
-		}
-	}
-	return 0, false
-}
+func dirFromWire(v uint32) (sa.Direction, bool) { return fromWire(dirToWire, v) }
 
 var actionToWire = map[sa.Action]uint32{sa.ActionProtect: ActionProtect, sa.ActionBypass: ActionBypass, sa.ActionDrop: ActionDrop}
 
-func actionFromWire(v uint32) (sa.Action, bool) {
-	for a, w := range actionToWire {
-		if w == v {
-			return a, true
-		}
-	}
-	return 0, false
-}
+func actionFromWire(v uint32) (sa.Action, bool) { return fromWire(actionToWire, v) }
 
 var dfToWire = map[esp.DFMode]uint32{esp.DFCopy: DFCopy, esp.DFSet: DFSet, esp.DFClear: DFClear}
 
-func dfFromWire(v uint32) (esp.DFMode, bool) {
-	for m, w := range dfToWire {
-		if w == v {
-			return m, true
-		}
-	}
-	return 0, false
-}
+func dfFromWire(v uint32) (esp.DFMode, bool) { return fromWire(dfToWire, v) }
 
 var stateToWire = map[sa.State]uint32{
 	sa.StateLarval: StateLarval, sa.StateValid: StateValid,
 	sa.StateSoftExpired: StateSoftExpired, sa.StateDead: StateDead,
 }
 
-func stateFromWire(v uint32) (sa.State, bool) {
-	for s, w := range stateToWire {
-		if w == v {
-			return s, true
-		}
-	}
-	return 0, false
-}
+func stateFromWire(v uint32) (sa.State, bool) { return fromWire(stateToWire, v) }
 
 var reasonToWire = map[sa.ExpireReason]uint32{
 	sa.ExpireBytes: ReasonBytes, sa.ExpirePackets: ReasonPackets,
@@ -65,13 +37,18 @@ var reasonToWire = map[sa.ExpireReason]uint32{
 	sa.ExpireSequence: ReasonSeq,
 }
 
-func reasonFromWire(v uint32) (sa.ExpireReason, bool) {
-	for r, w := range reasonToWire {
+func reasonFromWire(v uint32) (sa.ExpireReason, bool) { return fromWire(reasonToWire, v) }
+
+// fromWire finds the Go value that table maps to the wire number v; false
+// if none does.
+func fromWire[T comparable](table map[T]uint32, v uint32) (T, bool) {
+	for k, w := range table {
 		if w == v {
-			return r, true
+			return k, true
 		}
 	}
-	return 0, false
+	var zero T
+	return zero, false
 }
 
 // timeToWire encodes a time as nanoseconds since the Unix epoch; the zero
