@@ -10,6 +10,7 @@
 #include "espd_events.h"
 #include "espd_plugin.h"
 #include "espd_conn.h"
+#include "espd_host.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -71,21 +72,6 @@ static const char *reason_name(uint32_t r)
 		default:
 			return "unknown reason";
 	}
-}
-
-static host_t *addr2host(const espd_addr_t *a, uint16_t port)
-{
-	if (a->len == 4)
-	{
-		return host_create_from_chunk(AF_INET, chunk_create((u_char*)a->b, 4),
-									  port);
-	}
-	if (a->len == 16)
-	{
-		return host_create_from_chunk(AF_INET6,
-									  chunk_create((u_char*)a->b, 16), port);
-	}
-	return NULL;
 }
 
 /**
@@ -199,7 +185,7 @@ static bool handle_event(private_espd_events_t *this, const uint8_t *body,
 	{
 		case ESPD_EV_SOFT:
 		case ESPD_EV_HARD:
-			host = addr2host(&dst, 0);
+			host = espd_addr2host(&dst, 0);
 			if (!host)
 			{
 				DBG1(DBG_KNL, "espd: expire event without a destination");
@@ -238,8 +224,8 @@ static bool handle_event(private_espd_events_t *this, const uint8_t *body,
 			break;
 		}
 		case ESPD_EV_MAPPING:
-			host = addr2host(&dst, 0);
-			remote = addr2host(&new_addr, new_port);
+			host = espd_addr2host(&dst, 0);
+			remote = espd_addr2host(&new_addr, new_port);
 			if (host && remote)
 			{
 				charon->kernel->mapping(charon->kernel, IPPROTO_ESP,

@@ -11,6 +11,7 @@
 #include "espd_plugin.h"
 #include "espd_conn.h"
 #include "espd_events.h"
+#include "espd_host.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -154,32 +155,11 @@ static bool policy_equals(const policy_entry_t *a, const policy_entry_t *b)
 		   a->dst_ts->equals(a->dst_ts, b->dst_ts);
 }
 
-/**
- * Copy a host's address into an espd address.
- */
-static bool host2addr(host_t *h, espd_addr_t *a)
-{
-	chunk_t c;
-
-	if (!h)
-	{
-		return FALSE;
-	}
-	c = h->get_address(h);
-	if (c.len != 4 && c.len != 16)
-	{
-		return FALSE;
-	}
-	a->len = c.len;
-	memcpy(a->b, c.ptr, c.len);
-	return TRUE;
-}
-
 static void put_host(espd_msg_t *m, uint16_t type, host_t *h)
 {
 	espd_addr_t a;
 
-	if (host2addr(h, &a))
+	if (espd_host2addr(h, &a))
 	{
 		espd_msg_addr(m, type, &a);
 	}
@@ -201,7 +181,7 @@ static int put_ts_addr(espd_msg_t *m, uint16_t type, traffic_selector_t *ts)
 	bool exact;
 
 	exact = ts->to_subnet(ts, &net, &bits);
-	if (!host2addr(net, &a))
+	if (!espd_host2addr(net, &a))
 	{
 		net->destroy(net);
 		m->failed = TRUE;

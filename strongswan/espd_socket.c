@@ -10,6 +10,7 @@
 #include "espd_socket.h"
 #include "espd_plugin.h"
 #include "espd_conn.h"
+#include "espd_host.h"
 
 #include <errno.h>
 #include <sys/socket.h>
@@ -76,21 +77,6 @@ static void put_host(espd_msg_t *m, uint16_t type, host_t *h)
 	{
 		m->failed = TRUE;
 	}
-}
-
-static host_t *attr_host(const espd_attr_t *a, uint16_t port)
-{
-	if (a->len == 4)
-	{
-		return host_create_from_chunk(AF_INET, chunk_create((u_char*)a->val, 4),
-									  port);
-	}
-	if (a->len == 16)
-	{
-		return host_create_from_chunk(AF_INET6,
-									  chunk_create((u_char*)a->val, 16), port);
-	}
-	return NULL;
 }
 
 /**
@@ -180,7 +166,8 @@ static void drop_fd(private_espd_socket_t *this)
 static packet_t *parse_packet(const uint8_t *body, size_t len)
 {
 	espd_iter_t it;
-	espd_attr_t a, src = {}, dst = {}, data = {};
+	espd_attr_t a, data = {};
+	espd_addr_t src = {}, dst = {};
 	uint16_t sport = 0, dport = 0;
 	host_t *s, *d;
 	packet_t *pkt;
@@ -191,10 +178,16 @@ static packet_t *parse_packet(const uint8_t *body, size_t len)
 		switch (a.type)
 		{
 			case ESPD_A_SRC:
-				src = a;
+				if (!espd_attr_addr(&a, &src))
+				{
+					src.len = 0;
+				}
 				break;
 			case ESPD_A_DST:
-				dst = a;
+				if (!espd_attr_addr(&a, &dst))
+				{
+					dst.len = 0;
+				}
 				break;
 			case ESPD_A_IKE_PORTS:
 				espd_attr_pair(&a, &sport, &dport);
@@ -208,8 +201,8 @@ static packet_t *parse_packet(const uint8_t *body, size_t len)
 	{
 		return NULL;
 	}
-	s = attr_host(&src, sport);
-	d = attr_host(&dst, dport);
+	s = espd_addr2host(&src, sport);
+	d = espd_addr2host(&dst, dport);
 	if (!s || !d)
 	{
 		DESTROY_IF(s);
