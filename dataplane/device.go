@@ -134,6 +134,10 @@ func (d *Device) Start() (err error) {
 	}
 	io.Router = r
 	d.cfg.Table = r.Table()
+	if n := r.Adopted(); n > 0 {
+		d.log.Info("kept the routes a previous espd left: the prefixes it held stay closed and its bypasses open until a policy claims them (espd --cleanup removes them for good)",
+			"prefixes", n, "table", d.cfg.Table)
+	}
 	socks, err := OpenSockets(SocketConfig{
 		Mark: d.cfg.Mark, EncapPort: d.cfg.EncapPort, NoIPv6: d.cfg.NoIPv6,
 		Batch: d.cfg.Batch, RecvBuffer: d.cfg.RecvBuffer, NoGSO: d.cfg.NoGSO,
@@ -147,7 +151,7 @@ func (d *Device) Start() (err error) {
 }
 
 // closeIO closes what Start opened, routes first so that traffic stops
-// entering the TUN.
+// entering the TUN (held prefixes stay held, see Close).
 func closeIO(io IO) error {
 	var errs []error
 	if io.Router != nil {
@@ -216,8 +220,13 @@ func (d *Device) StartWith(io IO) error {
 // headroom and trailer of the largest ESP framing.
 const MaxFraming = esp.MaxHeadroom + esp.MaxTrailer
 
-// Close stops the pipeline, removes the routes and rules, and closes the
-// TUN device and the sockets. Packets in flight are sent or written.
+// Close stops the pipeline, closes the router (routing.Router.Close: the
+// routes into the TUN go, but while a protect or drop policy's prefix is
+// held its blackhole route, the bypasses' throw routes and the rules stay,
+// so that nothing it protected leaves in clear while espd is away), and
+// closes the TUN device and the sockets. Packets in flight are sent or
+// written. Removing a policy's protection is its owner's job
+// (RemovePolicyRoute), never Close's.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()

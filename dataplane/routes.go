@@ -44,6 +44,10 @@ func (d *Device) policyRoutes(p sa.Policy) ([]netip.Prefix, routing.Kind) {
 // bypass policies. Routes are reference-counted per prefix, so policies
 // that share a destination each install and remove their own reference.
 // Policies of other directions need no route and are ignored.
+//
+// A protect or drop policy's prefix is also held (routing's package doc):
+// if espd dies or stops, its traffic is dropped, not routed in clear,
+// until the policy's owner removes it with RemovePolicyRoute.
 func (d *Device) InstallPolicyRoute(p sa.Policy) error {
 	prefixes, kind := d.policyRoutes(p)
 	if len(prefixes) == 0 {
@@ -66,7 +70,9 @@ func (d *Device) InstallPolicyRoute(p sa.Policy) error {
 }
 
 // RemovePolicyRoute drops the route references InstallPolicyRoute took
-// for p.
+// for p; the last reference to a prefix releases its hold. Only the
+// policy's owner removing it (espctl, the configuration file, the IKE
+// daemon) calls it: a shutdown does not, so its protection outlives espd.
 func (d *Device) RemovePolicyRoute(p sa.Policy) error {
 	prefixes, kind := d.policyRoutes(p)
 	if len(prefixes) == 0 {

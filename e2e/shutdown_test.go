@@ -40,8 +40,10 @@ func kernelState(t *testing.T, ctx context.Context, n *testbed.Node) (tun bool, 
 }
 
 // TestShutdown stops a keyed espd with SIGTERM: it must exit cleanly and
-// take its TUN, rules and routes with it; a new espd in the same namespace
-// then starts and, keyed again, forwards.
+// take its TUN and the routes into it with it, but keep the rules and the
+// blackhole routes that hold its policies' prefixes closed (fail closed,
+// routing's package doc); a new espd in the same namespace then starts,
+// adopts them and, keyed again, forwards.
 func TestShutdown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -59,8 +61,10 @@ func TestShutdown(t *testing.T) {
 		t.Errorf("espd exit status %d after SIGTERM", code)
 	}
 	tun, rules, routes = kernelState(t, ctx, tn.top.GwA)
-	if tun || len(rules) > 0 || len(routes) > 0 {
-		t.Errorf("after SIGTERM: TUN %v, rules %q, routes %q left behind", tun, rules, routes)
+	held := strings.Join(routes, "\n")
+	if tun || len(rules) != 2 || strings.Contains(held, "dev "+tunName) ||
+		!strings.Contains(held, "blackhole "+testbed.LANBV4.String()) || !strings.Contains(held, "blackhole "+testbed.LANBV6.String()) {
+		t.Errorf("after SIGTERM: TUN %v, rules %q, routes %q; want no TUN, the rules and LAN B held by blackholes", tun, rules, routes)
 	}
 
 	// A fresh espd on gwA starts empty and, keyed again, restores the

@@ -19,6 +19,27 @@
 // Routes select on the destination prefix only. A policy that also narrows
 // the source, protocol or ports routes all traffic to its destination into
 // the TUN, where the data plane applies the full selector.
+//
+// # Failing closed
+//
+// A route through the TUN dies with the TUN, and the TUN dies with the
+// process. So that a crashed, killed or restarting espd never lets a
+// protected prefix fall through to the main table, every prefix routed
+// into the TUN is also held: the table gets a blackhole route to the same
+// prefix with metric HoldMetric, added before the TUN route and removed
+// after it. While the TUN route exists its lower metric wins; when it
+// goes, the blackhole drops the traffic. Blackhole and throw routes are
+// bound to no device, so they outlive the TUN and the process, and so do
+// the rules.
+//
+// Only the owner of a policy removing it (RemoveRoute of the last
+// reference) removes its hold. Close, the path of an orderly stop, removes
+// the TUN routes but keeps the holds, the throw routes and the rules while
+// any hold remains, and removes everything when none does. New keeps the
+// rules and adopts the holds and throw routes a previous instance left:
+// each stays until an AddRoute of its kind claims it, and then goes with
+// that reference's RemoveRoute. Cleanup removes everything, for taking
+// espd out of a machine for good.
 package routing
 
 import (
@@ -27,6 +48,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sort"
 	"sync"
 
 	"github.com/vishvananda/netlink"
@@ -43,16 +65,25 @@ const (
 	// table (32766), after the local table (0).
 	DefaultPriority = 0xe5d
 	// Protocol tags every route espd installs (rtnetlink protocol field),
-	// so that "ip route show proto 229" lists them and New can remove the
-	// leftovers of a previous instance that did not exit cleanly.
+	// so that "ip route show proto 229" lists them and New and Cleanup
+	// find those of a previous instance.
 	Protocol = 229
+	// HoldMetric is the metric of the blackhole route that holds a
+	// prefix routed into the TUN: higher than the TUN route's (0 for
+	// IPv4, 1024 for IPv6), so it only matters once the TUN route is gone.
+	HoldMetric = 0xe5d0
 )
+
+// ip6DefaultMetric is the metric the kernel gives an IPv6 route added
+// without one (IP6_RT_PRIO_USER).
+const ip6DefaultMetric = 1024
 
 // Kind is what a prefix's route in the table does.
 type Kind uint8
 
 const (
 	// Tunnel routes the prefix into the TUN: protect and drop policies.
+	// The prefix is also held by a blackhole route (see the package doc).
 	Tunnel Kind = iota + 1
 	// Throw ends the lookup in the table so the main table decides:
 	// bypass policies.
@@ -72,7 +103,8 @@ func (k Kind) String() string {
 
 // Config says where the routes and rules go.
 type Config struct {
-	// LinkIndex and LinkName identify the TUN device.
+	// LinkIndex and LinkName identify the TUN device. Cleanup ignores
+	// them.
 	LinkIndex int
 	LinkName  string
 	// Table is the routing table for espd's routes; 0 means DefaultTable.
@@ -86,37 +118,13 @@ type Config struct {
 	NoIPv6 bool
 }
 
-type entry struct {
-	tunnel, throw int  // references by kind
-	installed     Kind // what the kernel has now; 0: nothing
-}
-
-// Router owns espd's routes and rules in one network namespace. Its
-// methods are safe for concurrent use.
-type Router struct {
-	cfg Config
-	h   *netlink.Handle
-
-	mu     sync.Mutex
-	routes map[netip.Prefix]*entry
-	rules  []*netlink.Rule
-	closed bool
-}
-
-// New opens a netlink handle in the calling thread's network namespace,
-// removes what a previous instance with the same table left behind, adds
-// the rules and sets the TUN's rp_filter to loose (2): decrypted packets
-// arrive on the TUN from sources the main table routes elsewhere. The
-// rp_filter setting belongs to the TUN and disappears with it.
-func New(cfg Config) (*Router, error) {
-	if cfg.LinkIndex <= 0 || cfg.LinkName == "" {
-		return nil, errors.New("routing: TUN link index and name required")
-	}
+// setDefaults fills in the defaults and checks what the caller gave.
+func (cfg *Config) setDefaults() error {
 	if cfg.Table == 0 {
 		cfg.Table = DefaultTable
 	}
 	if cfg.Table == unix.RT_TABLE_MAIN || cfg.Table == unix.RT_TABLE_LOCAL || cfg.Table == unix.RT_TABLE_DEFAULT || cfg.Table < 0 {
-		return nil, fmt.Errorf("routing: table %d is reserved", cfg.Table)
+		return fmt.Errorf("routing: table %d is reserved", cfg.Table)
 	}
 	if cfg.Mark == 0 {
 		cfg.Mark = DefaultMark
@@ -125,10 +133,87 @@ func New(cfg Config) (*Router, error) {
 		cfg.Mask = 0xffffffff
 	}
 	if cfg.Mark&cfg.Mask != cfg.Mark {
-		return nil, fmt.Errorf("routing: mark %#x has bits outside mask %#x", cfg.Mark, cfg.Mask)
+		return fmt.Errorf("routing: mark %#x has bits outside mask %#x", cfg.Mark, cfg.Mask)
 	}
 	if cfg.Priority == 0 {
 		cfg.Priority = DefaultPriority
+	}
+	return nil
+}
+
+func (cfg *Config) families() []int {
+	if cfg.NoIPv6 {
+		return []int{unix.AF_INET}
+	}
+	return []int{unix.AF_INET, unix.AF_INET6}
+}
+
+// entry is one prefix: its references and what the kernel has for it.
+type entry struct {
+	tunnel, throw int // references by kind
+	// adoptedHold and adoptedThrow: a blackhole or throw route of a
+	// previous instance that no AddRoute of its kind has claimed yet. It
+	// counts as one reference of its kind that only Cleanup removes.
+	adoptedHold, adoptedThrow bool
+
+	installed   Kind // the TUN or throw route in the kernel; 0: none
+	throwMetric int  // metric of the installed throw route
+	held        bool // the blackhole route is in the kernel
+}
+
+// wantHold reports whether the prefix must be held.
+func (e *entry) wantHold() bool { return e.tunnel > 0 || e.adoptedHold }
+
+// want is the TUN or throw route the kernel should have. A hold without a
+// tunnel reference (adopted) keeps the prefix closed: a throw route would
+// win over the blackhole and open it.
+func (e *entry) want() Kind {
+	switch {
+	case e.tunnel > 0:
+		return Tunnel
+	case e.wantHold():
+		return 0
+	case e.throw > 0 || e.adoptedThrow:
+		return Throw
+	}
+	return 0
+}
+
+func (e *entry) empty() bool {
+	return e.tunnel == 0 && e.throw == 0 && !e.adoptedHold && !e.adoptedThrow && e.installed == 0 && !e.held
+}
+
+// Router owns espd's routes and rules in one network namespace. Its
+// methods are safe for concurrent use.
+type Router struct {
+	cfg Config
+	h   *netlink.Handle
+
+	mu      sync.Mutex
+	routes  map[netip.Prefix]*entry
+	rules   []*netlink.Rule
+	adopted int
+	closed  bool
+}
+
+// New opens a netlink handle in the calling thread's network namespace,
+// takes over what a previous instance with the same table left behind,
+// makes sure the rules are there and sets the TUN's rp_filter to loose
+// (2): decrypted packets arrive on the TUN from sources the main table
+// routes elsewhere. The rp_filter setting belongs to the TUN and
+// disappears with it.
+//
+// Rules identical to its own are kept (duplicates removed, one always
+// stays), so the table is never bypassed, not even for a moment. The
+// previous instance's blackhole and throw routes are adopted (Adopted,
+// Routes); a route of its into a TUN that still exists becomes a hold;
+// any other route of Protocol in the table is removed.
+func New(cfg Config) (*Router, error) {
+	if cfg.LinkIndex <= 0 || cfg.LinkName == "" {
+		return nil, errors.New("routing: TUN link index and name required")
+	}
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
 	}
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
@@ -142,35 +227,38 @@ func New(cfg Config) (*Router, error) {
 	return r, nil
 }
 
-func (r *Router) families() []int {
-	if r.cfg.NoIPv6 {
-		return []int{unix.AF_INET}
-	}
-	return []int{unix.AF_INET, unix.AF_INET6}
+func (r *Router) rule(family int) *netlink.Rule {
+	return ourRule(&r.cfg, family)
 }
 
-func (r *Router) rule(family int) *netlink.Rule {
+func ourRule(cfg *Config, family int) *netlink.Rule {
 	rule := netlink.NewRule()
 	rule.Family = family
-	rule.Table = r.cfg.Table
-	rule.Priority = r.cfg.Priority
-	rule.Mark = r.cfg.Mark
-	mask := r.cfg.Mask
+	rule.Table = cfg.Table
+	rule.Priority = cfg.Priority
+	rule.Mark = cfg.Mark
+	mask := cfg.Mask
 	rule.Mask = &mask
 	rule.Invert = true
 	return rule
 }
 
+// isOurRule reports whether a listed rule is the one ourRule describes.
+func isOurRule(cfg *Config, rl *netlink.Rule) bool {
+	return rl.Table == cfg.Table && rl.Priority == cfg.Priority && rl.Invert &&
+		rl.Mark == cfg.Mark && rl.Mask != nil && *rl.Mask == cfg.Mask &&
+		rl.Src == nil && rl.Dst == nil && rl.IifName == "" && rl.OifName == "" &&
+		rl.Goto <= 0 && rl.IPProto == 0 && rl.Sport == nil && rl.Dport == nil && rl.UIDRange == nil
+}
+
 func (r *Router) init() error {
-	if err := r.flushStale(); err != nil {
+	if err := r.adopt(); err != nil {
 		return err
 	}
-	for _, fam := range r.families() {
-		rule := r.rule(fam)
-		if err := r.h.RuleAdd(rule); err != nil {
-			return fmt.Errorf("routing: add rule %q: %w", ruleString(rule), err)
+	for _, fam := range r.cfg.families() {
+		if err := r.ensureRule(fam); err != nil {
+			return err
 		}
-		r.rules = append(r.rules, rule)
 	}
 	path := "/proc/sys/net/ipv4/conf/" + r.cfg.LinkName + "/rp_filter"
 	if err := os.WriteFile(path, []byte("2"), 0); err != nil {
@@ -179,27 +267,144 @@ func (r *Router) init() error {
 	return nil
 }
 
-// flushStale removes rules identical to ours and routes tagged Protocol in
-// our table: the state of an instance that died without Close.
-func (r *Router) flushStale() error {
-	for _, fam := range r.families() {
-		for range 100 { // identical rules may have been added several times
-			if err := r.h.RuleDel(r.rule(fam)); err != nil {
-				break
+// ensureRule makes the kernel have exactly one rule of ours for family,
+// keeping one a previous instance left rather than removing and adding it.
+func (r *Router) ensureRule(fam int) error {
+	rules, err := r.h.RuleListFiltered(fam, &netlink.Rule{Table: r.cfg.Table}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return fmt.Errorf("routing: list rules: %w", err)
+	}
+	n := 0
+	for i := range rules {
+		if isOurRule(&r.cfg, &rules[i]) {
+			n++
+		}
+	}
+	rule := r.rule(fam)
+	if n == 0 {
+		if err := r.h.RuleAdd(rule); err != nil {
+			return fmt.Errorf("routing: add rule %q: %w", ruleString(rule), err)
+		}
+	}
+	// Each RuleDel removes one of the identical rules; one stays.
+	for ; n > 1; n-- {
+		if err := r.h.RuleDel(rule); err != nil {
+			return fmt.Errorf("routing: remove duplicate rule %q: %w", ruleString(rule), err)
+		}
+	}
+	r.rules = append(r.rules, rule)
+	return nil
+}
+
+// adopt takes over the routes of Protocol a previous instance left in the
+// table: blackholes and throw routes become adopted holds and throws, a
+// route into a TUN becomes a hold (blackhole added, then the route
+// removed), anything else is removed.
+func (r *Router) adopt() error {
+	for _, fam := range r.cfg.families() {
+		routes, err := listOurs(r.h, &r.cfg, fam)
+		if err != nil {
+			return err
+		}
+		var dead []*netlink.Route
+		for i := range routes {
+			rt := &routes[i]
+			p, ok := routePrefix(rt, fam)
+			if !ok {
+				dead = append(dead, rt)
+				continue
+			}
+			e := r.routes[p]
+			if e == nil {
+				e = &entry{}
+				r.routes[p] = e
+			}
+			switch rt.Type {
+			case unix.RTN_BLACKHOLE:
+				e.adoptedHold = true
+				if rt.Priority == HoldMetric && !e.held {
+					e.held = true
+				} else {
+					dead = append(dead, rt)
+				}
+			case unix.RTN_UNICAST:
+				e.adoptedHold = true
+				dead = append(dead, rt)
+			case unix.RTN_THROW:
+				if e.installed == Throw {
+					dead = append(dead, rt)
+					break
+				}
+				e.adoptedThrow = true
+				e.installed, e.throwMetric = Throw, rt.Priority
+			default:
+				dead = append(dead, rt)
 			}
 		}
-		filter := &netlink.Route{Table: r.cfg.Table, Protocol: Protocol}
-		routes, err := r.h.RouteListFiltered(fam, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
-		if err != nil {
-			return fmt.Errorf("routing: list table %d: %w", r.cfg.Table, err)
+		// Holds first (sync adds them before anything else), so that
+		// removing the routes they replace opens nothing.
+		for p, e := range r.routes {
+			if familyOf(p) == fam {
+				if err := r.sync(p, e); err != nil {
+					return err
+				}
+			}
 		}
-		for i := range routes {
-			if err := r.h.RouteDel(&routes[i]); err != nil && !errors.Is(err, unix.ESRCH) {
-				return fmt.Errorf("routing: remove stale route %s: %w", routes[i].Dst, err)
+		for _, rt := range dead {
+			if err := r.h.RouteDel(rt); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("routing: remove stale route %s: %w", describeRoute(rt), err)
 			}
 		}
 	}
+	for p, e := range r.routes {
+		switch {
+		case e.empty():
+			delete(r.routes, p)
+		case e.adoptedHold:
+			r.adopted++
+		case e.adoptedThrow:
+			r.adopted++
+		}
+	}
 	return nil
+}
+
+// listOurs lists the routes of Protocol in the table.
+func listOurs(h *netlink.Handle, cfg *Config, fam int) ([]netlink.Route, error) {
+	filter := &netlink.Route{Table: cfg.Table, Protocol: Protocol}
+	routes, err := h.RouteListFiltered(fam, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return nil, fmt.Errorf("routing: list table %d: %w", cfg.Table, err)
+	}
+	return routes, nil
+}
+
+// routePrefix returns a listed route's destination (nil: the default
+// route of fam).
+func routePrefix(rt *netlink.Route, fam int) (netip.Prefix, bool) {
+	if rt.Dst == nil {
+		if fam == unix.AF_INET6 {
+			return netip.PrefixFrom(netip.IPv6Unspecified(), 0), true
+		}
+		return netip.PrefixFrom(netip.IPv4Unspecified(), 0), true
+	}
+	a, ok := netip.AddrFromSlice(rt.Dst.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	if fam == unix.AF_INET {
+		a = a.Unmap()
+	}
+	ones, _ := rt.Dst.Mask.Size()
+	p, err := a.Prefix(ones)
+	return p, err == nil
+}
+
+func familyOf(p netip.Prefix) int {
+	if p.Addr().Is6() {
+		return unix.AF_INET6
+	}
+	return unix.AF_INET
 }
 
 func ruleString(r *netlink.Rule) string {
@@ -207,19 +412,60 @@ func ruleString(r *netlink.Rule) string {
 	if r.Family == unix.AF_INET6 {
 		fam = "inet6"
 	}
-	return fmt.Sprintf("%s pref %d not fwmark %#x/%#x lookup %d", fam, r.Priority, r.Mark, *r.Mask, r.Table)
+	not := ""
+	if r.Invert {
+		not = "not "
+	}
+	mask := uint32(0xffffffff)
+	if r.Mask != nil {
+		mask = *r.Mask
+	}
+	return fmt.Sprintf("%s pref %d %sfwmark %#x/%#x lookup %d", fam, r.Priority, not, r.Mark, mask, r.Table)
 }
 
-func (r *Router) kernelRoute(p netip.Prefix, k Kind) *netlink.Route {
-	rt := &netlink.Route{
-		Dst:      &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())},
-		Table:    r.cfg.Table,
-		Protocol: Protocol,
-		Family:   unix.AF_INET,
+// describeRoute renders a route of the table as ip-route would, roughly.
+func describeRoute(rt *netlink.Route) string {
+	fam := unix.AF_INET
+	if rt.Dst != nil && rt.Dst.IP.To4() == nil {
+		fam = unix.AF_INET6
+	} else if rt.Dst == nil && rt.Family == unix.AF_INET6 {
+		fam = unix.AF_INET6
 	}
-	if p.Addr().Is6() {
-		rt.Family = unix.AF_INET6
+	p, _ := routePrefix(rt, fam)
+	var s string
+	switch rt.Type {
+	case unix.RTN_BLACKHOLE:
+		s = "blackhole " + p.String()
+	case unix.RTN_THROW:
+		s = "throw " + p.String()
+	case unix.RTN_UNREACHABLE:
+		s = "unreachable " + p.String()
+	case unix.RTN_PROHIBIT:
+		s = "prohibit " + p.String()
+	case unix.RTN_UNICAST:
+		s = p.String()
+		if rt.LinkIndex > 0 {
+			s += fmt.Sprintf(" dev #%d", rt.LinkIndex)
+		}
+	default:
+		s = fmt.Sprintf("type %d %s", rt.Type, p)
 	}
+	s += fmt.Sprintf(" table %d proto %d", rt.Table, rt.Protocol)
+	if rt.Priority != 0 {
+		s += fmt.Sprintf(" metric %d", rt.Priority)
+	}
+	return s
+}
+
+func dst(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// mainRoute is the TUN or throw route of p. metric 0 is the kernel's
+// default; deleting an IPv6 route needs it explicit, or the blackhole of
+// the same prefix could be taken instead.
+func (r *Router) mainRoute(p netip.Prefix, k Kind, metric int) *netlink.Route {
+	rt := &netlink.Route{Dst: dst(p), Table: r.cfg.Table, Protocol: Protocol, Family: familyOf(p), Priority: metric}
 	switch k {
 	case Tunnel:
 		rt.LinkIndex = r.cfg.LinkIndex
@@ -230,10 +476,28 @@ func (r *Router) kernelRoute(p netip.Prefix, k Kind) *netlink.Route {
 	return rt
 }
 
+// delMetric is the metric to delete p's TUN or throw route with.
+func delMetric(p netip.Prefix, metric int) int {
+	if metric == 0 && p.Addr().Is6() {
+		return ip6DefaultMetric
+	}
+	return metric
+}
+
+// holdRoute is the blackhole route that holds p.
+func (r *Router) holdRoute(p netip.Prefix) *netlink.Route {
+	return &netlink.Route{Dst: dst(p), Table: r.cfg.Table, Protocol: Protocol, Family: familyOf(p),
+		Type: unix.RTN_BLACKHOLE, Priority: HoldMetric}
+}
+
 // AddRoute takes a reference on the route of kind k to prefix p. The first
-// reference installs it. A prefix referenced by both kinds routes into the
-// TUN: a protect policy must not leak because a bypass policy with a
-// narrower selector shares its destination prefix.
+// reference installs it; a Tunnel reference holds the prefix first (see
+// the package doc) and claims a hold adopted from a previous instance, a
+// Throw reference claims an adopted throw route. A prefix referenced by
+// both kinds routes into the TUN: a protect policy must not leak because a
+// bypass policy with a narrower selector shares its destination prefix.
+// For the same reason a bypass cannot open a prefix whose adopted hold no
+// Tunnel reference has claimed yet: it stays closed.
 func (r *Router) AddRoute(p netip.Prefix, k Kind) error {
 	if !p.IsValid() {
 		return errors.New("routing: invalid prefix")
@@ -257,16 +521,23 @@ func (r *Router) AddRoute(p netip.Prefix, k Kind) error {
 	if e == nil {
 		e = &entry{}
 	}
+	saved := *e
 	if k == Tunnel {
 		e.tunnel++
+		e.adoptedHold = false
 	} else {
 		e.throw++
+		e.adoptedThrow = false
 	}
 	if err := r.sync(p, e); err != nil {
-		if k == Tunnel {
-			e.tunnel--
+		// Back to the references before, and the kernel as close to them
+		// as it goes.
+		e.tunnel, e.throw, e.adoptedHold, e.adoptedThrow = saved.tunnel, saved.throw, saved.adoptedHold, saved.adoptedThrow
+		r.sync(p, e)
+		if e.empty() {
+			delete(r.routes, p)
 		} else {
-			e.throw--
+			r.routes[p] = e
 		}
 		return err
 	}
@@ -275,7 +546,9 @@ func (r *Router) AddRoute(p netip.Prefix, k Kind) error {
 }
 
 // RemoveRoute drops a reference AddRoute took; the last one removes the
-// route (or turns a shared prefix's route into the other kind).
+// route (or turns a shared prefix's route into the other kind) and then
+// the prefix's hold. This is the only way, besides Cleanup, that a hold
+// goes: the owner of a policy removed it.
 func (r *Router) RemoveRoute(p netip.Prefix, k Kind) error {
 	if !p.IsValid() {
 		return errors.New("routing: invalid prefix")
@@ -283,6 +556,9 @@ func (r *Router) RemoveRoute(p netip.Prefix, k Kind) error {
 	p = p.Masked()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closed {
+		return errors.New("routing: router closed")
+	}
 	e := r.routes[p]
 	if e == nil || (k == Tunnel && e.tunnel == 0) || (k == Throw && e.throw == 0) || (k != Tunnel && k != Throw) {
 		return fmt.Errorf("routing: no %s route to %s", k, p)
@@ -293,67 +569,97 @@ func (r *Router) RemoveRoute(p netip.Prefix, k Kind) error {
 		e.throw--
 	}
 	err := r.sync(p, e)
-	if e.installed == 0 && e.tunnel == 0 && e.throw == 0 {
+	if e.empty() {
 		delete(r.routes, p)
 	}
 	return err
 }
 
-// want is the kind the kernel should have for e.
-func (e *entry) want() Kind {
-	switch {
-	case e.tunnel > 0:
-		return Tunnel
-	case e.throw > 0:
-		return Throw
-	}
-	return 0
-}
-
-// sync makes the kernel's route for p match e's references.
+// sync makes the kernel's routes for p match e's references, in an order
+// that never leaves a prefix that should be held or routed into the TUN
+// without one of the two: the hold goes in first and comes out last.
 func (r *Router) sync(p netip.Prefix, e *entry) error {
-	want := e.want()
-	if want == e.installed {
-		return nil
-	}
-	if want == 0 {
-		if err := r.h.RouteDel(r.kernelRoute(p, e.installed)); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("routing: remove %s route %s: %w", e.installed, p, err)
+	wantHold, want := e.wantHold(), e.want()
+	if wantHold && !e.held {
+		if err := r.h.RouteReplace(r.holdRoute(p)); err != nil {
+			return fmt.Errorf("routing: hold %s with a blackhole route in table %d: %w", p, r.cfg.Table, err)
 		}
-		e.installed = 0
-		return nil
+		e.held = true
 	}
-	if e.installed != 0 {
-		// A throw route and a unicast route to the same prefix cannot be
-		// replaced in place (different types); remove, then add.
-		if err := r.h.RouteDel(r.kernelRoute(p, e.installed)); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("routing: remove %s route %s: %w", e.installed, p, err)
+	if want != e.installed {
+		if e.installed != 0 {
+			if err := r.delMain(p, e); err != nil {
+				return err
+			}
 		}
-		e.installed = 0
+		if want != 0 {
+			if err := r.h.RouteReplace(r.mainRoute(p, want, 0)); err != nil {
+				return fmt.Errorf("routing: add %s route %s table %d: %w", want, p, r.cfg.Table, err)
+			}
+			e.installed, e.throwMetric = want, 0
+		}
 	}
-	if err := r.h.RouteReplace(r.kernelRoute(p, want)); err != nil {
-		return fmt.Errorf("routing: add %s route %s table %d: %w", want, p, r.cfg.Table, err)
+	if !wantHold && e.held {
+		if err := r.h.RouteDel(r.holdRoute(p)); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("routing: remove the hold of %s: %w", p, err)
+		}
+		e.held = false
 	}
-	e.installed = want
 	return nil
 }
 
-// Route is one prefix's installed route and its references.
-type Route struct {
-	Prefix         netip.Prefix
-	Installed      Kind
-	Tunnel, Throws int
+// delMain removes p's TUN or throw route.
+func (r *Router) delMain(p netip.Prefix, e *entry) error {
+	metric := 0
+	if e.installed == Throw {
+		metric = e.throwMetric
+	}
+	if err := r.h.RouteDel(r.mainRoute(p, e.installed, delMetric(p, metric))); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("routing: remove %s route %s: %w", e.installed, p, err)
+	}
+	e.installed, e.throwMetric = 0, 0
+	return nil
 }
 
-// Routes lists the prefixes the router holds references for.
+// Route is one prefix's routes and references.
+type Route struct {
+	Prefix netip.Prefix
+	// Installed is the TUN or throw route the kernel has (0: none).
+	Installed Kind
+	// Held: the kernel has the prefix's blackhole route.
+	Held bool
+	// Tunnel and Throws count the references; AdoptedHold and
+	// AdoptedThrow are a previous instance's, not yet claimed.
+	Tunnel, Throws            int
+	AdoptedHold, AdoptedThrow bool
+}
+
+// Routes lists the prefixes the router has routes or references for, in
+// prefix order.
 func (r *Router) Routes() []Route {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]Route, 0, len(r.routes))
 	for p, e := range r.routes {
-		out = append(out, Route{Prefix: p, Installed: e.installed, Tunnel: e.tunnel, Throws: e.throw})
+		out = append(out, Route{Prefix: p, Installed: e.installed, Held: e.held, Tunnel: e.tunnel, Throws: e.throw,
+			AdoptedHold: e.adoptedHold, AdoptedThrow: e.adoptedThrow})
 	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].Prefix, out[j].Prefix
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c < 0
+		}
+		return a.Bits() < b.Bits()
+	})
 	return out
+}
+
+// Adopted returns how many prefixes New took over, held or thrown, from a
+// previous instance.
+func (r *Router) Adopted() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.adopted
 }
 
 // Table returns the routing table in use.
@@ -383,8 +689,14 @@ func (r *Router) PathMTU(dst netip.Addr) (int, error) {
 	return link.Attrs().MTU, nil
 }
 
-// Close removes every route and rule the router added and closes its
-// netlink handle. It tries everything and returns the failures joined.
+// Close is the orderly stop: it removes the routes into the TUN and
+// closes the netlink handle. While any prefix is held (a protect or drop
+// policy was installed and not removed by its owner, or a hold adopted
+// from a previous instance was not claimed) it keeps the holds, the throw
+// routes and the rules, so that the prefixes stay closed and the bypasses
+// open while espd is away; with nothing held it removes the throw routes
+// and the rules too and leaves nothing behind. It tries everything and
+// returns the failures joined.
 func (r *Router) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -393,20 +705,116 @@ func (r *Router) Close() error {
 	}
 	r.closed = true
 	var errs []error
+	keep := false
 	for p, e := range r.routes {
-		if e.installed != 0 {
-			if err := r.h.RouteDel(r.kernelRoute(p, e.installed)); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("routing: remove %s route %s: %w", e.installed, p, err))
+		if e.installed == Tunnel {
+			if err := r.delMain(p, e); err != nil {
+				errs = append(errs, err)
 			}
 		}
-		delete(r.routes, p)
+		keep = keep || e.held
 	}
-	for _, rule := range r.rules {
-		if err := r.h.RuleDel(rule); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("routing: remove rule %q: %w", ruleString(rule), err))
+	if !keep {
+		for p, e := range r.routes {
+			if e.installed != 0 {
+				if err := r.delMain(p, e); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		for _, rule := range r.rules {
+			if err := r.h.RuleDel(rule); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("routing: remove rule %q: %w", ruleString(rule), err))
+			}
 		}
 	}
+	r.routes = nil
 	r.rules = nil
 	r.h.Close()
 	return errors.Join(errs...)
+}
+
+// Cleanup removes, in the calling thread's network namespace, every rule
+// that looks up cfg's table and every route of Protocol in it (holds,
+// throw routes, routes into a TUN): all that espd instances with this
+// table left behind. It is for taking espd out for good, with no espd
+// running on the table; the prefixes that were held are open afterwards.
+// It returns what it removed, one line each, as ip-rule and ip-route
+// would show it. cfg.LinkIndex and cfg.LinkName are not used.
+func Cleanup(cfg Config) ([]string, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("routing: netlink: %w", err)
+	}
+	defer h.Close()
+	var done []string
+	var errs []error
+	for _, fam := range cfg.families() {
+		// Rules first: without them nothing reaches the table.
+		rules, err := h.RuleListFiltered(fam, &netlink.Rule{Table: cfg.Table}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("routing: list rules: %w", err))
+		}
+		for i := range rules {
+			rl := &rules[i]
+			if rl.Table != cfg.Table {
+				continue
+			}
+			if err := h.RuleDel(rl); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("routing: remove rule %q: %w", ruleString(rl), err))
+				continue
+			}
+			done = append(done, "rule "+ruleString(rl))
+		}
+		routes, err := listOurs(h, &cfg, fam)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for i := range routes {
+			rt := &routes[i]
+			if err := h.RouteDel(rt); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("routing: remove route %s: %w", describeRoute(rt), err))
+				continue
+			}
+			done = append(done, "route "+describeRoute(rt))
+		}
+	}
+	return done, errors.Join(errs...)
+}
+
+// LiveRoutes returns the routes of Protocol in cfg's table that go into a
+// device that exists: a TUN route disappears with its device, and a TUN
+// exists only while its process holds it open, so such a route means an
+// espd using the table is running.
+func LiveRoutes(cfg Config) ([]string, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("routing: netlink: %w", err)
+	}
+	defer h.Close()
+	var live []string
+	for _, fam := range cfg.families() {
+		routes, err := listOurs(h, &cfg, fam)
+		if err != nil {
+			return nil, err
+		}
+		for i := range routes {
+			rt := &routes[i]
+			if rt.Type != unix.RTN_UNICAST || rt.LinkIndex <= 0 {
+				continue
+			}
+			name := fmt.Sprintf("#%d", rt.LinkIndex)
+			if l, err := h.LinkByIndex(rt.LinkIndex); err == nil {
+				name = l.Attrs().Name
+			}
+			live = append(live, fmt.Sprintf("%s (dev %s)", describeRoute(rt), name))
+		}
+	}
+	return live, nil
 }

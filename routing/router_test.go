@@ -74,6 +74,10 @@ func (e *env) dev(t *testing.T, dst string, mark uint32) string {
 	}
 	out, err := e.ns.TryIP(args...)
 	if err != nil {
+		// A blackhole route answers EINVAL, no route ENETUNREACH.
+		if strings.Contains(out, "Invalid argument") {
+			return "blackhole"
+		}
 		return "unreachable"
 	}
 	f := strings.Fields(out)
@@ -223,52 +227,6 @@ func TestRefcountAndSharedPrefix(t *testing.T) {
 	if len(r.Routes()) != 0 {
 		t.Errorf("Routes() = %+v after removing all", r.Routes())
 	}
-}
-
-func TestCloseRemovesEverything(t *testing.T) {
-	e := newEnv(t)
-	r := e.router(t, routing.Config{})
-	mustAdd(t, r, "198.18.70.0/24", routing.Tunnel)
-	mustAdd(t, r, "198.18.70.0/25", routing.Throw)
-	mustAdd(t, r, "2001:db8:70::/48", routing.Tunnel)
-	mustAdd(t, r, "0.0.0.0/0", routing.Throw)
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if out := e.ns.IP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
-		t.Errorf("routes left:\n%s", out)
-	}
-	if out := e.ns.IP(t, "-6", "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
-		t.Errorf("IPv6 routes left:\n%s", out)
-	}
-	for _, fam := range []string{"-4", "-6"} {
-		if out := e.ns.IP(t, fam, "rule", "show"); strings.Contains(out, "lookup "+strconv.Itoa(table)) {
-			t.Errorf("%s rule left:\n%s", fam, out)
-		}
-	}
-}
-
-func TestStaleStateRemoved(t *testing.T) {
-	e := newEnv(t)
-	tbl := strconv.Itoa(table)
-	// What a crashed instance leaves: its rules and its throw routes (the
-	// TUN routes went with the TUN).
-	e.ns.IP(t, "rule", "add", "pref", strconv.Itoa(routing.DefaultPriority), "not", "fwmark", "0xe5d0/0xffffffff", "lookup", tbl)
-	e.ns.IP(t, "-6", "rule", "add", "pref", strconv.Itoa(routing.DefaultPriority), "not", "fwmark", "0xe5d0/0xffffffff", "lookup", tbl)
-	e.ns.IP(t, "route", "add", "throw", "198.18.80.0/24", "table", tbl, "proto", "229")
-	e.ns.IP(t, "route", "add", "throw", "198.18.81.0/24", "table", tbl, "proto", "static") // not ours
-	r := e.router(t, routing.Config{})
-	for _, fam := range []string{"-4", "-6"} {
-		out := e.ns.IP(t, fam, "rule", "show")
-		if n := strings.Count(out, "lookup "+tbl); n != 1 {
-			t.Errorf("%s: %d rules for the table after New, want 1:\n%s", fam, n, out)
-		}
-	}
-	out := e.ns.IP(t, "route", "show", "table", tbl)
-	if strings.Contains(out, "198.18.80.0/24") || !strings.Contains(out, "198.18.81.0/24") {
-		t.Errorf("stale route handling wrong:\n%s", out)
-	}
-	r.Close()
 }
 
 func TestNewFailureLeavesNothing(t *testing.T) {

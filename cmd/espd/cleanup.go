@@ -1,0 +1,88 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/espd/espd/daemon"
+	"github.com/espd/espd/routing"
+)
+
+// runCleanup is "espd --cleanup": it takes espd out of the machine for
+// good. espd leaves its rules, the blackhole routes that hold the
+// prefixes of protect and drop policies and the throw routes of bypass
+// policies behind when it is killed or stopped with policies installed, so
+// that nothing it protected leaves in clear while it is away (routing's
+// package doc). --cleanup removes them, and every other route espd put in
+// its table, and prints each one. The held prefixes are open (routed by
+// the main table) afterwards.
+//
+// It refuses while an espd appears to run on the same table, socket or
+// TUN, since it would open that espd's protected prefixes under it: when
+// the control socket accepts a connection, when the TUN device exists (a
+// TUN exists only while its process holds it open), or when the table
+// has a route into a device that exists (a route into a TUN goes with the
+// TUN). An espd with another socket and another TUN name on the same table
+// and no policy installed leaves no trace this could see, and would lose
+// its rules: one table per espd, and --cleanup with the flags of the espd
+// it cleans up after.
+func runCleanup(opts daemon.Options, w io.Writer) error {
+	dp := opts.Dataplane
+	cfg := routing.Config{Table: dp.Table, Mark: dp.Mark, Priority: dp.RulePriority, NoIPv6: dp.NoIPv6}
+	if err := espdRunning(opts.Control.Path, dp.TUN.Name, cfg); err != nil {
+		return fmt.Errorf("--cleanup: %w", err)
+	}
+	removed, err := routing.Cleanup(cfg)
+	for _, line := range removed {
+		fmt.Fprintln(w, "removed", line)
+	}
+	if err != nil {
+		return fmt.Errorf("--cleanup: %w", err)
+	}
+	table := dp.Table
+	if table == 0 {
+		table = routing.DefaultTable
+	}
+	if len(removed) == 0 {
+		fmt.Fprintf(w, "nothing to remove: no rule looks up table %d and it has no route of espd's (proto %d)\n", table, routing.Protocol)
+	} else {
+		fmt.Fprintf(w, "removed %d rules and routes of table %d; nothing of espd's is left in the kernel's routing\n", len(removed), table)
+	}
+	return nil
+}
+
+// espdRunning returns an error saying why if an espd seems to run with
+// this socket, TUN device or table.
+func espdRunning(sock, tunName string, cfg routing.Config) error {
+	if sock != "" {
+		c, err := net.DialTimeout("unix", sock, time.Second)
+		switch {
+		case err == nil:
+			c.Close()
+			return fmt.Errorf("espd is running: its control socket %s answers; stop it first (SIGTERM), then run --cleanup", sock)
+		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, os.ErrNotExist):
+			// A stale socket of a dead espd, or none.
+		default:
+			return fmt.Errorf("cannot tell whether espd is running on %s: %w", sock, err)
+		}
+	}
+	if tunName != "" {
+		if _, err := net.InterfaceByName(tunName); err == nil {
+			return fmt.Errorf("the TUN device %s exists, so the espd (or other program) that holds it is running; stop it first", tunName)
+		}
+	}
+	live, err := routing.LiveRoutes(cfg)
+	if err != nil {
+		return err
+	}
+	if len(live) > 0 {
+		return fmt.Errorf("an espd is running on this table: it routes into a device that exists: %s; stop it first", strings.Join(live, "; "))
+	}
+	return nil
+}
