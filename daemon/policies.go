@@ -7,6 +7,15 @@ import (
 	"github.com/espd/espd/sa"
 )
 
+// policyRouter routes the traffic of policies: *dataplane.Device, or a
+// fake in tests that makes a step fail.
+type policyRouter interface {
+	// InstallPolicyRoute takes the route references a policy needs.
+	InstallPolicyRoute(sa.Policy) error
+	// RemovePolicyRoute drops them.
+	RemovePolicyRoute(sa.Policy) error
+}
+
 // addPolicyLocked installs a policy and its route (an outbound protect or
 // drop policy routes its destination into the TUN, a bypass policy throws
 // it back to the main table). The policy is removed again if its route
@@ -16,7 +25,7 @@ func (d *Daemon) addPolicyLocked(p sa.Policy) (sa.Policy, error) {
 	if err != nil {
 		return p, err
 	}
-	if err := d.dp.InstallPolicyRoute(p); err != nil {
+	if err := d.routes.InstallPolicyRoute(p); err != nil {
 		d.db.DeletePolicy(p.Selector, p.Dir)
 		return p, fmt.Errorf("route for policy %s: %w", p.Selector, err)
 	}
@@ -30,15 +39,15 @@ func (d *Daemon) updatePolicyLocked(p sa.Policy) (sa.Policy, error) {
 	if !ok {
 		return p, fmt.Errorf("policy %s dir %s: %w", p.Selector, p.Dir, sa.ErrNotFound)
 	}
-	if err := d.dp.InstallPolicyRoute(p); err != nil {
+	if err := d.routes.InstallPolicyRoute(p); err != nil {
 		return p, fmt.Errorf("route for policy %s: %w", p.Selector, err)
 	}
 	np, err := d.db.UpdatePolicy(p)
 	if err != nil {
-		d.dp.RemovePolicyRoute(p)
+		d.routes.RemovePolicyRoute(p)
 		return np, err
 	}
-	if err := d.dp.RemovePolicyRoute(old); err != nil {
+	if err := d.routes.RemovePolicyRoute(old); err != nil {
 		d.log.Warn("removing the previous route of an updated policy", "policy", old.String(), "err", err)
 	}
 	return np, nil
@@ -54,7 +63,7 @@ func (d *Daemon) deletePolicyLocked(sel sa.Selector, dir sa.Direction) error {
 		return err
 	}
 	delete(d.file.policies, policyKey{sel, dir})
-	return d.dp.RemovePolicyRoute(p)
+	return d.routes.RemovePolicyRoute(p)
 }
 
 // flushPoliciesLocked removes every policy and its route. d.mu is held.

@@ -1,14 +1,15 @@
 package daemon
 
 import (
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 
 	"github.com/espd/espd/config"
+	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/sa"
 )
 
@@ -26,7 +27,7 @@ type policyKey struct {
 
 // fileState is what the configuration file installed, so that a reload
 // knows what to change and leaves what the control socket installed alone.
-// It holds no keys: a digest tells whether they changed.
+// It holds no keys: a fingerprint tells whether they changed.
 type fileState struct {
 	sas      map[saKey]fileSA
 	policies map[policyKey]sa.Policy
@@ -35,26 +36,22 @@ type fileState struct {
 // fileSA is a state from the file without its keys.
 type fileSA struct {
 	cfg  sa.Config // EncKey and IntegKey nil
-	keys [sha256.Size]byte
-}
-
-// keyDigest hashes a state's keys with its identity, so that equal keys of
-// different states do not show as equal digests in a core dump.
-func keyDigest(c *sa.Config) [sha256.Size]byte {
-	h := sha256.New()
-	fmt.Fprintf(h, "espd-config-keys %d %s %s|", c.SPI, c.Dst, c.Suite)
-	h.Write(c.EncKey)
-	h.Write([]byte{'|'})
-	h.Write(c.IntegKey)
-	var d [sha256.Size]byte
-	h.Sum(d[:0])
-	return d
+	keys crypto.Fingerprint
 }
 
 // Reload reads the configuration file again and applies the difference to
-// what the previous file installed. An invalid file, or one that conflicts
-// with states or policies installed through the control socket, is refused
-// as a whole and nothing changes.
+// what the previous file installed, all or nothing: a file that cannot be
+// read, parsed or applied (an invalid state, an SPI or a key that another
+// state has, a sequence-number store that fails, a route that cannot be
+// installed) leaves states, policies, routes and the bookkeeping exactly
+// as they were, and Reload returns why. What the control socket installed
+// is left alone; a file that collides with it is refused.
+//
+// A state whose key, suite, direction, reqid and replay window stay is
+// updated in place. Any other change replaces it; under the same key the
+// replacement continues the old state (sa.Changes.AddSAs): outbound above
+// its sequence numbers, inbound with its replay window, so a change of
+// suite (to ESN, to a 12-byte ICV) or reqid never repeats a nonce.
 func (d *Daemon) Reload() error {
 	if d.opts.ConfigPath == "" {
 		return errors.New("no configuration file (--config) to reload")
@@ -74,7 +71,7 @@ func (d *Daemon) Reload() error {
 }
 
 // zeroFileKeys wipes the key copies a parsed file holds once they are
-// installed (sa.DB keeps its own copies).
+// installed (the states' transforms hold their own).
 func zeroFileKeys(f *config.File) {
 	for i := range f.SAs {
 		clear(f.SAs[i].EncKey)
@@ -82,78 +79,128 @@ func zeroFileKeys(f *config.File) {
 	}
 }
 
-// applyLocked makes the running state match f for everything the file
-// owns. d.mu is held.
-func (d *Daemon) applyLocked(f *config.File) error {
-	next := fileState{sas: map[saKey]fileSA{}, policies: map[policyKey]sa.Policy{}}
-	for i := range f.SAs {
-		c := &f.SAs[i]
-		k := saKey{c.SPI, c.Dst}
-		if _, owned := d.file.sas[k]; !owned {
-			if _, exists := d.db.GetSA(c.SPI, c.Dst); exists {
-				return fmt.Errorf("%s: sa #%d (SPI 0x%08x to %s) is already installed through the control socket; delete it first", d.opts.ConfigPath, i+1, c.SPI, c.Dst)
-			}
-		}
-		redacted := *c
-		redacted.EncKey, redacted.IntegKey = nil, nil
-		next.sas[k] = fileSA{cfg: redacted, keys: keyDigest(c)}
-	}
-	for i, p := range f.Policies {
-		k := policyKey{p.Selector, p.Dir}
-		if _, owned := d.file.policies[k]; !owned {
-			if _, exists := d.db.GetPolicy(p.Selector, p.Dir); exists {
-				return fmt.Errorf("%s: policy #%d (%s dir %s) is already installed through the control socket; delete it first", d.opts.ConfigPath, i+1, p.Selector, p.Dir)
-			}
-		}
-		next.policies[k] = p
-	}
+// reloadPlan is what applying a file takes.
+type reloadPlan struct {
+	changes sa.Changes
+	// install are the policies whose routes go in before the change,
+	// remove the replaced or removed ones whose routes go after it.
+	install, remove []sa.Policy
+	next            fileState
+}
 
-	var errs []error
-	// Policies first go away, so no traffic is routed to a state that is
-	// about to disappear; states are then replaced; new policies last.
-	for k, old := range d.file.policies {
-		if p, keep := next.policies[k]; !keep || !samePolicy(old, p) {
-			errs = append(errs, d.deletePolicyLocked(old.Selector, old.Dir))
+// applyLocked makes the running state match f for everything the file
+// owns, all or nothing: the routes the new policies need first, then
+// every state and policy change at once (sa.DB.Apply), then the routes of
+// the policies that went. d.mu is held.
+func (d *Daemon) applyLocked(f *config.File) error {
+	pl, err := d.planLocked(f)
+	if err != nil {
+		return err
+	}
+	var installed []sa.Policy
+	undo := func() {
+		for _, p := range slices.Backward(installed) {
+			if err := d.routes.RemovePolicyRoute(p); err != nil {
+				d.log.Error("undoing the route of a refused configuration", "policy", p.String(), "err", err)
+			}
 		}
 	}
-	for k, old := range d.file.sas {
-		n, keep := next.sas[k]
-		if keep && n.keys == old.keys && n.cfg.Suite == old.cfg.Suite && n.cfg.Dir == old.cfg.Dir {
-			continue
+	for _, p := range pl.install {
+		if err := d.routes.InstallPolicyRoute(p); err != nil {
+			undo()
+			return fmt.Errorf("%s: route for policy %s dir %s: %w", d.opts.ConfigPath, p.Selector, p.Dir, err)
 		}
-		if err := d.db.DeleteSA(k.spi, k.dst); err != nil && !errors.Is(err, sa.ErrNotFound) {
-			errs = append(errs, err)
+		installed = append(installed, p)
+	}
+	if err := d.db.Apply(pl.changes); err != nil {
+		undo()
+		return fmt.Errorf("%s: %w", d.opts.ConfigPath, err)
+	}
+	d.file = pl.next
+	// The change is made: a route reference that cannot be dropped now
+	// keeps its prefix routed into the TUN (or held), which drops the
+	// traffic, never leaks it; it is logged, not undone.
+	for _, p := range pl.remove {
+		if err := d.routes.RemovePolicyRoute(p); err != nil {
+			d.log.Warn("removing the route of a policy the configuration no longer has", "policy", p.String(), "err", err)
 		}
 	}
+	return nil
+}
+
+// planLocked works out what applying f changes, refusing a file that
+// collides with what the control socket installed. It changes nothing.
+// d.mu is held.
+func (d *Daemon) planLocked(f *config.File) (*reloadPlan, error) {
+	pl := &reloadPlan{next: fileState{sas: map[saKey]fileSA{}, policies: map[policyKey]sa.Policy{}}}
+	ch := &pl.changes
 	for i := range f.SAs {
 		c := f.SAs[i]
 		k := saKey{c.SPI, c.Dst}
-		old, had := d.file.sas[k]
+		old, owned := d.file.sas[k]
 		_, live := d.db.GetSA(c.SPI, c.Dst)
+		if !owned && live {
+			return nil, fmt.Errorf("%s: sa #%d (SPI 0x%08x to %s) is already installed through the control socket; delete it first", d.opts.ConfigPath, i+1, c.SPI, c.Dst)
+		}
+		redacted := c
+		redacted.EncKey, redacted.IntegKey = nil, nil
+		n := fileSA{cfg: redacted, keys: crypto.KeyFingerprint(c.EncKey, c.IntegKey)}
+		pl.next.sas[k] = n
 		switch {
-		case had && live && reflect.DeepEqual(old.cfg, next.sas[k].cfg):
+		case !owned || !live:
+			ch.AddSAs = append(ch.AddSAs, c)
+		case reflect.DeepEqual(old, n):
 			// unchanged
-		case had && live:
-			c.EncKey, c.IntegKey = nil, nil
-			errs = append(errs, d.db.UpdateSA(c))
+		case updatable(old, n):
+			ch.UpdateSAs = append(ch.UpdateSAs, redacted)
 		default:
-			if _, err := d.db.AddSA(c); err != nil {
-				errs = append(errs, fmt.Errorf("sa #%d: %w", i+1, err))
-			}
+			ch.DeleteSAs = append(ch.DeleteSAs, sa.StateID{SPI: k.spi, Dst: k.dst})
+			ch.AddSAs = append(ch.AddSAs, c)
 		}
 	}
-	for k, p := range next.policies {
-		if old, had := d.file.policies[k]; had && samePolicy(old, p) {
-			if _, live := d.db.GetPolicy(p.Selector, p.Dir); live {
-				continue
-			}
-		}
-		if _, err := d.addPolicyLocked(p); err != nil {
-			errs = append(errs, fmt.Errorf("policy %s dir %s: %w", p.Selector, p.Dir, err))
+	for k := range d.file.sas {
+		if _, keep := pl.next.sas[k]; !keep {
+			ch.DeleteSAs = append(ch.DeleteSAs, sa.StateID{SPI: k.spi, Dst: k.dst})
 		}
 	}
-	d.file = next
-	return errors.Join(errs...)
+
+	for i, p := range f.Policies {
+		k := policyKey{p.Selector, p.Dir}
+		old, owned := d.file.policies[k]
+		_, live := d.db.GetPolicy(p.Selector, p.Dir)
+		if !owned && live {
+			return nil, fmt.Errorf("%s: policy #%d (%s dir %s) is already installed through the control socket; delete it first", d.opts.ConfigPath, i+1, p.Selector, p.Dir)
+		}
+		if _, dup := pl.next.policies[k]; dup {
+			return nil, fmt.Errorf("%s: policy #%d (%s dir %s) is given twice", d.opts.ConfigPath, i+1, p.Selector, p.Dir)
+		}
+		pl.next.policies[k] = p
+		if owned && live && samePolicy(old, p) {
+			continue
+		}
+		ch.Policies = append(ch.Policies, p)
+		pl.install = append(pl.install, p)
+		if owned && live {
+			pl.remove = append(pl.remove, old)
+		}
+	}
+	for k, old := range d.file.policies {
+		if _, keep := pl.next.policies[k]; keep {
+			continue
+		}
+		ch.DeletePolicies = append(ch.DeletePolicies, sa.PolicyID{Selector: old.Selector, Dir: old.Dir})
+		if _, live := d.db.GetPolicy(old.Selector, old.Dir); live {
+			pl.remove = append(pl.remove, old)
+		}
+	}
+	return pl, nil
+}
+
+// updatable reports whether the file's state o can become n in place
+// (sa.DB.UpdateSA): same direction, keys, suite, reqid and replay window.
+func updatable(o, n fileSA) bool {
+	return o.keys == n.keys && o.cfg.Dir == n.cfg.Dir && o.cfg.Suite == n.cfg.Suite &&
+		o.cfg.ReqID == n.cfg.ReqID && o.cfg.ReplayWindow == n.cfg.ReplayWindow
 }
 
 // samePolicy compares policies ignoring the index the SPD assigns.

@@ -40,7 +40,7 @@ func newHarness(t testing.TB, cfg Config, loop bool) *harness {
 // receiver instead of the wire's.
 func newHarnessWith(t testing.TB, cfg Config, loop bool, rx Receiver) *harness {
 	t.Helper()
-	h := &harness{t: t, db: sa.NewDB(), tun: newFakeTUN(64, 1400), wire: newWire(1024)}
+	h := &harness{t: t, db: sa.NewDBWithOptions(sa.Options{Loopback: true}), tun: newFakeTUN(64, 1400), wire: newWire(1024)}
 	h.tx = &fakeSender{record: true}
 	if loop {
 		h.tx.wire = h.wire
@@ -86,7 +86,14 @@ type tunnel struct {
 
 // tunnelKeys returns the keys add gives both states of a tunnel.
 func tunnelKeys(suite crypto.Suite, spi uint32) (encKey, integKey []byte) {
-	return testKey(suite.EncKeyLen(), byte(spi)), testKey(suite.IntegKeyLen(), byte(spi>>8))
+	encKey, integKey = testKey(suite.EncKeyLen(), byte(spi)), testKey(suite.IntegKeyLen(), byte(spi>>8))
+	// Every SPI gets keys of its own: sa refuses a key another state has.
+	for _, k := range [][]byte{encKey, integKey} {
+		if len(k) >= 4 {
+			binary.BigEndian.PutUint32(k, spi)
+		}
+	}
+	return encKey, integKey
 }
 
 // add installs the tunnel's outbound policy and, unless skipped, its

@@ -91,8 +91,8 @@ func (g *gateway) states(t *testing.T, peer *gateway, outSPI, inSPI uint32, v6, 
 		port = DefaultEncapPort
 	}
 	for _, c := range []sa.Config{
-		{SPI: outSPI, Dir: sa.DirOut, Src: src, Dst: dst, EncKey: testKey(20, byte(outSPI))},
-		{SPI: inSPI, Dir: sa.DirIn, Src: dst, Dst: src, EncKey: testKey(20, byte(inSPI)), ReplayWindow: 64,
+		{SPI: outSPI, Dir: sa.DirOut, Src: src, Dst: dst, EncKey: testKey(20, byte(outSPI>>8)^byte(outSPI))},
+		{SPI: inSPI, Dir: sa.DirIn, Src: dst, Dst: src, EncKey: testKey(20, byte(inSPI>>8)^byte(inSPI)), ReplayWindow: 64,
 			Selectors: []sa.Selector{
 				{Src: netip.PrefixFrom(peer.inner4, 24).Masked(), Dst: netip.PrefixFrom(g.inner4, 24).Masked()},
 				{Src: netip.PrefixFrom(peer.inner6, 48).Masked(), Dst: netip.PrefixFrom(g.inner6, 48).Masked()},

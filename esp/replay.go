@@ -167,3 +167,41 @@ func (r *ReplayWindow) Update(seq uint64) error {
 	}
 	return nil
 }
+
+// Continue makes r, a window not yet in use, carry on where old stops,
+// for a state that replaces old's under the same key: r gets old's
+// highest sequence number, and every number old would refuse (recorded,
+// or older than its window) r refuses too, whatever the two windows'
+// sizes and ESN. Numbers that r's larger window covers but old's did not
+// count as received: old refused them. A window without ESN cannot hold a
+// highest number above 2^32-1: Continue then leaves r refusing every
+// number up to 2^32-1 and returns false.
+func (r *ReplayWindow) Continue(old *ReplayWindow) bool {
+	old.mu.Lock()
+	defer old.mu.Unlock()
+	top, ok := old.top.Load(), true
+	if !r.esn && top > 1<<32-1 {
+		top, ok = 1<<32-1, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.top.Store(top)
+	if r.size == 0 || top == 0 {
+		return ok
+	}
+	lo := uint64(1)
+	if top >= r.size {
+		lo = top - r.size + 1
+	}
+	for seq := lo; seq <= top; seq++ {
+		seen := true
+		if ok && old.size > 0 && top-seq < old.size {
+			seen = old.bitmap[(seq>>6)&old.mask].Load()&(1<<(seq&63)) != 0
+		}
+		if seen {
+			w := &r.bitmap[(seq>>6)&r.mask]
+			w.Store(w.Load() | 1<<(seq&63))
+		}
+	}
+	return ok
+}

@@ -241,3 +241,78 @@ func BenchmarkReplayParallel(b *testing.B) {
 		}
 	})
 }
+
+// TestReplayContinue carries a window's state into windows of every other
+// size and ESN setting: each refuses exactly what the old one refused
+// within its reach, counts what lies beyond the old window as received,
+// and goes on from the old top.
+func TestReplayContinue(t *testing.T) {
+	old := NewReplayWindow(128, true)
+	recorded := map[uint64]bool{}
+	for _, q := range []uint64{1000, 999, 950, 900, 873, 1001, 1002} {
+		if err := old.Update(q); err != nil {
+			t.Fatal(err)
+		}
+		recorded[q] = true
+	}
+	top := uint64(1002)
+	oldRefuses := func(q uint64) bool { return old.Check(q) != nil }
+	for _, tc := range []struct {
+		size uint32
+		esn  bool
+	}{{128, true}, {128, false}, {64, true}, {1024, false}, {4096, true}, {0, false}} {
+		r := NewReplayWindow(tc.size, tc.esn)
+		if !r.Continue(old) {
+			t.Fatalf("size %d esn %v: Continue refused a 32-bit top", tc.size, tc.esn)
+		}
+		if r.Top() != top {
+			t.Errorf("size %d: top %d, want %d", tc.size, r.Top(), top)
+		}
+		for q := uint64(1); q <= top+5; q++ {
+			got := r.Check(q) != nil
+			var want bool
+			switch {
+			case tc.size == 0:
+				want = false // no replay check at all
+			case q > top:
+				want = false
+			case top-q >= uint64(r.Size()):
+				want = true // below the new window
+			default:
+				want = oldRefuses(q) // recorded, or below the old window
+			}
+			if got != want {
+				t.Fatalf("size %d esn %v: seq %d refused %v, want %v (recorded %v)", tc.size, tc.esn, q, got, want, recorded[q])
+			}
+		}
+		// The new window goes on from there.
+		if tc.size > 0 {
+			if err := r.Update(top + 1); err != nil {
+				t.Errorf("size %d: next number refused: %v", tc.size, err)
+			}
+			if err := r.Update(1000); err == nil {
+				t.Errorf("size %d: recorded number accepted after Continue", tc.size)
+			}
+		}
+	}
+	// From a window that was off: every number up to the top counts as
+	// received, since it may have been.
+	off := NewReplayWindow(0, false)
+	off.Update(500)
+	r := NewReplayWindow(64, false)
+	r.Continue(off)
+	if r.Check(499) == nil || r.Check(480) == nil || r.Check(501) != nil {
+		t.Error("window carried from an off window")
+	}
+	// ESN off with the peer past 2^32: refused, and the window refuses
+	// every 32-bit number.
+	big := NewReplayWindow(64, true)
+	big.Update(1<<32 + 10)
+	r = NewReplayWindow(64, false)
+	if r.Continue(big) {
+		t.Error("Continue carried a 64-bit top into a window without ESN")
+	}
+	if r.Check(1<<32-1) == nil || r.Check(5) == nil {
+		t.Error("a window that could not be carried accepts numbers")
+	}
+}

@@ -1,6 +1,9 @@
 package sa
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // Options tune a DB. The zero value of each field means its default.
 type Options struct {
@@ -15,6 +18,27 @@ type Options struct {
 	// SPIReservation is how long an SPI that AllocSPI returned stays
 	// reserved if no AddSA consumes it. Default 60 s.
 	SPIReservation time.Duration
+	// Seq records how far each outbound key's sequence numbers may have
+	// gone (see SeqStore); nil means a MemSeqStore, which protects the
+	// keys for the life of the process only.
+	Seq SeqStore
+	// SeqBlock is how many sequence numbers an outbound state reserves
+	// in Seq ahead of use; it extends the reservation when half of the
+	// block is used. Default DefaultSeqBlock.
+	SeqBlock uint64
+	// SeqError, if set, is told of Seq failures that the DB can only
+	// retry or put up with: extending a reservation (retried; the state
+	// sends nothing past its reservation meanwhile) and recording a
+	// removed state's last number (the reservation stays recorded, which
+	// costs sequence numbers, never safety). Failures when a state is
+	// added are returned by AddSA and Apply instead.
+	SeqError func(error)
+	// Loopback lets an inbound state share its key with the live
+	// outbound state of the same SPI, so that a DB can decrypt its own
+	// output: for tests that loop a data plane back to itself. A gateway
+	// must never set it: the peer numbers its packets under its own
+	// counter, and the same key in both directions repeats nonces.
+	Loopback bool
 }
 
 func (o *Options) setDefaults() {
@@ -30,6 +54,12 @@ func (o *Options) setDefaults() {
 	if o.SPIReservation <= 0 {
 		o.SPIReservation = time.Minute
 	}
+	if o.Seq == nil {
+		o.Seq = NewMemSeqStore()
+	}
+	if o.SeqBlock == 0 {
+		o.SeqBlock = DefaultSeqBlock
+	}
 }
 
 // DB is the SA database and the security policy database. Its methods are
@@ -37,6 +67,11 @@ func (o *Options) setDefaults() {
 type DB struct {
 	opts  Options
 	epoch time.Time // mono() counts from here
+
+	// keying serializes the changes that touch keys and the SeqStore:
+	// adding and removing states (AddSA, Apply, DeleteSA, FlushSAs) and
+	// retiring them. The data path never takes it.
+	keying sync.Mutex
 
 	sadb  // states, under sadb.mu
 	spdb  // policies, under spdb.mu

@@ -9,7 +9,17 @@
 // data path updates once per batch (Account, Drop); byte and packet
 // lifetimes are checked there, time lifetimes by Run. The data path holds
 // each state it uses for the span of a batch's crypto (Hold, Release): a
-// deleted or hard-expired state's key copies are zeroed at once, its
-// crypto.Transform when the last hold is released. Expiries and acquires
-// reach the control plane through Subscribe.
+// state keeps no copy of its keys, only its crypto.Transform, which is
+// zeroed when the state is deleted or hard-expired and the last hold is
+// released. Expiries and acquires reach the control plane through
+// Subscribe.
+//
+// No (key, sequence number) pair is sent twice (seqkeys.go). The DB knows
+// keys only by their fingerprint (crypto.KeyFingerprint) and refuses a key
+// that another live state has, in either direction. An outbound state
+// continues above whatever its key may already have sent, as a SeqStore
+// (Options.Seq) records it, durably before use, in blocks reserved ahead;
+// Apply replaces states and policies all at once, and a state replaced
+// under the same key continues the old one's sequence numbers (outbound)
+// or replay window (inbound).
 package sa

@@ -2,7 +2,9 @@ package sa
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net/netip"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -57,10 +59,23 @@ var (
 	remote    = netip.MustParseAddr("198.18.0.2")
 )
 
-// testConfig returns a valid state between local and remote.
+// stateKey returns a test key of n bytes of its own for the state with
+// this SPI and direction (every state needs its own key): the key pattern
+// with the direction and the SPI in its last five bytes.
+func testStateKey(n int, spi uint32, dir Direction) []byte {
+	k := testKey(n)
+	if n >= 5 {
+		k[n-5] = byte(dir)
+		binary.BigEndian.PutUint32(k[n-4:], spi)
+	}
+	return k
+}
+
+// testConfig returns a valid state between local and remote, with a key
+// of its own.
 func testConfig(spi uint32, dir Direction, reqid uint32) Config {
 	c := Config{SPI: spi, Dir: dir, Src: local, Dst: remote, Suite: gcm128,
-		EncKey: testKey(gcm128.EncKeyLen()), ReqID: reqid, ReplayWindow: 64}
+		EncKey: testStateKey(gcm128.EncKeyLen(), spi, dir), ReqID: reqid, ReplayWindow: 64}
 	if dir == DirIn {
 		c.Src, c.Dst = remote, local
 	}
@@ -154,13 +169,18 @@ func (z *zeroWatch) Open(pkt []byte, seq uint64) ([]byte, error) {
 	return z.Transform.Open(pkt, seq)
 }
 
-// keysZero reports whether the state's key copies are all zero.
+// keysZero reports whether every byte slice the state holds outside its
+// transform is zero (there should be none: the state keeps no key copy).
 func keysZero(s *SA) bool {
-	s.db.sadb.mu.Lock()
-	defer s.db.sadb.mu.Unlock()
-	for _, b := range append(append([]byte(nil), s.encKey...), s.integKey...) {
-		if b != 0 {
-			return false
+	v := reflect.ValueOf(s).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if f.Kind() == reflect.Slice && f.Type().Elem().Kind() == reflect.Uint8 {
+			for _, b := range f.Bytes() {
+				if b != 0 {
+					return false
+				}
+			}
 		}
 	}
 	return true
@@ -186,4 +206,12 @@ func noEvent(t *testing.T, sub *Subscription) {
 		t.Fatalf("unexpected event %v", ev)
 	default:
 	}
+}
+
+// setSeq makes s, an outbound state, have handed out up to used, with
+// everything up to its last number reserved.
+func setSeq(s *SA, used uint64) {
+	s.seqUsed.Store(used)
+	s.seqLimit.Store(s.seqMax)
+	s.seqExtAt.Store(s.seqMax)
 }

@@ -105,7 +105,7 @@ func TestZeroWhenUnheld(t *testing.T) {
 	counted := mustAdd(t, db, c)
 	counted.Account(10, 1000)
 	held := mustAdd(t, db, testConfig(0x2503, DirOut, 4))
-	held.seqUsed.Store(held.seqMax - 2)
+	setSeq(held, held.seqMax-2)
 	if !held.Hold() {
 		t.Fatal("Hold failed")
 	}

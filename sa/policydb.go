@@ -83,26 +83,43 @@ func (db *DB) putPolicy(p Policy, replace bool) (Policy, error) {
 	defer s.mu.Unlock()
 	id := policyID{sel: p.Selector, dir: p.Dir}
 	old := s.byID[id]
-	var age uint64
 	switch {
 	case old != nil && !replace:
 		return Policy{}, fmt.Errorf("sa: %w: dir %v %v (UpdatePolicy replaces it)", ErrPolicyExists, p.Dir, p.Selector)
-	case old != nil:
-		p.Index, age = old.Index, old.rank.lo
-		s.dirs[p.Dir].remove(old)
-	default:
+	case old == nil:
 		idx, err := s.newIndex(p.Dir)
 		if err != nil {
 			return Policy{}, err
 		}
+		p.Index = idx
+	}
+	return s.installLocked(p, old), nil
+}
+
+// installLocked installs p, replacing old (keeping its index and age) if
+// it is not nil; otherwise p.Index must be a new index. Called with mu
+// held.
+func (s *spdb) installLocked(p Policy, old *policyEntry) Policy {
+	var age uint64
+	if old != nil {
+		p.Index, age = old.Index, old.rank.lo
+		s.dirs[p.Dir].remove(old)
+	} else {
 		s.age++
-		p.Index, age = idx, s.age
+		age = s.age
 	}
 	e := &policyEntry{Policy: p, rank: rankOf(&p, age)}
-	s.byID[id] = e
+	s.byID[policyID{sel: p.Selector, dir: p.Dir}] = e
 	s.byIndex[p.Index] = e
 	s.dirs[p.Dir].insert(e)
-	return p, nil
+	return p
+}
+
+// deleteLocked removes an installed entry. Called with mu held.
+func (s *spdb) deleteLocked(e *policyEntry) {
+	delete(s.byID, policyID{sel: e.Selector, dir: e.Dir})
+	delete(s.byIndex, e.Index)
+	s.dirs[e.Dir].remove(e)
 }
 
 // newIndex returns an unused index with the direction in its low 3 bits.
@@ -128,9 +145,7 @@ func (db *DB) DeletePolicy(sel Selector, dir Direction) error {
 	if e == nil {
 		return fmt.Errorf("sa: policy dir %v %v: %w", dir, sel, ErrNotFound)
 	}
-	delete(s.byID, id)
-	delete(s.byIndex, e.Index)
-	s.dirs[dir].remove(e)
+	s.deleteLocked(e)
 	return nil
 }
 

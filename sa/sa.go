@@ -31,8 +31,16 @@ type SA struct {
 
 	transform crypto.Transform // zeroed when dead and not held (hold.go)
 
-	// Guarded by db.sadb.mu.
-	encKey, integKey []byte // AddSA's copies, for UpdateSA to compare
+	// fp identifies the state's keys (the state keeps no copy of them:
+	// only its transform holds them); key is the DB's record of the
+	// states keyed with fp (seqkeys.go).
+	fp  crypto.Fingerprint
+	key *keyEntry
+
+	// Guarded by db.sadb.mu, set when an outbound state is removed
+	// (sealSeq): the last sequence number it handed out and its durable
+	// reservation at that moment.
+	seqFinal, seqSealed uint64
 
 	// Hot fields, each group on its own cache line: the data path holds
 	// and releases the state, reserves sequence numbers (outbound), then
@@ -41,6 +49,9 @@ type SA struct {
 	refs     atomic.Uint64 // Hold count; refDead once removed
 	_        cacheLinePad
 	seqUsed  atomic.Uint64 // last sequence number handed out
+	seqLimit atomic.Uint64 // durable reservation (SeqStore): seqUsed never passes it; 0 once removed
+	seqExtAt atomic.Uint64 // seqUsed from which the reservation is extended
+	seqExt   atomic.Bool   // an extension is under way
 	_        cacheLinePad
 	packets  atomic.Uint64
 	bytes    atomic.Uint64
@@ -121,19 +132,31 @@ func (s *SA) AllowsInner(f packet.Flow) bool {
 // 2^32-1, or 2^64-1 with ESN, and goes dead with a hard-expire event
 // (ExpireSequence) when it hands out the last one; after that, and for a
 // dead or inbound state, granted is 0.
+//
+// It never hands out a number that the DB's SeqStore has not recorded as
+// reserved: when use crosses half of the reserved block it extends the
+// reservation in the background, and should the block run out before the
+// extension is durable it grants what is left, then nothing (the data
+// path drops those packets as DropSequence) until it is.
 func (s *SA) ReserveSeq(n int) (first uint64, granted int) {
 	if n <= 0 || s.dir != DirOut || s.State() == StateDead {
 		return 0, 0
 	}
 	for {
 		used := s.seqUsed.Load()
-		g := min(uint64(n), s.seqMax-used)
-		if g == 0 {
+		lim := min(s.seqLimit.Load(), s.seqMax)
+		if lim <= used {
+			if used < s.seqMax {
+				s.extendSeq()
+			}
 			return 0, 0
 		}
+		g := min(uint64(n), lim-used)
 		if s.seqUsed.CompareAndSwap(used, used+g) {
 			if used+g == s.seqMax {
 				s.db.hardExpire(s, ExpireSequence)
+			} else if used+g >= s.seqExtAt.Load() {
+				s.extendSeq()
 			}
 			return used + 1, int(g)
 		}
@@ -197,7 +220,7 @@ func (s *SA) Stats() Stats {
 		AddTime:  s.db.wall(s.addTime),
 		FirstUse: s.db.wall(s.firstUse.Load()),
 		LastUse:  s.db.wall(s.lastUse.Load()),
-		SeqOut:   s.seqUsed.Load(),
+		SeqOut:   s.seqOut(),
 	}
 	for i := range s.drops {
 		st.Drops[i] = s.drops[i].Load()

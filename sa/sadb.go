@@ -22,6 +22,7 @@ type sadb struct {
 	outByReqID *lfTable[u32Key, *SA] // newest live outbound state per reqid
 	reqids     map[uint32][]*SA      // live outbound states per reqid, oldest first
 	larval     map[uint32]*SA        // AllocSPI reservations
+	keys       map[crypto.Fingerprint]*keyEntry
 	addSeq     uint64
 	retired    totals // counters of removed states
 }
@@ -32,6 +33,7 @@ func (d *sadb) init() {
 	d.outByReqID = newLFTable[u32Key, *SA]()
 	d.reqids = make(map[uint32][]*SA)
 	d.larval = make(map[uint32]*SA)
+	d.keys = make(map[crypto.Fingerprint]*keyEntry)
 }
 
 // LookupInbound returns the installed inbound state with this SPI, or nil.
@@ -59,42 +61,16 @@ func (db *DB) OutboundSA(reqid uint32) *SA {
 // AddSA installs a state. It builds the crypto.Transform and the
 // esp.Encapsulator (DirOut) or the esp.Decapsulator with its ReplayWindow
 // (DirIn). An inbound SPI must be unused by other inbound states; AddSA
-// consumes an AllocSPI reservation of it.
+// consumes an AllocSPI reservation of it. The key must be no other live
+// state's, whatever its direction. An outbound state continues above the
+// sequence numbers its key may have sent (SeqStore), and AddSA fails if
+// that cannot be known or reserved.
 func (db *DB) AddSA(c Config) (*SA, error) {
-	if err := c.validate(false); err != nil {
-		return nil, err
-	}
-	s, err := db.newSA(&c)
+	ss, err := db.apply(&Changes{AddSAs: []Config{c}})
 	if err != nil {
 		return nil, err
 	}
-	d := &db.sadb
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	k := stateKey(s.spi, c.Dst.Unmap())
-	if _, ok := d.byKey.get(k); ok {
-		s.discard()
-		return nil, fmt.Errorf("sa: state spi 0x%08x dst %v: %w (delete it first or use UpdateSA)", s.spi, c.Dst, ErrStateExists)
-	}
-	if s.dir == DirIn {
-		if o, ok := d.inbound.get(u32Key(s.spi)); ok {
-			s.discard()
-			return nil, fmt.Errorf("sa: inbound SPI 0x%08x is in use by the state to %v", s.spi, o.params.Load().cfg.Dst)
-		}
-		delete(d.larval, s.spi)
-	}
-	d.addSeq++
-	s.addSeq = d.addSeq
-	s.addTime = db.mono()
-	s.state.Store(uint32(StateValid))
-	d.byKey.put(k, s)
-	if s.dir == DirIn {
-		d.inbound.put(u32Key(s.spi), s)
-	} else {
-		d.reqids[s.reqid] = append(d.reqids[s.reqid], s)
-		d.outByReqID.put(u32Key(s.reqid), s)
-	}
-	return s, nil
+	return ss[0], nil
 }
 
 // newSA builds a state from a validated config, not yet installed.
@@ -111,8 +87,7 @@ func (db *DB) newSA(c *Config) (*SA, error) {
 		reqid:     c.ReqID,
 		seqMax:    1<<32 - 1,
 		transform: t,
-		encKey:    append([]byte(nil), c.EncKey...),
-		integKey:  append([]byte(nil), c.IntegKey...),
+		fp:        crypto.KeyFingerprint(c.EncKey, c.IntegKey),
 	}
 	if c.Suite.ESN {
 		s.seqMax = 1<<64 - 1
@@ -146,8 +121,9 @@ func (s *SA) publishCodec(p *params, old *esp.Decapsulator) {
 // numbers, replay window and counters. The state is the one with c's SPI,
 // direction and destination, or, if the destination is what changes, the
 // only one with c's SPI, direction and reqid. Keys (nil means unchanged),
-// algorithms, reqid and replay window size cannot change: delete the state
-// and add a new one instead.
+// algorithms, reqid and replay window size cannot change: replace the
+// state instead (Apply with the state in DeleteSAs and the new one in
+// AddSAs keeps its counters when the key stays).
 func (db *DB) UpdateSA(c Config) error {
 	if err := c.validate(true); err != nil {
 		return err
@@ -155,23 +131,15 @@ func (db *DB) UpdateSA(c Config) error {
 	d := &db.sadb
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	s, err := d.findForUpdate(&c)
+	s, err := d.findForUpdate(&c, nil)
 	if err != nil {
 		return err
 	}
-	old := s.params.Load()
-	switch {
-	case c.Suite != s.suite:
-		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the algorithms (%v to %v): delete the state and add a new one", s.spi, s.suite, c.Suite)
-	case c.EncKey != nil && !sameKey(c.EncKey, s.encKey), c.IntegKey != nil && !sameKey(c.IntegKey, s.integKey):
-		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the keys: delete the state and add a new one", s.spi)
-	case c.ReqID != s.reqid:
-		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the reqid (%d to %d): delete the state and add a new one", s.spi, s.reqid, c.ReqID)
-	case s.dir == DirIn && c.ReplayWindow != old.cfg.ReplayWindow:
-		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the replay window (%d to %d): delete the state and add a new one", s.spi, old.cfg.ReplayWindow, c.ReplayWindow)
+	if err := s.checkUpdate(&c); err != nil {
+		return err
 	}
 	p := &params{cfg: c.public()}
-	oldKey, newKey := stateKey(s.spi, old.cfg.Dst), stateKey(s.spi, p.cfg.Dst)
+	oldKey, newKey := stateKey(s.spi, s.params.Load().cfg.Dst), stateKey(s.spi, p.cfg.Dst)
 	if newKey != oldKey {
 		if _, ok := d.byKey.get(newKey); ok {
 			return fmt.Errorf("sa: state spi 0x%08x dst %v: %w", s.spi, p.cfg.Dst, ErrStateExists)
@@ -179,24 +147,46 @@ func (db *DB) UpdateSA(c Config) error {
 		d.byKey.remove(oldKey)
 		d.byKey.put(newKey, s)
 	}
-	s.params.Store(p)
-	s.publishCodec(p, s.dec.Load())
+	s.publishUpdate(p)
 	return nil
 }
 
+// checkUpdate reports why c cannot update s in place.
+func (s *SA) checkUpdate(c *Config) error {
+	old := s.params.Load()
+	switch {
+	case c.Suite != s.suite:
+		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the algorithms (%v to %v): delete the state and add a new one", s.spi, s.suite, c.Suite)
+	case (c.EncKey != nil || c.IntegKey != nil) && crypto.KeyFingerprint(c.EncKey, c.IntegKey) != s.fp:
+		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the keys: delete the state and add a new one", s.spi)
+	case c.ReqID != s.reqid:
+		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the reqid (%d to %d): delete the state and add a new one", s.spi, s.reqid, c.ReqID)
+	case s.dir == DirIn && c.ReplayWindow != old.cfg.ReplayWindow:
+		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the replay window (%d to %d): delete the state and add a new one", s.spi, old.cfg.ReplayWindow, c.ReplayWindow)
+	}
+	return nil
+}
+
+// publishUpdate publishes s's new parameters, keeping its replay window.
+func (s *SA) publishUpdate(p *params) {
+	s.params.Store(p)
+	s.publishCodec(p, s.dec.Load())
+}
+
 // findForUpdate finds the state UpdateSA means. Called with d.mu held.
-func (d *sadb) findForUpdate(c *Config) (*SA, error) {
-	if s, ok := d.byKey.get(stateKey(c.SPI, c.Dst.Unmap())); ok && s.dir == c.Dir {
+// States in gone (Apply's deletions) are not candidates.
+func (d *sadb) findForUpdate(c *Config, gone map[*SA]bool) (*SA, error) {
+	if s, ok := d.byKey.get(stateKey(c.SPI, c.Dst.Unmap())); ok && s.dir == c.Dir && !gone[s] {
 		return s, nil
 	}
 	var cands []*SA
 	if c.Dir == DirIn {
-		if s, ok := d.inbound.get(u32Key(c.SPI)); ok && s.reqid == c.ReqID {
+		if s, ok := d.inbound.get(u32Key(c.SPI)); ok && s.reqid == c.ReqID && !gone[s] {
 			cands = append(cands, s)
 		}
 	} else {
 		for _, s := range d.reqids[c.ReqID] {
-			if s.spi == c.SPI {
+			if s.spi == c.SPI && !gone[s] {
 				cands = append(cands, s)
 			}
 		}
@@ -211,13 +201,17 @@ func (d *sadb) findForUpdate(c *Config) (*SA, error) {
 }
 
 // DeleteSA removes the state with this SPI and outer destination (or the
-// SPI reservation, whatever dst), zeroing its keys. It fires no event.
+// SPI reservation, whatever dst), zeroing its keys, and records an
+// outbound state's last sequence number in the SeqStore. It fires no
+// event.
 func (db *DB) DeleteSA(spi uint32, dst netip.Addr) error {
+	db.keying.Lock()
+	defer db.keying.Unlock()
 	d := &db.sadb
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	s, ok := d.byKey.get(stateKey(spi, dst.Unmap()))
 	if !ok {
+		defer d.mu.Unlock()
 		if l := d.larval[spi]; l != nil {
 			delete(d.larval, spi)
 			l.state.Store(uint32(StateDead))
@@ -226,6 +220,8 @@ func (db *DB) DeleteSA(spi uint32, dst netip.Addr) error {
 		return fmt.Errorf("sa: state spi 0x%08x dst %v: %w", spi, dst, ErrNotFound)
 	}
 	db.removeLocked(s)
+	d.mu.Unlock()
+	db.retireAll([]*SA{s})
 	return nil
 }
 
@@ -244,12 +240,14 @@ func (db *DB) SAs() []*SA {
 	return ss
 }
 
-// FlushSAs removes every state and SPI reservation, zeroing their keys.
-// It fires no events.
+// FlushSAs removes every state and SPI reservation, zeroing their keys
+// and recording the last sequence number of each outbound state in the
+// SeqStore. It fires no events.
 func (db *DB) FlushSAs() {
+	db.keying.Lock()
+	defer db.keying.Unlock()
 	d := &db.sadb
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	var ss []*SA
 	d.byKey.all(func(_ saKey, s *SA) bool { ss = append(ss, s); return true })
 	for _, s := range ss {
@@ -259,10 +257,13 @@ func (db *DB) FlushSAs() {
 		l.state.Store(uint32(StateDead))
 		delete(d.larval, spi)
 	}
+	d.mu.Unlock()
+	db.retireAll(ss)
 }
 
 // hardExpire removes s and fires a hard-expire event, unless it is
-// already dead.
+// already dead. It may be called from the data path: it records an
+// outbound state's last number in the SeqStore from another goroutine.
 func (db *DB) hardExpire(s *SA, r ExpireReason) {
 	if s.State() == StateDead {
 		return
@@ -275,6 +276,9 @@ func (db *DB) hardExpire(s *SA, r ExpireReason) {
 	}
 	d.mu.Unlock()
 	if removed {
+		if s.dir == DirOut {
+			db.retireLater(s)
+		}
 		db.publish(s.expireEvent(EventHardExpire, r, db))
 	}
 }
@@ -286,9 +290,11 @@ func (db *DB) softExpire(s *SA, r ExpireReason) {
 	}
 }
 
-// removeLocked takes s out of every index, marks it dead, zeroes its key
-// copies, and zeroes its transform now if no batch holds the state, else
-// at the last Release. Called with sadb.mu held.
+// removeLocked takes s out of every index, marks it dead, seals an
+// outbound state's sequence numbers (its key's record then waits for
+// retire, or for a new state of the same key to take over), and zeroes
+// its transform now if no batch holds the state, else at the last
+// Release. Called with sadb.mu held.
 func (db *DB) removeLocked(s *SA) {
 	d := &db.sadb
 	s.state.Store(uint32(StateDead))
@@ -310,16 +316,23 @@ func (db *DB) removeLocked(s *SA) {
 			d.outByReqID.put(u32Key(s.reqid), list[len(list)-1])
 		}
 	}
+	if e := s.key; e != nil {
+		if e.live == s {
+			e.live = nil
+		}
+		if s.dir == DirOut {
+			s.sealSeq()
+			e.retiring = s
+		} else if e.live == nil && e.retiring == nil && d.keys[s.fp] == e {
+			delete(d.keys, s.fp)
+		}
+	}
 	d.retired.add(s)
-	clear(s.encKey)
-	clear(s.integKey)
 	s.kill()
 }
 
-// discard erases the key material of a state AddSA built but did not
-// install (nobody can hold it).
+// discard erases the key material of a state that was built but not
+// installed (nobody can hold it).
 func (s *SA) discard() {
-	clear(s.encKey)
-	clear(s.integKey)
 	s.transform.Zero()
 }

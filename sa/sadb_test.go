@@ -125,6 +125,7 @@ func TestAddSADuplicates(t *testing.T) {
 	// Outbound states to different peers may share an SPI.
 	o2 := testConfig(0x3000, DirOut, 3)
 	o2.Dst = netip.MustParseAddr("198.18.0.3")
+	o2.EncKey = testStateKey(len(o2.EncKey), 0x3fff, DirOut) // every state has its own key
 	if _, err := db.AddSA(o2); err != nil {
 		t.Errorf("outbound state with another peer's SPI: %v", err)
 	}

@@ -66,7 +66,7 @@ func TestUpdateSAKeepsState(t *testing.T) {
 	ci := in.Config()
 	ci.Src = netip.MustParseAddr("198.18.6.6")
 	ci.ECN = true
-	ci.EncKey = testKey(gcm128.EncKeyLen()) // the same key is no change
+	ci.EncKey = testConfig(0x1101, DirIn, 4).EncKey // the same key is no change
 	if err := db.UpdateSA(ci); err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +110,7 @@ func TestUpdateSARefusals(t *testing.T) {
 	a := testConfig(0x1300, DirOut, 6)
 	b := a
 	b.Dst = netip.MustParseAddr("198.18.0.7")
+	b.EncKey = testStateKey(len(b.EncKey), 0x13ff, DirOut)
 	mustAdd(t, db, a)
 	mustAdd(t, db, b)
 	a.Dst = netip.MustParseAddr("198.18.0.8")

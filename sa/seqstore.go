@@ -1,0 +1,72 @@
+package sa
+
+import (
+	"sync"
+
+	"github.com/espd/espd/crypto"
+)
+
+// SeqStore records, durably, how far each outbound key's sequence numbers may have gone.
+//
+// The DB never sends a sequence number that a SeqStore has not recorded
+// first: AddSA continues above Resume, reserves a block ahead with Reserve
+// before handing any of it out, extends the reservation as the state uses
+// it, and retires the key with the exact last number sent when the state
+// goes. After a crash the store still holds the last reservation, so the
+// next AddSA with the same key continues above everything that may have
+// been sent. Keys are known only by their fingerprint (crypto.KeyFingerprint).
+// Methods may be called concurrently.
+type SeqStore interface {
+	// Resume returns the highest sequence number that may have been sent with key fp (0: never used).
+	Resume(fp crypto.Fingerprint) (uint64, error)
+	// Reserve records, durably before it returns, that sequence numbers up to limit may be sent with fp.
+	Reserve(fp crypto.Fingerprint, limit uint64) error
+	// Retire records that the state keyed with fp is gone after sending exactly up to last.
+	Retire(fp crypto.Fingerprint, last uint64) error
+}
+
+// MemSeqStore is a SeqStore kept in memory: it makes the rules hold for
+// the life of the process (a key re-added after delete, or whose state is
+// replaced, continues above its old counter) but forgets everything at
+// exit. The DB uses one when Options.Seq is nil.
+type MemSeqStore struct {
+	mu   sync.Mutex
+	high map[crypto.Fingerprint]uint64
+}
+
+// NewMemSeqStore returns an empty in-memory store.
+func NewMemSeqStore() *MemSeqStore {
+	return &MemSeqStore{high: make(map[crypto.Fingerprint]uint64)}
+}
+
+// Resume returns the highest sequence number reserved or retired for fp.
+func (m *MemSeqStore) Resume(fp crypto.Fingerprint) (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.high[fp], nil
+}
+
+// Reserve raises fp's high-water mark to limit (it never lowers it).
+func (m *MemSeqStore) Reserve(fp crypto.Fingerprint, limit uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if limit > m.high[fp] {
+		m.high[fp] = limit
+	}
+	return nil
+}
+
+// Retire sets fp's high-water mark to last, giving back the unused part
+// of the reservation: the DB retires a key only once no live state uses
+// it, after its last Reserve.
+func (m *MemSeqStore) Retire(fp crypto.Fingerprint, last uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.high[fp] = last
+	return nil
+}
+
+// DefaultSeqBlock is how many sequence numbers an outbound state reserves
+// ahead of use when Options.SeqBlock is 0: at 1 Mpps a reservation lasts
+// about a second, and a crash wastes at most 1.5 blocks of a 2^32 space.
+const DefaultSeqBlock = 1 << 20
