@@ -28,9 +28,19 @@ type Options struct {
 	// ConfigPath is the configuration file of static SAs and policies
 	// (docs/config.md); empty means none.
 	ConfigPath string
+	// StateDir is the directory of the durable record of how far each
+	// outbound key's sequence numbers may have gone (package seqstore), so
+	// that a restart never repeats a (key, sequence number) pair; empty
+	// keeps it in memory, which protects keys for the life of the process
+	// only (library tests).
+	StateDir string
 	// MetricsListen is the address of the Prometheus endpoint (/metrics);
 	// empty means none.
 	MetricsListen string
+	// MetricsPerSA exports per-state series (espd_sa_*) for at most this
+	// many states, the oldest first; 0, the default, exports only totals
+	// over all states (daemon/metrics.go).
+	MetricsPerSA int
 	// Logger receives the daemon's logs; nil discards them.
 	Logger *slog.Logger
 	// IKEHandoff makes espd own the IKE port (IKEPort, 0: 500) next to the
@@ -48,6 +58,9 @@ type Daemon struct {
 	dp   *dataplane.Device
 	ctl  *control.Server
 
+	closeSeq func() error // closes the sequence-number store
+	routes   policyRouter // the data plane's policy routes (tests inject failures)
+
 	// mu serializes changes of states and policies that also touch routes
 	// or the file's bookkeeping (control requests and reloads).
 	mu   sync.Mutex
@@ -60,12 +73,17 @@ func New(opts Options) (*Daemon, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	db := sa.NewDB()
-	dp, err := dataplane.New(opts.Dataplane, db, log.With("component", "dataplane"))
+	seq, closeSeq, err := openSeqStore(opts.StateDir, log)
 	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{opts: opts, log: log, db: db, dp: dp}
+	db := sa.NewDBWithOptions(sa.Options{Seq: seq, SeqError: seqErrorLogger(log)})
+	dp, err := dataplane.New(opts.Dataplane, db, log.With("component", "dataplane"))
+	if err != nil {
+		closeSeq()
+		return nil, err
+	}
+	d := &Daemon{opts: opts, log: log, db: db, dp: dp, closeSeq: closeSeq, routes: dp}
 	d.file = fileState{sas: map[saKey]fileSA{}, policies: map[policyKey]sa.Policy{}}
 	return d, nil
 }
@@ -76,7 +94,8 @@ func (d *Daemon) DB() *sa.DB { return d.db }
 // Run starts the data plane, loads the configuration file, serves the
 // control socket (and metrics) and runs until ctx is done or reload
 // returns; then it shuts down: control socket closed, every state deleted
-// (keys zeroed), routes, rules and the TUN removed. reload delivers SIGHUP.
+// (keys zeroed), the TUN and its routes removed, the holds of installed
+// policies kept (shutdown). reload delivers SIGHUP.
 func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 	if err := d.dp.Start(); err != nil {
 		return fmt.Errorf("data plane: %w", err)
@@ -164,13 +183,19 @@ func (d *Daemon) fileCounts() (states, policies int) {
 }
 
 // shutdown deletes every state (zeroing its keys) and policy, and closes
-// the data plane, which removes its routes, rules and TUN device.
+// the data plane, which removes its TUN device and the routes into it. The
+// policies go from the database only, not through RemovePolicyRoute: a
+// shutdown is not their owners removing them, so the holds of the protect
+// and drop policies (and the bypasses' throw routes and the rules) stay and
+// keep their traffic from leaving in clear until espd is back (routing's
+// package doc; espd --cleanup removes them for good).
 func (d *Daemon) shutdown() error {
 	var errs []error
 	d.mu.Lock()
 	d.db.FlushPolicies()
 	d.db.FlushSAs()
 	d.mu.Unlock()
+	errs = append(errs, d.closeSeq()) // after FlushSAs retired the keys
 	errs = append(errs, d.dp.Close())
 	return errors.Join(errs...)
 }

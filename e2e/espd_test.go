@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,6 +38,7 @@ func startEspd(t *testing.T, node *testbed.Node, extra ...string) *espd {
 	argv := append([]string{espdBin,
 		"--tun", tunName,
 		"--socket", e.sock,
+		"--state-dir", stateDir(t, node),
 		"--workers", "2",
 		"--udp-port", "4500",
 		"--log-format", "text",
@@ -60,6 +62,21 @@ func startEspd(t *testing.T, node *testbed.Node, extra ...string) *espd {
 		t.Fatalf("espd on %s: %v\nlog:\n%s", node.Role, err, tail(e.proc.Log(), 60))
 	}
 	return e
+}
+
+// stateDirs holds each gateway's --state-dir, by node: one per gateway of
+// a test, kept across its espd's restarts, as on a real gateway.
+var stateDirs sync.Map // *testbed.Node -> string
+
+// stateDir returns node's state directory (not created: espd makes it).
+func stateDir(t *testing.T, node *testbed.Node) string {
+	if d, ok := stateDirs.Load(node); ok {
+		return d.(string)
+	}
+	d := filepath.Join(t.TempDir(), "state-"+node.Role)
+	stateDirs.Store(node, d)
+	t.Cleanup(func() { stateDirs.Delete(node) })
+	return d
 }
 
 // alive fails the test if espd has exited.

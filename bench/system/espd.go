@@ -93,7 +93,8 @@ type espdProc struct {
 // startEspd starts espd in node and connects to its control socket.
 func startEspd(ctx context.Context, bin string, node *testbed.Node, dir, godebug string, extra ...string) (*espdProc, error) {
 	p := &espdProc{node: node, sock: filepath.Join(dir, "espd-"+node.Role+".sock")}
-	argv := append(godebugEnv(godebug), bin, "--tun", espdTUN, "--socket", p.sock, "--log-level", "warn")
+	argv := append(godebugEnv(godebug), bin, "--tun", espdTUN, "--socket", p.sock, "--log-level", "warn",
+		"--state-dir", filepath.Join(dir, "espd-"+node.Role+".state"))
 	argv = append(argv, extra...)
 	var err error
 	if p.proc, err = node.Start(filepath.Join(dir, "espd-"+node.Role+".log"), argv...); err != nil {

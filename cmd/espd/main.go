@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -56,12 +57,22 @@ func run(args []string) error {
 	fs.StringVar(&opts.Control.Path, "socket", control.DefaultSocketPath, "control socket path")
 	fs.StringVar(&opts.Control.Group, "socket-group", "", "group (name or gid) whose members may use the control socket besides root")
 	fs.StringVar(&opts.ConfigPath, "config", "", "configuration file of static SAs and policies, re-read on SIGHUP")
+	fs.StringVar(&opts.StateDir, "state-dir", "/var/lib/espd", "directory (created 0700, one espd at a time) of the durable record of how far each outbound key's sequence numbers may have gone, by key fingerprint (never keys), so that a restart or a crash never repeats a (key, sequence number) pair; empty: memory only, which does not survive a restart")
 	fs.StringVar(&opts.MetricsListen, "metrics-listen", "", "address of the Prometheus /metrics endpoint (e.g. 127.0.0.1:9585)")
+	fs.Func("metrics-per-sa", "also export per-state series (espd_sa_*) for at most `N` states, the oldest first (default 0: only totals over all states, a few KB whatever the number of states). Each state adds 2 series plus one per drop reason it has seen, about 100 bytes each: 100,000 states make a ~20 MB scrape and 200,000 series in Prometheus", func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("want a number of states, 0 or more")
+		}
+		opts.MetricsPerSA = n
+		return nil
+	})
 	fs.BoolVar(&opts.IKEHandoff, "ike-handoff", false, "own the IKE port and the encapsulation port, and hand IKE to charon's espd plugin over the control socket")
 	fs.UintVar(&ikePort, "ike-port", 500, "IKE port with --ike-handoff")
 	fs.StringVar(&pprofAddr, "pprof-listen", "", "debugging: serve net/http/pprof (CPU, block, mutex profiles) on this address, e.g. 127.0.0.1:6060")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	cleanup := fs.Bool("cleanup", false, "remove what espd leaves in the kernel's routing when it is killed or stopped with policies installed (the rules, the blackhole routes holding protected prefixes closed, the bypasses' throw routes; see --table, --mark, --no-ipv6), print it and exit; refused while an espd runs with the same --socket, --tun or --table")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -80,6 +91,9 @@ func run(args []string) error {
 		return fmt.Errorf("--mark %d out of range", mark)
 	}
 	dp.Mark = uint32(mark)
+	if *cleanup {
+		return runCleanup(opts, os.Stdout)
+	}
 
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(logLevel)); err != nil {

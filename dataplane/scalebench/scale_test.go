@@ -53,7 +53,8 @@ func buildEspd(b *testing.B, dir string) string {
 func startGateway(b *testing.B, bin, dir string, node *testbed.Node) *gateway {
 	g := &gateway{node: node, sock: filepath.Join(dir, node.Role+".sock")}
 	var err error
-	g.proc, err = node.Start(filepath.Join(dir, node.Role+".log"), bin, "--tun", "esp0", "--socket", g.sock, "--log-level", "warn")
+	g.proc, err = node.Start(filepath.Join(dir, node.Role+".log"), bin, "--tun", "esp0", "--socket", g.sock, "--log-level", "warn",
+		"--state-dir", filepath.Join(dir, node.Role+".state"))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -59,8 +59,9 @@ func newGateway(t *testing.T, node *testbed.Node, name string) *gateway {
 // flags, and waits until its socket answers and its TUN exists.
 func (g *gateway) startEspd(extra ...string) {
 	g.t.Helper()
+	// The state directory is the gateway's: it survives espd's restarts.
 	g.espdArgs = []string{espdBin, "--tun", tunName, "--socket", g.sock, "--workers", "2",
-		"--log-format", "text", "--log-level", "debug"}
+		"--state-dir", filepath.Join(g.dir, "state"), "--log-format", "text", "--log-level", "debug"}
 	if g.noHandoff {
 		g.espdArgs = append(g.espdArgs, "--udp-port", "4501")
 	} else {

@@ -1,0 +1,89 @@
+package seqstore
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// prepareDir creates dir (0700) if it is missing and refuses one that
+// another user could change: group- or world-writable, or owned by
+// someone other than espd's user or root.
+func prepareDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("seqstore: state directory: %w", err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("seqstore: state directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("seqstore: state directory %s is not a directory", dir)
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("seqstore: state directory %s has mode %04o: others could replace the record of used sequence numbers; make it writable by its owner only (chmod go-w)", dir, fi.Mode().Perm())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		if uid := os.Geteuid(); st.Uid != uint32(uid) && st.Uid != 0 {
+			return fmt.Errorf("seqstore: state directory %s is owned by uid %d, not by espd's user (uid %d) or root", dir, st.Uid, uid)
+		}
+	}
+	return nil
+}
+
+// lockDir takes an exclusive flock on dir's lock file, which holds the pid
+// of the espd that owns the directory; it fails at once if another process
+// (or another Open in this one) holds it.
+func lockDir(dir string) (*os.File, error) {
+	path := filepath.Join(dir, lockName)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("seqstore: lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		defer f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			who := "another espd"
+			if b, rerr := os.ReadFile(path); rerr == nil {
+				if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil && pid > 0 {
+					who = fmt.Sprintf("another espd (pid %d)", pid)
+				}
+			}
+			return nil, fmt.Errorf("seqstore: state directory %s is in use by %s: %w", dir, who, ErrLocked)
+		}
+		return nil, fmt.Errorf("seqstore: lock %s: %w", path, err)
+	}
+	// Informational only: the flock is the lock.
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return f, nil
+}
+
+// syncDir makes a rename or a creation in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// removeIfExists removes path, ignoring its absence.
+func removeIfExists(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}

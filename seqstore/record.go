@@ -1,0 +1,100 @@
+package seqstore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+
+	"github.com/espd/espd/crypto"
+)
+
+// The log is a sequence of fixed-size records: a header, then one record
+// per change, appended and synced before the call that made it returns.
+//
+//	offset  size  field
+//	0       1     kind: 1 header, 2 reserved (in use), 3 retired,
+//	              4 clock (written at Close: how long espd ran)
+//	1       1     flags: bit 0 reused (the key was added again after use)
+//	2       6     zero
+//	8       8     value: the highest sequence number that may have been
+//	              sent with the key (header: the format version)
+//	16      8     run clock in seconds (retention ages by it)
+//	24      32    key fingerprint (header: the magic string)
+//	56      4     zero
+//	60      4     CRC-32C of bytes 0-59, big endian
+//
+// A record never straddles a 512-byte sector, so a crash while one is
+// written leaves it either whole, absent or as a bad record at the very
+// end of the file.
+const recordSize = 64
+
+// Record kinds.
+const (
+	kindHeader  = 1
+	kindReserve = 2
+	kindRetire  = 3
+	kindClock   = 4
+)
+
+// flagReused marks a key that was resumed with sequence numbers already
+// used: it is keyed by hand (IKE never installs a key twice) and its record
+// is kept for ever.
+const flagReused = 1
+
+// formatVersion is the header's value.
+const formatVersion = 1
+
+// magic is the header's fingerprint field.
+var magic = crypto.Fingerprint([]byte("espd outbound sequence numbers\n\x00"))
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// record is one decoded record.
+type record struct {
+	kind  uint8
+	flags uint8
+	value uint64
+	clock uint64
+	fp    crypto.Fingerprint
+}
+
+// put encodes r into b.
+func (r *record) put(b *[recordSize]byte) {
+	*b = [recordSize]byte{}
+	b[0], b[1] = r.kind, r.flags
+	binary.BigEndian.PutUint64(b[8:], r.value)
+	binary.BigEndian.PutUint64(b[16:], r.clock)
+	copy(b[24:56], r.fp[:])
+	binary.BigEndian.PutUint32(b[60:], crc32.Checksum(b[:60], castagnoli))
+}
+
+// errChecksum is a record whose checksum does not match: torn or damaged.
+var errChecksum = errors.New("bad checksum")
+
+// parse decodes one record; it checks the checksum and the fields a valid
+// record must have.
+func parse(b []byte) (record, error) {
+	if len(b) < recordSize {
+		return record{}, fmt.Errorf("short record (%d of %d bytes)", len(b), recordSize)
+	}
+	if crc32.Checksum(b[:60], castagnoli) != binary.BigEndian.Uint32(b[60:64]) {
+		return record{}, errChecksum
+	}
+	r := record{kind: b[0], flags: b[1], value: binary.BigEndian.Uint64(b[8:]), clock: binary.BigEndian.Uint64(b[16:])}
+	copy(r.fp[:], b[24:56])
+	for _, z := range [][]byte{b[2:8], b[56:60]} {
+		for _, c := range z {
+			if c != 0 {
+				return record{}, errors.New("non-zero reserved bytes")
+			}
+		}
+	}
+	if r.flags&^flagReused != 0 {
+		return record{}, fmt.Errorf("unknown flags %#x", r.flags)
+	}
+	if r.kind < kindHeader || r.kind > kindClock {
+		return record{}, fmt.Errorf("unknown record kind %d", r.kind)
+	}
+	return r, nil
+}
