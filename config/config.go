@@ -10,6 +10,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"github.com/BurntSushi/toml"
@@ -46,8 +47,10 @@ func (e *Error) Error() string {
 	return e.Msg
 }
 
-// Parse decodes and validates a configuration file. path is only used in
-// error messages.
+// Parse decodes and validates a configuration file. path names the file
+// in error messages, and its directory is where relative key file names
+// (enc_key_file, integ_key_file) start. The keys in the File are the
+// caller's to zero once installed (Wipe).
 func Parse(path string, data []byte) (*File, error) {
 	var doc document
 	md, err := toml.Decode(string(data), &doc)
@@ -72,9 +75,13 @@ func Parse(path string, data []byte) (*File, error) {
 	saLines := tableLines(data, "sa")
 	polLines := tableLines(data, "policy")
 	f := &File{}
+	dir := filepath.Dir(path)
 	for i := range doc.SA {
-		c, err := doc.SA[i].config()
+		c, err := doc.SA[i].config(dir)
 		if err != nil {
+			clear(c.EncKey)
+			clear(c.IntegKey)
+			f.Wipe()
 			return nil, &Error{Path: path, Line: at(saLines, i), Msg: fmt.Sprintf("sa #%d: %v", i+1, err)}
 		}
 		f.SAs = append(f.SAs, c)
@@ -82,15 +89,26 @@ func Parse(path string, data []byte) (*File, error) {
 	for i := range doc.Policy {
 		p, err := doc.Policy[i].policy()
 		if err != nil {
+			f.Wipe()
 			return nil, &Error{Path: path, Line: at(polLines, i), Msg: fmt.Sprintf("policy #%d: %v", i+1, err)}
 		}
 		f.Policies = append(f.Policies, p)
 	}
 	if err := f.checkUnique(saLines, polLines); err != nil {
+		f.Wipe()
 		err.Path = path
 		return nil, err
 	}
 	return f, nil
+}
+
+// Wipe zeroes the keys f holds; call it once they are installed (the SA
+// database keeps its own copies).
+func (f *File) Wipe() {
+	for i := range f.SAs {
+		clear(f.SAs[i].EncKey)
+		clear(f.SAs[i].IntegKey)
+	}
 }
 
 // checkUnique refuses two SAs with the same SPI and destination, and two

@@ -99,7 +99,7 @@ func TestParseSample(t *testing.T) {
 		t.Errorf("lifetimes: soft %+v hard %+v", out.Soft, out.Hard)
 	}
 	in := f.SAs[1]
-	if in.Dir != sa.DirIn || !in.Dst.Is6() || len(in.IntegKey) != 32 || in.ReplayWindow != DefaultReplayWindow || !in.ECN || !in.CopyDSCP {
+	if in.Dir != sa.DirIn || !in.Dst.Is6() || len(in.IntegKey) != 32 || in.ReplayWindow != sa.DefaultReplayWindow || !in.ECN || !in.CopyDSCP {
 		t.Errorf("in SA fields wrong: %+v", in)
 	}
 	p := f.Policies[1]
@@ -119,6 +119,10 @@ func TestParseErrors(t *testing.T) {
 		return "\n[[sa]]\nspi = 0x1001\ndir = \"out\"\nsrc = \"198.18.0.1\"\ndst = \"198.18.0.2\"\nsuite = \"aes128gcm16\"\nenc_key = \"" +
 			key[:len(key)-2] + "\"\nreqid = 1\n" + extra
 	}
+	good := func(extra string) string {
+		return "\n[[sa]]\nspi = 0x1001\ndir = \"in\"\nsrc = \"198.18.0.1\"\ndst = \"198.18.0.2\"\nsuite = \"aes128gcm16\"\nenc_key = \"" +
+			key + "\"\nreqid = 1\n" + extra
+	}
 	cases := []struct {
 		name, text string
 		line       int
@@ -129,7 +133,12 @@ func TestParseErrors(t *testing.T) {
 		{"short key", base(""), 2, "enc_key is 19 bytes; the suite needs 20"},
 		{"unknown top-level key", "x = 1\n[[sa]]\nsuite = \"3des-md5\"\nspi = 300\ndir = \"in\"\nsrc = \"198.18.0.1\"\ndst = \"198.18.0.2\"\n", 0, "unknown key"},
 		{"refused suite", "[[sa]]\nsuite = \"3des-md5\"\nspi = 300\ndir = \"in\"\nsrc = \"198.18.0.1\"\ndst = \"198.18.0.2\"\n", 1, "3des"},
-		{"small spi", "[[sa]]\nspi = 3\n", 1, "reserved"},
+		{"small spi", "[[sa]]\nspi = 3\ndir = \"out\"\nsrc = \"198.18.0.1\"\ndst = \"198.18.0.2\"\nsuite = \"aes128gcm16\"\nenc_key = \"" + key + "\"\n", 1, "SPI 3 is reserved"},
+		{"spi 255", "\n[[sa]]\nspi = 255\ndir = \"in\"\nsrc = \"198.18.0.1\"\ndst = \"198.18.0.2\"\nsuite = \"aes128gcm16\"\nenc_key = \"" + key + "\"\n", 2, "RFC 4303"},
+		{"spi 0", "[[sa]]\nspi = 0\ndir = \"in\"\nsrc = \"198.18.0.1\"\ndst = \"198.18.0.2\"\nsuite = \"aes128gcm16\"\nenc_key = \"" + key + "\"\n", 1, "reserved"},
+		{"replay window too large", good("replay_window = 65537\n"), 2, "replay window 65537 is above the maximum of 65536"},
+		{"inline and file key", good("enc_key_file = \"k\"\n"), 2, "enc_key and enc_key_file are both given"},
+		{"missing key file", "[[sa]]\nspi = 300\ndir = \"in\"\nsrc = \"198.18.0.1\"\ndst = \"198.18.0.2\"\nsuite = \"aes128gcm16\"\nenc_key_file = \"/nonexistent/espd.key\"\n", 1, "enc_key_file: open /nonexistent/espd.key"},
 		{"mixed families", "[[sa]]\nspi = 300\ndir = \"in\"\nsrc = \"198.18.0.1\"\ndst = \"2001:db8::1\"\n", 1, "different address families"},
 		{"bad prefix", "[[policy]]\nsrc = \"198.18.1.1/24\"\ndst = \"0.0.0.0/0\"\ndir = \"out\"\nreqid = 1\n", 1, "host bits"},
 		{"no reqid", "\n\n[[policy]]\nsrc = \"198.18.1.0/24\"\ndst = \"0.0.0.0/0\"\ndir = \"out\"\n", 3, "reqid"},

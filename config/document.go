@@ -1,7 +1,10 @@
 package config
 
 import (
+	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/sa"
@@ -24,6 +27,8 @@ type saEntry struct {
 	Suite        string          `toml:"suite"`
 	EncKey       string          `toml:"enc_key"`
 	IntegKey     string          `toml:"integ_key"`
+	EncKeyFile   string          `toml:"enc_key_file"`
+	IntegKeyFile string          `toml:"integ_key_file"`
 	ReplayWindow *uint32         `toml:"replay_window"`
 	ESN          bool            `toml:"esn"`
 	Encap        *encapEntry     `toml:"encap"`
@@ -72,17 +77,15 @@ type policyEntry struct {
 	TmplDst  string `toml:"tmpl_dst"`
 }
 
-// DefaultReplayWindow is the anti-replay window of an SA that does not set one
-// (strongSwan's default).
-const DefaultReplayWindow = 32
-
-// config converts and validates an [[sa]] table.
-func (e *saEntry) config() (sa.Config, error) {
-	var c sa.Config
+// config converts and validates an [[sa]] table; dir is the directory
+// that relative key file names start from. On an error the Config it
+// returns may hold keys, for the caller to zero. What the table does not set
+// takes sa.DefaultConfig's value, and sa.Config.Validate has the last word,
+// so that a state from the file is the state the control socket and espctl
+// install from the same values.
+func (e *saEntry) config(dir string) (sa.Config, error) {
+	c := sa.DefaultConfig()
 	var err error
-	if e.SPI < 256 {
-		return c, fmt.Errorf("spi 0x%x is reserved (SPIs 0-255 are not valid, RFC 4303)", e.SPI)
-	}
 	c.SPI = e.SPI
 	if e.Dir == "" {
 		return c, fmt.Errorf("dir is required (in or out)")
@@ -117,13 +120,13 @@ func (e *saEntry) config() (sa.Config, error) {
 	if e.ESN {
 		c.Suite.ESN = true
 	}
-	if c.EncKey, err = ParseKey("enc_key", e.EncKey, c.Suite.EncKeyLen()); err != nil {
+	if c.EncKey, err = entryKey("enc_key", e.EncKey, e.EncKeyFile, dir, c.Suite.EncKeyLen()); err != nil {
 		return c, err
 	}
-	if c.IntegKey, err = ParseKey("integ_key", e.IntegKey, c.Suite.IntegKeyLen()); err != nil {
+	if c.IntegKey, err = entryKey("integ_key", e.IntegKey, e.IntegKeyFile, dir, c.Suite.IntegKeyLen()); err != nil {
+		clear(c.EncKey)
 		return c, err
 	}
-	c.ReplayWindow = DefaultReplayWindow
 	if e.ReplayWindow != nil {
 		c.ReplayWindow = *e.ReplayWindow
 	}
@@ -148,21 +151,42 @@ func (e *saEntry) config() (sa.Config, error) {
 		return c, err
 	}
 	c.TTL = e.TTL
-	if c.CopyDSCP, c.DSCP, err = ParseDSCP(e.DSCP); err != nil {
-		return c, err
+	if e.DSCP != "" {
+		if c.CopyDSCP, c.DSCP, err = ParseDSCP(e.DSCP); err != nil {
+			return c, err
+		}
 	}
-	c.ECN = true
 	if e.ECN != nil {
 		c.ECN = *e.ECN
 	}
-	if c.DF, err = ParseDF(e.DF); err != nil {
-		return c, err
+	if e.DF != "" {
+		if c.DF, err = ParseDF(e.DF); err != nil {
+			return c, err
+		}
 	}
 	if e.TFCPadTo < 0 || e.TFCPadTo > 65535 {
 		return c, fmt.Errorf("tfc_pad_to %d is out of range 0-65535", e.TFCPadTo)
 	}
 	c.TFCPadTo = e.TFCPadTo
+	if err := c.Validate(); err != nil {
+		return c, errors.New(strings.TrimPrefix(err.Error(), "sa: "))
+	}
 	return c, nil
+}
+
+// entryKey returns an SA's key from its inline hex (key) or from its key
+// file (file, relative to dir); name is the inline key's name.
+func entryKey(name, key, file, dir string, want int) ([]byte, error) {
+	switch {
+	case key != "" && file != "":
+		return nil, fmt.Errorf("%s and %s_file are both given; use one", name, name)
+	case file != "":
+		if !filepath.IsAbs(file) {
+			file = filepath.Join(dir, file)
+		}
+		return ReadKeyFile(name+"_file", file, want)
+	}
+	return ParseKey(name, key, want)
 }
 
 // selector converts a selector table.

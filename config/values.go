@@ -1,7 +1,6 @@
 package config
 
 import (
-	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -112,31 +111,15 @@ func ParsePortRange(name, s string) (sa.PortRange, error) {
 	return sa.PortRange{Lo: uint16(l), Hi: uint16(h)}, nil
 }
 
-// ParseKey parses hex key material (an optional 0x prefix, optional ':'
-// separators) and checks its length; want 0 means no key is expected. Errors
-// never repeat the key.
+// ParseKey parses hex key material written inline (an optional 0x prefix,
+// optional ':' separators and whitespace) and checks its length; want 0
+// means no key is expected. Errors never repeat the key. It is
+// ParseKeyBytes on a scratch copy of s that it zeroes (s itself, a string,
+// cannot be).
 func ParseKey(name, s string, want int) ([]byte, error) {
-	s = strings.TrimPrefix(strings.TrimPrefix(strings.TrimSpace(s), "0x"), "0X")
-	s = strings.ReplaceAll(s, ":", "")
-	if want == 0 {
-		if s != "" {
-			return nil, fmt.Errorf("%s given, but the suite takes none", name)
-		}
-		return nil, nil
-	}
-	if s == "" {
-		return nil, fmt.Errorf("%s is required: %d bytes in hex", name, want)
-	}
-	k, err := hex.DecodeString(s)
-	if err != nil {
-		return nil, fmt.Errorf("%s is not valid hex", name)
-	}
-	if len(k) != want {
-		n := len(k)
-		clear(k)
-		return nil, fmt.Errorf("%s is %d bytes; the suite needs %d", name, n, want)
-	}
-	return k, nil
+	b := []byte(s)
+	defer clear(b)
+	return ParseKeyBytes(name, b, want)
 }
 
 // ParseBytes parses a byte count with an optional K, M, G or T suffix

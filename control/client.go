@@ -284,9 +284,27 @@ func (c *Client) Hello(ctx context.Context) (HelloInfo, error) {
 	return readHelloReply(attrs)
 }
 
-// AddSA installs a state (SA_ADD).
+// AddSA installs a state (SA_ADD). Every field of cfg is sent, so every
+// field is explicit: build cfg from sa.DefaultConfig() to get espd's
+// defaults (a zero ReplayWindow, for one, turns anti-replay off), or use
+// AddSAFields to send only what the caller was told.
 func (c *Client) AddSA(ctx context.Context, cfg sa.Config) error {
 	_, err := c.do(ctx, MsgSAAdd, func(b *Builder) { putSAConfig(b, cfg, true) })
+	return err
+}
+
+// AddSAFields installs a state (SA_ADD) from cfg.SPI and the fields f of
+// cfg; the server gives every other field its default (sa.DefaultConfig),
+// as it does for any attribute a client leaves out. The state's source,
+// destination, direction and suite must be among f (FieldKeys too, unless
+// the suite takes no keys).
+func (c *Client) AddSAFields(ctx context.Context, cfg sa.Config, f Fields) error {
+	_, err := c.do(ctx, MsgSAAdd, func(b *Builder) {
+		b.U32(AttrSPI, cfg.SPI)
+		b.U32(AttrProto, ProtoESP)
+		b.U32(AttrMode, ModeTunnel)
+		putSAFields(b, cfg, f, false)
+	})
 	return err
 }
 

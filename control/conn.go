@@ -6,23 +6,39 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // conn is one client connection: a goroutine reading and answering
 // requests in order, and, while subscribed, one writing events.
 type conn struct {
-	s  *Server
-	nc *net.UnixConn
+	s    *Server
+	nc   *net.UnixConn
+	cred unix.Ucred // the peer's, from SO_PEERCRED at accept
 
 	wmu sync.Mutex // serializes writes: replies and events
 
 	// The subscription, owned by the serving goroutine.
 	sub     Subscription
 	subDone chan struct{} // closed when the event goroutine ends
+
+	idleClosing bool // the idle timeout fired: the read side is shut (serving goroutine)
+
+	// What the server weighs when it must evict a connection (evict.go).
+	lastActive atomic.Int64 // time.Now().UnixNano() of the last message's start (or of accept)
+	waiting    atomic.Bool  // between messages: waiting for the next one's first byte
+	subscribed atomic.Bool  // sub != nil
+	evicted    atomic.Bool  // closed by the server to admit another; guarded by Server.mu when set
 }
 
-func newConn(s *Server, nc *net.UnixConn) *conn { return &conn{s: s, nc: nc} }
+func newConn(s *Server, nc *net.UnixConn, cred unix.Ucred) *conn {
+	c := &conn{s: s, nc: nc, cred: cred}
+	c.lastActive.Store(time.Now().UnixNano())
+	return c
+}
 
 // write sends one encoded message within WriteTimeout. On failure the
 // connection is closed, which ends the serving goroutine too.
@@ -62,11 +78,15 @@ func replyVersion(v uint8) uint8 {
 	return Version
 }
 
+// initialReadBuffer is the read buffer a connection starts with; a larger
+// message grows it to MaxMessageSize.
+const initialReadBuffer = 4096
+
 // serve reads and answers messages until the peer leaves, the framing is
 // lost or the server closes.
 func (c *conn) serve() {
 	defer c.close()
-	buf := make([]byte, 4096)
+	buf := make([]byte, initialReadBuffer)
 	for {
 		h, err := c.readHeader(buf)
 		if err != nil {
@@ -89,7 +109,11 @@ func (c *conn) serve() {
 			continue
 		}
 		if cap(buf) < int(h.Length) {
-			buf = make([]byte, MaxMessageSize)
+			// The header read so far is in the old buffer: carry it over.
+			nb := make([]byte, MaxMessageSize)
+			copy(nb, buf[:HeaderLen])
+			clear(buf)
+			buf = nb
 		}
 		msg := buf[:h.Length]
 		if _, err := io.ReadFull(c.nc, msg[HeaderLen:]); err != nil {
@@ -110,17 +134,42 @@ func (c *conn) serve() {
 }
 
 // readHeader waits for the next message (IdleTimeout, none while
-// subscribed), then reads its header within MessageTimeout and checks it.
-// The MessageTimeout deadline stays set for the body.
+// subscribed or registered for the IKE hand-off), then reads its header
+// within MessageTimeout and checks it. The MessageTimeout deadline stays
+// set for the body.
+//
+// An idle connection is closed without a race against a request the client
+// sends at that moment: the read side is shut first, so that from then on
+// the client's write fails at its end (EPIPE) with nothing done, and it can
+// retry on a new connection (charon's plugin does); a request that arrived
+// before is already queued and is still answered. Only then does the
+// connection get its ETIMEDOUT ERROR and close.
 func (c *conn) readHeader(buf []byte) (Header, error) {
 	var idle time.Time
-	if c.s.cfg.IdleTimeout > 0 && c.sub == nil {
+	if c.s.cfg.IdleTimeout > 0 && !c.pinned() && !c.idleClosing {
 		idle = time.Now().Add(c.s.cfg.IdleTimeout)
 	}
 	c.nc.SetReadDeadline(idle)
-	if _, err := io.ReadFull(c.nc, buf[:1]); err != nil {
+	c.waiting.Store(true)
+	_, err := io.ReadFull(c.nc, buf[:1])
+	if errors.Is(err, os.ErrDeadlineExceeded) && !c.idleClosing {
+		c.idleClosing = true
+		shut := func() { c.nc.CloseRead() }
+		if hook := idleHook.Load(); hook != nil {
+			(*hook)(shut)
+		} else {
+			shut()
+		}
+		c.nc.SetReadDeadline(time.Time{})
+		if _, err = io.ReadFull(c.nc, buf[:1]); err != nil {
+			err = errIdleTimeout
+		}
+	}
+	c.waiting.Store(false)
+	if err != nil {
 		return Header{}, errIdle{err}
 	}
+	c.lastActive.Store(time.Now().UnixNano())
 	c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.MessageTimeout))
 	if _, err := io.ReadFull(c.nc, buf[1:HeaderLen]); err != nil {
 		return Header{}, err
@@ -131,6 +180,13 @@ func (c *conn) readHeader(buf []byte) (Header, error) {
 // errIdle marks an error while waiting for a message to start.
 type errIdle struct{ error }
 
+// errIdleTimeout is the error of a connection closed for being idle.
+var errIdleTimeout = errors.New("idle timeout")
+
+// idleHook, when set (tests), runs when a connection's idle timeout fires
+// and must call shut, which shuts the connection's read side.
+var idleHook atomic.Pointer[func(shut func())]
+
 func (e errIdle) Unwrap() error { return e.error }
 
 // readFailed answers what can be answered about a failed read before the
@@ -138,10 +194,14 @@ func (e errIdle) Unwrap() error { return e.error }
 func (c *conn) readFailed(h Header, err error) {
 	var idle errIdle
 	switch {
+	case c.evicted.Load():
+		// The server shut the read side to make room (evict.go).
+		c.sendError(Version, 0, 0, Errorf(EAGAIN, "closed to admit a new connection: the limit of %d connections was reached, and uid %d holds the most", c.s.cfg.MaxConns, c.cred.Uid))
+	case errors.Is(err, errIdleTimeout):
+		c.sendError(Version, 0, 0, Errorf(ETIMEDOUT, "idle for %v; closing", c.s.cfg.IdleTimeout))
 	case errors.As(err, &idle):
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			c.sendError(Version, 0, 0, Errorf(ETIMEDOUT, "idle for %v; closing", c.s.cfg.IdleTimeout))
-		}
+		// The client left, or, after an idle timeout, the request that
+		// crossed it was answered.
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		c.sendError(h.Version, h.Seq, h.Type, Errorf(ETIMEDOUT, "message not received within %v; closing", c.s.cfg.MessageTimeout))
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
@@ -165,6 +225,7 @@ func (c *conn) close() {
 // consumed and not sent.
 func (c *conn) subscribe(sub Subscription, version uint8, seq uint32, mask EventMask) {
 	c.sub = sub
+	c.subscribed.Store(true)
 	c.subDone = make(chan struct{})
 	go func() {
 		defer close(c.subDone)
@@ -201,4 +262,10 @@ func (c *conn) unsubscribe() {
 	c.sub.Close()
 	<-c.subDone
 	c.sub, c.subDone = nil, nil
+	c.subscribed.Store(false)
 }
+
+// pinned reports whether the connection is one that must stay open while
+// idle: subscribed to events or registered for the IKE hand-off (charon's
+// plugin holds one of each).
+func (c *conn) pinned() bool { return c.subscribed.Load() || c.ikeRegistered() }

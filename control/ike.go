@@ -69,6 +69,14 @@ var (
 	ikeRegs = map[*conn]*ikeReg{}
 )
 
+// ikeRegistered reports whether the connection is registered for the IKE
+// hand-off.
+func (c *conn) ikeRegistered() bool {
+	ikeMu.Lock()
+	defer ikeMu.Unlock()
+	return ikeRegs[c] != nil
+}
+
 // ikeClose ends the connection's IKE hand-off registration, if any, and
 // waits for its forwarding goroutine, which a stuck client holds for at
 // most WriteTimeout.

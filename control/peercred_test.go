@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 		fmt.Println(peerChild(path))
 		os.Exit(0)
 	}
+	if spec := os.Getenv(floodChildEnv); spec != "" {
+		os.Exit(floodChild(spec))
+	}
 	os.Exit(m.Run())
 }
 
@@ -90,6 +93,31 @@ func runPeer(t *testing.T, bin, path string, uid, gid uint32) string {
 	return strings.TrimSpace(string(out))
 }
 
+// peerBinary returns a directory that every user may traverse and a copy
+// of the test binary in it that every user may execute.
+func peerBinary(t *testing.T) (base, bin string) {
+	t.Helper()
+	base = t.TempDir()
+	for _, d := range []string{filepath.Dir(base), base} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(base, "peer.test")
+	data, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return base, bin
+}
+
 // TestPeerCredentials runs clients as uid 65534: refused by SO_PEERCRED
 // without a group, and with a group unless the peer's gid is that group.
 // The socket is opened to everyone (mode 0666 in 0711 directories) so that
@@ -98,25 +126,7 @@ func TestPeerCredentials(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test needs root to run clients under other uids (CI runs as root)")
 	}
-	base := t.TempDir()
-	for _, d := range []string{filepath.Dir(base), base} {
-		if err := os.Chmod(d, 0o711); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The child must be able to execute the test binary.
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(base, "peer.test")
-	data, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	base, bin := peerBinary(t)
 
 	rootOnly := startServer(t, ServerConfig{Path: filepath.Join(base, "a", "espd.sock")})
 	withGroup := startServer(t, ServerConfig{Path: filepath.Join(base, "b", "espd.sock"), Group: "4243"})

@@ -64,7 +64,8 @@ type SAUpdate struct {
 
 // Apply returns cur with the fields of u applied: the configuration the
 // server passes to Backend.UpdateSA. The keys stay nil (unchanged) unless
-// u carries them.
+// u carries them. FieldDSCP without FieldCopyDSCP sets a fixed DSCP (it
+// turns copying off), as in SA_ADD.
 func (u SAUpdate) Apply(cur sa.Config) sa.Config {
 	c := cur
 	n := u.Config
@@ -108,6 +109,7 @@ func (u SAUpdate) Apply(cur sa.Config) sa.Config {
 	}
 	if f&FieldDSCP != 0 {
 		c.DSCP = n.DSCP
+		c.CopyDSCP = false // a DSCP alone is a fixed one
 	}
 	if f&FieldCopyDSCP != 0 {
 		c.CopyDSCP = n.CopyDSCP
@@ -347,25 +349,24 @@ func readDuration(r *reader, t AttrType) time.Duration {
 }
 
 // readSAFields reads every SA attribute present into c and reports which
-// fields it set. SRC and DST are read as FieldSrc and FieldDst unless
-// update, where NEW_SRC and NEW_DST are.
+// fields it set; the fields of absent attributes keep the values c had
+// (sa.DefaultConfig's for SA_ADD). SRC and DST are read as FieldSrc and
+// FieldDst unless update, where NEW_SRC and NEW_DST are.
 func readSAFields(r *reader, c *sa.Config, update bool) Fields {
 	var f Fields
-	set := func(x Fields, ok bool) {
-		if ok {
-			f |= x
-		}
-	}
 	srcT, dstT := AttrSrc, AttrDst
 	if update {
 		srcT, dstT = AttrNewSrc, AttrNewDst
 	}
-	var ok bool
-	c.Src, ok = r.addr(srcT)
-	set(FieldSrc, ok)
-	c.Dst, ok = r.addr(dstT)
-	set(FieldDst, ok)
-	if c.Src.IsValid() && c.Dst.IsValid() && c.Src.Is4() != c.Dst.Is4() {
+	if v, ok := r.addr(srcT); ok {
+		c.Src = v
+		f |= FieldSrc
+	}
+	if v, ok := r.addr(dstT); ok {
+		c.Dst = v
+		f |= FieldDst
+	}
+	if f&FieldSrc != 0 && f&FieldDst != 0 && c.Src.Is4() != c.Dst.Is4() {
 		r.fail(EINVAL, dstT, "%s %v and %s %v are of different families", attrName(spaceTop, srcT), c.Src, attrName(spaceTop, dstT), c.Dst)
 	}
 	if v, ok := r.u32(AttrDir); ok {
@@ -382,10 +383,14 @@ func readSAFields(r *reader, c *sa.Config, update bool) Fields {
 	if v, ok := r.u32(AttrMode); ok && v != ModeTunnel {
 		r.fail(EOPNOTSUPP, AttrMode, "mode %d is not supported: espd implements tunnel mode (2) only", v)
 	}
-	c.ReqID, ok = r.u32(AttrReqID)
-	set(FieldReqID, ok)
-	c.Suite, ok = readSuite(r)
-	set(FieldSuite, ok)
+	if v, ok := r.u32(AttrReqID); ok {
+		c.ReqID = v
+		f |= FieldReqID
+	}
+	if s, ok := readSuite(r); ok {
+		c.Suite = s
+		f |= FieldSuite
+	}
 	ek, hasEK := r.bytes(AttrEncKey)
 	ik, hasIK := r.bytes(AttrIntegKey)
 	if hasEK || hasIK {
@@ -398,30 +403,45 @@ func readSAFields(r *reader, c *sa.Config, update bool) Fields {
 		}
 		f |= FieldKeys
 	}
-	c.ReplayWindow, ok = r.u32(AttrReplayWindow)
-	set(FieldReplayWindow, ok)
-	c.EncapSrcPort, c.EncapDstPort, ok = r.pair(AttrEncap)
-	set(FieldEncap, ok)
+	if v, ok := r.u32(AttrReplayWindow); ok {
+		c.ReplayWindow = v
+		f |= FieldReplayWindow
+	}
+	if sp, dp, ok := r.pair(AttrEncap); ok {
+		c.EncapSrcPort, c.EncapDstPort = sp, dp
+		f |= FieldEncap
+	}
 	if sels := r.all(AttrSelector); len(sels) > 0 {
+		c.Selectors = nil
 		for _, a := range sels {
 			c.Selectors = append(c.Selectors, readSelector(r, a))
 		}
 		f |= FieldSelectors
 	}
-	c.Soft, ok = readLifetime(r, AttrLifeSoft)
-	set(FieldSoft, ok)
-	c.Hard, ok = readLifetime(r, AttrLifeHard)
-	set(FieldHard, ok)
-	v, ok := r.u32max(AttrTTL, 255)
-	c.TTL = uint8(v)
-	set(FieldTTL, ok)
-	v, ok = r.u32max(AttrDSCP, 63)
-	c.DSCP = uint8(v)
-	set(FieldDSCP, ok)
-	c.CopyDSCP, ok = r.boolean(AttrCopyDSCP)
-	set(FieldCopyDSCP, ok)
-	c.ECN, ok = r.boolean(AttrECN)
-	set(FieldECN, ok)
+	if l, ok := readLifetime(r, AttrLifeSoft); ok {
+		c.Soft = l
+		f |= FieldSoft
+	}
+	if l, ok := readLifetime(r, AttrLifeHard); ok {
+		c.Hard = l
+		f |= FieldHard
+	}
+	if v, ok := r.u32max(AttrTTL, 255); ok {
+		c.TTL = uint8(v)
+		f |= FieldTTL
+	}
+	if v, ok := r.u32max(AttrDSCP, 63); ok {
+		c.DSCP = uint8(v)
+		f |= FieldDSCP
+	}
+	if v, ok := r.boolean(AttrCopyDSCP); ok {
+		c.CopyDSCP = v
+		f |= FieldCopyDSCP
+	}
+	if v, ok := r.boolean(AttrECN); ok {
+		c.ECN = v
+		f |= FieldECN
+	}
 	if v, ok := r.u32(AttrDF); ok {
 		m, valid := dfFromWire(v)
 		if !valid {
@@ -430,16 +450,19 @@ func readSAFields(r *reader, c *sa.Config, update bool) Fields {
 		c.DF = m
 		f |= FieldDF
 	}
-	v, ok = r.u32max(AttrTFCPad, 65535)
-	c.TFCPadTo = int(v)
-	set(FieldTFC, ok)
+	if v, ok := r.u32max(AttrTFCPad, 65535); ok {
+		c.TFCPadTo = int(v)
+		f |= FieldTFC
+	}
 	return f
 }
 
-// readSAAdd reads an SA_ADD request.
+// readSAAdd reads an SA_ADD request. What it does not carry takes
+// sa.DefaultConfig's value, except that a DSCP without COPY_DSCP means a
+// fixed DSCP (COPY_DSCP off).
 func readSAAdd(attrs []Attr) (sa.Config, error) {
 	r := newReader(attrs)
-	var c sa.Config
+	c := sa.DefaultConfig()
 	spi, hasSPI := r.u32(AttrSPI)
 	c.SPI = spi
 	f := readSAFields(r, &c, false)
@@ -452,6 +475,9 @@ func readSAAdd(attrs []Attr) (sa.Config, error) {
 	}
 	if r.err == nil && f&FieldKeys == 0 {
 		c.EncKey, c.IntegKey = []byte{}, []byte{}
+	}
+	if f&FieldDSCP != 0 && f&FieldCopyDSCP == 0 {
+		c.CopyDSCP = false
 	}
 	return c, r.error()
 }

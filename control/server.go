@@ -29,14 +29,21 @@ type ServerConfig struct {
 	// use the socket besides root: the socket is then mode 0660 and owned
 	// by the group. Empty: root only (mode 0600).
 	Group string
-	// MaxConns bounds the connections served at once; default 64. Beyond
-	// it a client gets an EAGAIN error and is disconnected.
+	// MaxConns bounds the connections served at once; default 64. A
+	// newcomer is always admitted: at the limit the server closes another
+	// connection to make room, chosen among those of the peer uid that
+	// holds the most: one neither subscribed to events nor registered for
+	// the IKE hand-off if there is one, between messages rather than in
+	// the middle of one, and the least recently active. It gets an EAGAIN
+	// ERROR, and a log line (at most one per EvictLogInterval) says that
+	// the limit was reached and whom it closed.
 	MaxConns int
 	// MessageTimeout bounds how long the rest of a message may take once
 	// its first byte arrived; default 5 s. ETIMEDOUT, then disconnect.
 	MessageTimeout time.Duration
 	// IdleTimeout disconnects a client that sends nothing for this long,
-	// unless it is subscribed to events; default 0: never.
+	// unless it is subscribed to events or registered for the IKE
+	// hand-off; default DefaultIdleTimeout, negative: never.
 	IdleTimeout time.Duration
 	// WriteTimeout bounds each write to a client; a client that does not
 	// read for this long is disconnected. Default 5 s.
@@ -58,6 +65,9 @@ func (c *ServerConfig) setDefaults() {
 	if c.MessageTimeout <= 0 {
 		c.MessageTimeout = 5 * time.Second
 	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 5 * time.Second
 	}
@@ -68,6 +78,17 @@ func (c *ServerConfig) setDefaults() {
 		c.Logf = func(string, ...any) {}
 	}
 }
+
+// DefaultIdleTimeout is how long a connection that is neither subscribed
+// to events nor registered for the IKE hand-off may stay silent before the
+// server closes it (ETIMEDOUT). Clients that keep a connection for
+// requests, as charon's plugin does, reconnect when they next need it.
+const DefaultIdleTimeout = 60 * time.Second
+
+// EvictLogInterval is the least time between two log lines about
+// connections closed at the MaxConns limit; the next line counts those
+// that were not logged.
+const EvictLogInterval = 10 * time.Second
 
 // maxSkip is the largest oversized message the server reads past to keep
 // the connection; beyond it the connection is closed.
@@ -85,12 +106,15 @@ type Server struct {
 	// in tests.
 	isMember func(uid, gid uint32) bool
 	conns    map[*conn]struct{}
+	evicting int // conns closed by evict whose goroutine has not ended
+	evictLog evictLog
 	closed   bool
 	wg       sync.WaitGroup
 
 	active   atomic.Int64
 	accepted atomic.Uint64
 	refused  atomic.Uint64
+	evicted  atomic.Uint64
 }
 
 // ServerStats counts what the server did.
@@ -98,8 +122,8 @@ type ServerStats struct {
 	// Active is the number of connections being served.
 	Active int
 	// Accepted counts connections served; Refused those turned away
-	// (credentials or MaxConns).
-	Accepted, Refused uint64
+	// (credentials); Evicted those closed to make room at MaxConns.
+	Accepted, Refused, Evicted uint64
 }
 
 // Listen creates the socket (and its directory) and returns a Server ready
@@ -199,7 +223,7 @@ func (s *Server) Path() string { return s.cfg.Path }
 
 // Stats returns the server's counters.
 func (s *Server) Stats() ServerStats {
-	return ServerStats{Active: int(s.active.Load()), Accepted: s.accepted.Load(), Refused: s.refused.Load()}
+	return ServerStats{Active: int(s.active.Load()), Accepted: s.accepted.Load(), Refused: s.refused.Load(), Evicted: s.evicted.Load()}
 }
 
 // Serve accepts connections until Close. It returns nil after Close.
@@ -228,35 +252,46 @@ func (s *Server) Serve() error {
 	}
 }
 
-// admit takes a connection slot and starts the connection's goroutine,
-// which checks the peer's credentials (the group lookup may be slow: it
-// must not hold up the accept loop) and serves it; or refuses it when no
-// slot is free.
+// admit takes a connection slot, evicting another connection if none is
+// free, and starts the connection's goroutine, which checks the peer's
+// credentials (the group lookup may be slow: it must not hold up the
+// accept loop) and serves it.
 func (s *Server) admit(c *net.UnixConn) {
+	cred, err := peerCred(c)
+	if err != nil {
+		s.refused.Add(1)
+		s.cfg.Logf("control: refused peer: %v", err)
+		s.refuse(c, err)
+		return
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		c.Close()
 		return
 	}
-	if len(s.conns) >= s.cfg.MaxConns {
-		s.mu.Unlock()
-		s.refused.Add(1)
-		s.refuse(c, Errorf(EAGAIN, "too many connections (%d); try again later", s.cfg.MaxConns))
-		return
+	cn := newConn(s, c, cred)
+	var report string
+	if len(s.conns)-s.evicting >= s.cfg.MaxConns {
+		report = s.evictLocked(cn)
 	}
-	cn := newConn(s, c)
 	s.conns[cn] = struct{}{}
 	s.wg.Add(1)
 	s.mu.Unlock()
+	if report != "" {
+		s.cfg.Logf("%s", report)
+	}
 	go func() {
 		defer s.wg.Done()
 		defer func() {
 			s.mu.Lock()
 			delete(s.conns, cn)
+			if cn.evicted.Load() {
+				s.evicting--
+			}
 			s.mu.Unlock()
 		}()
-		if err := s.authorize(c); err != nil {
+		if err := s.authorize(cred); err != nil {
 			s.refused.Add(1)
 			s.cfg.Logf("control: refused peer: %v", err)
 			writeRefusal(c, err)
@@ -298,21 +333,25 @@ func (s *Server) refuse(c *net.UnixConn, e *Error) {
 	}()
 }
 
-// authorize checks the peer's credentials with SO_PEERCRED: root, or the
-// configured group as the peer's gid or among its uid's supplementary
-// groups.
-func (s *Server) authorize(c *net.UnixConn) *Error {
+// peerCred reads the peer's credentials with SO_PEERCRED.
+func peerCred(c *net.UnixConn) (unix.Ucred, *Error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return Errorf(EACCES, "permission denied: cannot read peer credentials: %v", err)
+		return unix.Ucred{}, Errorf(EACCES, "permission denied: cannot read peer credentials: %v", err)
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := rc.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil || cerr != nil {
-		return Errorf(EACCES, "permission denied: cannot read peer credentials: %v", errors.Join(err, cerr))
+		return unix.Ucred{}, Errorf(EACCES, "permission denied: cannot read peer credentials: %v", errors.Join(err, cerr))
 	}
+	return *cred, nil
+}
+
+// authorize checks the peer's credentials: root, or the configured group
+// as the peer's gid or among its uid's supplementary groups.
+func (s *Server) authorize(cred unix.Ucred) *Error {
 	if cred.Uid == 0 {
 		return nil
 	}

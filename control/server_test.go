@@ -199,22 +199,35 @@ func TestIdleTimeout(t *testing.T) {
 	}
 }
 
+// TestMaxConns: at the limit a newcomer is admitted and the least recently
+// active connection is closed; a Client on it learns why (EAGAIN).
 func TestMaxConns(t *testing.T) {
 	ts := startServer(t, ServerConfig{MaxConns: 2})
-	dial(t, ts.path)
+	c1 := dial(t, ts.path)
 	c2 := dial(t, ts.path)
-	_, err := Dial(testCtx(t), ts.path)
-	wantCode(t, err, EAGAIN)
-	c2.Close()
+	if _, err := c2.Stats(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	c3 := dial(t, ts.path)
+	if _, err := c3.Stats(testCtx(t)); err != nil {
+		t.Fatalf("newcomer: %v", err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
-	for ts.Stats().Active != 1 {
+	for {
+		_, err := c1.ListSAs(testCtx(t))
+		var e *Error
+		if errors.As(err, &e) && e.Code == EAGAIN && strings.Contains(e.Msg, "limit of 2 connections") {
+			break
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("connection not released: %+v", ts.Stats())
+			t.Fatalf("oldest connection: %v, want EAGAIN", err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	dial(t, ts.path)
-	if st := ts.Stats(); st.Refused != 1 || st.Accepted != 3 {
+	if _, err := c2.Stats(testCtx(t)); err != nil {
+		t.Fatalf("second connection: %v", err)
+	}
+	if st := ts.Stats(); st.Refused != 0 || st.Accepted != 3 || st.Evicted != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"syscall"
@@ -203,4 +205,110 @@ func keys(m map[uint32]bool) []string {
 		s = append(s, fmt.Sprintf("0x%x", k))
 	}
 	return s
+}
+
+// TestDefaultsAgree starts espd with a configuration file that sets nothing
+// optional, its keys in key files, and adds the same states with espctl and
+// no options: espd must hold the same configuration for both, with anti-
+// replay (sa.DefaultReplayWindow) and ECN on. SPIs below 256 and windows
+// above the maximum are refused by both paths.
+func TestDefaultsAgree(t *testing.T) {
+	top := newTopology(t, 0)
+	a4, b4 := testbed.GwATransitV4.Addr(), testbed.GwBTransitV4.Addr()
+	dir := t.TempDir()
+	keyIn, keyOut := randKey(t, 20), randKey(t, 20)
+	if err := os.Mkdir(filepath.Join(dir, "keys"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeSecret(t, filepath.Join(dir, "keys", "in.key"), "0x"+hex.EncodeToString(keyIn)+"\n")
+	writeSecret(t, filepath.Join(dir, "keys", "out.key"), hex.EncodeToString(keyOut[:10])+"\n"+hex.EncodeToString(keyOut[10:])+"\n")
+	file := fmt.Sprintf(`
+[[sa]]
+spi = 0x1101
+dir = "in"
+src = %q
+dst = %q
+suite = "aes128gcm16"
+enc_key_file = "keys/in.key"
+
+[[sa]]
+spi = 0x1102
+dir = "out"
+src = %q
+dst = %q
+suite = "aes128gcm16"
+enc_key_file = "keys/out.key"
+`, b4, a4, a4, b4)
+	path := filepath.Join(dir, "gwa.toml")
+	writeSecret(t, path, file)
+	a := startEspd(t, top.GwA, "--config", path)
+	// The same states but for their SPIs and keys (every SA needs its own).
+	a.addSA(t, saSpec{spi: 0x1201, dir: "in", src: b4, dst: a4, suite: "aes128gcm16", encKey: randKey(t, 20)})
+	a.addSA(t, saSpec{spi: 0x1202, dir: "out", src: a4, dst: b4, suite: "aes128gcm16", encKey: randKey(t, 20)})
+
+	get := func(spi uint32, dst netip.Addr) map[string]any {
+		v, ok := a.ctlJSON(t, saGetArgs("get", spi, dst)...).(map[string]any)
+		if !ok {
+			t.Fatalf("sa get 0x%x: not an object", spi)
+		}
+		delete(v, "spi")
+		delete(v, "spi_hex")
+		delete(v, "stats")
+		return v
+	}
+	for _, p := range []struct {
+		file, ctl uint32
+		dst       netip.Addr
+	}{{0x1101, 0x1201, a4}, {0x1102, 0x1202, b4}} {
+		fromFile, fromCtl := get(p.file, p.dst), get(p.ctl, p.dst)
+		if !reflect.DeepEqual(fromFile, fromCtl) {
+			t.Errorf("state 0x%x from the file and 0x%x from espctl differ:\n file   %v\n espctl %v", p.file, p.ctl, fromFile, fromCtl)
+		}
+		if fmt.Sprint(fromFile["replay_window"]) != "128" || fromFile["ecn"] != true || fromFile["copy_dscp"] != true || fromFile["df"] != "copy" {
+			t.Errorf("state 0x%x: %v, want replay window 128, ecn, dscp copy, df copy", p.file, fromFile)
+		}
+	}
+
+	// Refusals through espctl...
+	for _, c := range []struct {
+		spec saSpec
+		want string
+	}{
+		{saSpec{spi: 255, dir: "in", src: b4, dst: a4, suite: "aes128gcm16", encKey: randKey(t, 20)}, "SPI 255 is reserved"},
+		{saSpec{spi: 0x1301, dir: "in", src: b4, dst: a4, suite: "aes128gcm16", encKey: randKey(t, 20), replayWindow: 65537}, "replay window 65537 is above the maximum of 65536"},
+	} {
+		args := c.spec.args()
+		out, err := a.ctl(args...)
+		removeKeyFiles(args)
+		if err == nil || !strings.Contains(out, c.want) {
+			t.Errorf("espctl sa add spi 0x%x: %v %q, want %q", c.spec.spi, err, out, c.want)
+		}
+	}
+	// ... and the file, on SIGHUP: refused whole, naming the line.
+	writeSecret(t, path, file+fmt.Sprintf("\n[[sa]]\nspi = 7\ndir = \"in\"\nsrc = %q\ndst = %q\nsuite = \"aes128gcm16\"\nenc_key = \"%x\"\n", b4, a4, randKey(t, 20)))
+	logBefore := len(a.proc.Log())
+	if err := a.proc.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if !eventually(10*time.Second, func() bool {
+		return testbed.CountLines(a.proc.Log()[logBefore:], "gwa.toml:", "SPI 7 is reserved") > 0
+	}) {
+		t.Errorf("no refusal of SPI 7 in the log:\n%s", tail(a.proc.Log()[logBefore:], 20))
+	}
+	// A key file others can read is refused.
+	os.Chmod(filepath.Join(dir, "keys", "in.key"), 0o644)
+	writeSecret(t, path, file)
+	logBefore = len(a.proc.Log())
+	if err := a.proc.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if !eventually(10*time.Second, func() bool {
+		return testbed.CountLines(a.proc.Log()[logBefore:], "gwa.toml:", "in.key", "accessible to other users") > 0
+	}) {
+		t.Errorf("no refusal of the world-readable key file in the log:\n%s", tail(a.proc.Log()[logBefore:], 20))
+	}
+	if got := a.spis(t); !sameSPIs(got, []uint32{0x1101, 0x1102, 0x1201, 0x1202}) {
+		t.Errorf("states after the refused files: %v", keys(got))
+	}
+	a.alive(t)
 }

@@ -274,6 +274,62 @@ func TestControlSocket(t *testing.T) {
 		expectStats(t, dial(t), "a fresh connection after a truncated one", 1)
 	})
 
+	t.Run("large-first-message", func(t *testing.T) {
+		// sa add with 200 selectors: a message of about 9 KiB, the first
+		// above 4 KiB on its connection.
+		s := saSpec{spi: 0x7777, dir: "in", src: tn.bOuter, dst: tn.aOuter, suite: "aes128gcm16", encKey: randKey(t, 20), reqid: 77}
+		args := s.args()
+		defer removeKeyFiles(args)
+		for i := range 200 {
+			args = append(args, "--sel", fmt.Sprintf("src=198.19.%d.0/24,dst=198.18.%d.0/24,proto=udp,dport=%d", i, i, 2000+i))
+		}
+		a.mustCtl(t, args...)
+		v, ok := a.ctlJSON(t, saGetArgs("get", 0x7777, tn.aOuter)...).(map[string]any)
+		if !ok {
+			t.Fatal("sa get: not an object")
+		}
+		if sels, _ := v["selectors"].([]any); len(sels) != 200 {
+			t.Fatalf("state has %d selectors, want 200", len(sels))
+		}
+		a.mustCtl(t, saGetArgs("del", 0x7777, tn.aOuter)...)
+	})
+
+	t.Run("lockout", func(t *testing.T) {
+		// espd's limit (64) of idle connections, each past its HELLO, then
+		// espctl: it must get through, and espd must say that the limit bit.
+		logBefore := len(a.proc.Log())
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for i := range 64 {
+			c := dial(t)
+			held = append(held, c)
+			if _, err := c.Write(header(ctlMsgHello, ctlHeaderLen, uint32(i+1))); err != nil {
+				t.Fatal(err)
+			}
+			if m, err := readMsg(c); err != nil || m.typ != ctlMsgHello {
+				t.Fatalf("connection %d: %v %v", i, m, err)
+			}
+		}
+		for i := range 3 {
+			if out, err := a.ctl("sa", "list"); err != nil {
+				t.Fatalf("espctl %d with 64 idle connections open: %v\n%s", i, err, out)
+			}
+		}
+		if !eventually(5*time.Second, func() bool {
+			return testbed.CountLines(a.proc.Log()[logBefore:], "connection limit of 64 reached", "closed the connection of pid") > 0
+		}) {
+			t.Errorf("no log line about the connection limit:\n%s", tail(a.proc.Log()[logBefore:], 20))
+		}
+		// The oldest idle connection was the one closed, with EAGAIN.
+		if m, err := readMsg(held[0]); err != nil || m.typ != ctlMsgError || m.errno != syscall.EAGAIN {
+			t.Errorf("oldest idle connection: %v %v, want an EAGAIN ERROR", m, err)
+		}
+	})
+
 	// The daemon still forwards and still answers espctl.
 	a.alive(t)
 	if got := a.spis(t); len(got) != 2 {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,11 +22,15 @@ type saSpec struct {
 	suite            string
 	encKey, integKey []byte
 	reqid            int
-	replayWindow     int // 0: espctl's default
+	replayWindow     int // 0: espd's default (sa.DefaultReplayWindow)
 	encap            bool
 	hardBytes        uint64
 }
 
+// args returns the command line of "espctl sa add" for s. espctl takes
+// no key on its command line (ps would show it): the keys go to files of
+// mode 0600 (writeKeyFile), which the caller removes with removeKeyFiles
+// once espctl has read them (addSA does).
 func (s saSpec) args() []string {
 	a := []string{"sa", "add",
 		"--spi", fmt.Sprintf("0x%x", s.spi),
@@ -33,10 +38,10 @@ func (s saSpec) args() []string {
 		"--src", s.src.String(),
 		"--dst", s.dst.String(),
 		"--enc", s.suite,
-		"--enc-key", hex.EncodeToString(s.encKey),
+		"--enc-key-file", writeKeyFile(s.encKey),
 	}
 	if len(s.integKey) > 0 {
-		a = append(a, "--auth-key", hex.EncodeToString(s.integKey))
+		a = append(a, "--integ-key-file", writeKeyFile(s.integKey))
 	}
 	if s.reqid != 0 {
 		a = append(a, "--reqid", strconv.Itoa(s.reqid))
@@ -53,10 +58,38 @@ func (s saSpec) args() []string {
 	return a
 }
 
+// writeKeyFile writes key in hex to a new file of mode 0600 in the
+// temporary directory and returns its path (a path that does not exist if
+// it could not be written, so that espctl says why). removeKeyFiles
+// removes it.
+func writeKeyFile(key []byte) string {
+	f, err := os.CreateTemp("", "espd-e2e-*.key") // mode 0600
+	if err != nil {
+		return "/nonexistent/" + err.Error()
+	}
+	defer f.Close()
+	if _, err := f.WriteString(hex.EncodeToString(key) + "\n"); err != nil {
+		os.Remove(f.Name())
+		return "/nonexistent/" + err.Error()
+	}
+	return f.Name()
+}
+
+// removeKeyFiles removes the key files a command line names.
+func removeKeyFiles(args []string) {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "--enc-key-file" || args[i] == "--integ-key-file" {
+			os.Remove(args[i+1])
+		}
+	}
+}
+
 // addSA installs s on e.
 func (e *espd) addSA(t *testing.T, s saSpec) {
 	t.Helper()
-	e.mustCtl(t, s.args()...)
+	args := s.args()
+	defer removeKeyFiles(args)
+	e.mustCtl(t, args...)
 }
 
 // policySpec is one policy to install with "espctl policy add".

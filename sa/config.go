@@ -1,7 +1,6 @@
 package sa
 
 import (
-	"crypto/subtle"
 	"fmt"
 	"io"
 	"net/netip"
@@ -24,8 +23,10 @@ type Config struct {
 	// (Suite.IntegKeyLen bytes). AddSA copies them; SA.Config returns them
 	// nil; UpdateSA accepts nil for "unchanged".
 	EncKey, IntegKey []byte
-	// ReplayWindow is the inbound anti-replay window in packets; 0 turns
-	// replay checking off.
+	// ReplayWindow is the inbound anti-replay window in packets, at most
+	// esp.MaxReplayWindow (rounded up to a multiple of 64); 0 turns replay
+	// checking off. DefaultConfig sets DefaultReplayWindow: a zero here is
+	// taken as the caller's explicit choice.
 	ReplayWindow uint32
 	// EncapSrcPort and EncapDstPort put ESP in UDP (RFC 3948); both 0
 	// means raw ESP.
@@ -37,9 +38,10 @@ type Config struct {
 	Selectors []Selector
 	Soft      Lifetime
 	Hard      Lifetime
-	// Outer header options (outbound): TTL (0: 64), DSCP copied from the
-	// inner packet or set to DSCP, RFC 6040 ECN (inbound too), the IPv4
-	// DF bit, and TFC padding of short inner packets up to TFCPadTo bytes.
+	// Outer header options (outbound): TTL (0: DefaultTTL), DSCP copied
+	// from the inner packet or set to DSCP, RFC 6040 ECN (inbound too),
+	// the IPv4 DF bit, and TFC padding of short inner packets up to
+	// TFCPadTo bytes. DefaultConfig holds their defaults (defaults.go).
 	TTL      uint8
 	CopyDSCP bool
 	DSCP     uint8
@@ -51,14 +53,23 @@ type Config struct {
 // maxTFCPadTo bounds TFCPadTo: no inner packet is longer.
 const maxTFCPadTo = 65535
 
+// Validate reports what makes c unusable as a state (what AddSA would
+// refuse), never quoting a key. It is the one place where a state's
+// configuration is checked: the control socket, espctl (through it) and the
+// configuration file all get its errors.
+func (c Config) Validate() error { return c.validate(false) }
+
 // validate reports what makes c unusable as a state, never quoting a key.
 // With update, nil keys are accepted (unchanged).
 func (c *Config) validate(update bool) error {
 	if c.Dir != DirIn && c.Dir != DirOut {
 		return fmt.Errorf("sa: state direction must be in or out, not %v", c.Dir)
 	}
-	if c.SPI == 0 {
-		return fmt.Errorf("sa: SPI 0 is reserved (RFC 4303 section 2.1)")
+	if c.SPI < minSPI {
+		return fmt.Errorf("sa: SPI %d is reserved: RFC 4303 section 2.1 reserves 0-255; use 256 (0x100) or above", c.SPI)
+	}
+	if c.ReplayWindow > esp.MaxReplayWindow {
+		return fmt.Errorf("sa: state spi 0x%08x: replay window %d is above the maximum of %d packets", c.SPI, c.ReplayWindow, esp.MaxReplayWindow)
 	}
 	if !c.Src.IsValid() || !c.Dst.IsValid() {
 		return fmt.Errorf("sa: state spi 0x%08x needs outer src and dst addresses", c.SPI)
@@ -171,6 +182,3 @@ func (c Config) String() string {
 // Format makes every fmt verb (%v, %+v, %#v, %x, %d, ...) print String,
 // so that no formatting of a Config can show its keys.
 func (c Config) Format(f fmt.State, _ rune) { io.WriteString(f, c.String()) }
-
-// sameKey reports, in constant time, whether two keys are equal.
-func sameKey(a, b []byte) bool { return subtle.ConstantTimeCompare(a, b) == 1 }

@@ -13,22 +13,26 @@ import (
 
 func saAdd(a *app, ctx context.Context, args []string) error {
 	f := newSAFlags("sa add", "config")
+	f.stdin = a.stdin
 	if err := a.parse(f.fs, f.parse, args); err != nil {
 		return err
 	}
-	cfg, _, err := f.config(true)
+	cfg, fields, err := f.config(true)
+	defer clear(cfg.EncKey)
+	defer clear(cfg.IntegKey)
 	if err != nil {
 		return usageError{err}
 	}
-	defer clear(cfg.EncKey)
-	defer clear(cfg.IntegKey)
+	// Only what was given travels: espd fills the rest with its defaults,
+	// the same as for the configuration file and any other client.
 	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
-		return c.AddSA(ctx, cfg)
+		return c.AddSAFields(ctx, cfg, fields)
 	})
 }
 
 func saUpdate(a *app, ctx context.Context, args []string) error {
 	f := newSAFlags("sa update", "config", "update")
+	f.stdin = a.stdin
 	if err := a.parse(f.fs, f.parse, args); err != nil {
 		return err
 	}
@@ -40,11 +44,11 @@ func saUpdate(a *app, ctx context.Context, args []string) error {
 		return usageError{err}
 	}
 	cfg, fields, err := f.config(false)
+	defer clear(cfg.EncKey)
+	defer clear(cfg.IntegKey)
 	if err != nil {
 		return usageError{err}
 	}
-	defer clear(cfg.EncKey)
-	defer clear(cfg.IntegKey)
 	if fields == 0 {
 		return usagef("sa update: nothing to change")
 	}

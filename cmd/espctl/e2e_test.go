@@ -89,10 +89,16 @@ func startDaemon(t *testing.T) *daemon {
 // the test unless wantCode says otherwise.
 func (d *daemon) espctl(t *testing.T, wantCode int, args ...string) (string, string) {
 	t.Helper()
+	return d.espctlIn(t, wantCode, "", args...)
+}
+
+// espctlIn is espctl with this standard input.
+func (d *daemon) espctlIn(t *testing.T, wantCode int, stdin string, args ...string) (string, string) {
+	t.Helper()
 	var out, errb bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	code := run(ctx, append([]string{"-s", d.sock}, args...), &out, &errb)
+	code := run(ctx, append([]string{"-s", d.sock}, args...), strings.NewReader(stdin), &out, &errb)
 	if code != wantCode {
 		t.Fatalf("espctl %q: exit %d, want %d; stderr: %s", args, code, wantCode, errb.String())
 	}
@@ -107,14 +113,14 @@ func TestEndToEnd(t *testing.T) {
 	if !strings.HasPrefix(spi, "0x00001") {
 		t.Fatalf("spi alloc: %q", spiOut)
 	}
-	d.espctl(t, 0, "sa", "add", "--spi", spi, "--src", "2001:db8::1", "--dst", "2001:db8::2", "--dir", "in",
-		"--enc", "chacha20poly1305", "--enc-key", strings.Repeat("ab", 36), "--replay-window", "128", "--reqid", "3",
+	d.espctlIn(t, 0, strings.Repeat("ab", 36)+"\n", "sa", "add", "--spi", spi, "--src", "2001:db8::1", "--dst", "2001:db8::2", "--dir", "in",
+		"--enc", "chacha20poly1305", "--enc-key-file", "-", "--replay-window", "256", "--reqid", "3",
 		"--sel", "src=2001:db8:1::/48,dst=2001:db8:2::/48")
-	d.espctl(t, 0, "sa", "add", "--spi", "0xc0000001", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out",
-		"--enc", "aes128", "--auth", "sha1", "--enc-key", strings.Repeat("01", 16), "--auth-key", "0x"+strings.Repeat("02", 20),
+	d.espctlIn(t, 0, strings.Repeat("01", 16)+"\n0x"+strings.Repeat("02", 20)+"\n", "sa", "add", "--spi", "0xc0000001", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out",
+		"--enc", "aes128", "--auth", "sha1", "--enc-key-file", "-", "--integ-key-file", "-",
 		"--reqid", "3", "--encap-sport", "4500", "--encap-dport", "4500", "--soft-packets", "100", "--hard-packets", "200", "--dscp", "copy")
 	_, stderr := d.espctl(t, 1, "sa", "add", "--spi", "0xc0000001", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out",
-		"--enc", "aes128gcm16", "--enc-key", gcmKey)
+		"--enc", "aes128gcm16", "--enc-key-file", keyFile(t, gcmKey))
 	if !strings.Contains(stderr, "espctl: sa add: state spi 0xc0000001 dst 198.18.0.2 already exists (EEXIST)") {
 		t.Fatalf("duplicate: %q", stderr)
 	}
@@ -139,7 +145,7 @@ func TestEndToEnd(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &list); err != nil {
 		t.Fatalf("sa list --json: %v\n%s", err, out)
 	}
-	if len(list) != 2 || list[0]["alg"] != "chacha20poly1305" || list[0]["replay_window"] != float64(128) ||
+	if len(list) != 2 || list[0]["alg"] != "chacha20poly1305" || list[0]["replay_window"] != float64(256) ||
 		list[1]["stats"].(map[string]any)["packets"] != float64(7) || list[1]["keys"] != "[redacted]" {
 		t.Fatalf("sa list --json: %s", out)
 	}
@@ -203,7 +209,7 @@ func TestEndToEnd(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		monDone <- run(ctx, []string{"-s", d.sock, "--json", "monitor", "--count", "2", "--events", "acquire,hard-expire"}, mon, &monErr)
+		monDone <- run(ctx, []string{"-s", d.sock, "--json", "monitor", "--count", "2", "--events", "acquire,hard-expire"}, nil, mon, &monErr)
 	}()
 	p, ok := d.db.GetPolicy(sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16")}, sa.DirOut)
 	if !ok {

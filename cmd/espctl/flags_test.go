@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -25,7 +26,14 @@ const (
 
 func parseSA(t *testing.T, name string, full bool, which []string, args ...string) (sa.Config, control.Fields, error) {
 	t.Helper()
+	return parseSAStdin(t, name, full, which, "", args...)
+}
+
+// parseSAStdin is parseSA with this standard input.
+func parseSAStdin(t *testing.T, name string, full bool, which []string, stdin string, args ...string) (sa.Config, control.Fields, error) {
+	t.Helper()
 	f := newSAFlags(name, which...)
+	f.stdin = strings.NewReader(stdin)
 	f.fs.SetOutput(new(bytes.Buffer))
 	if err := f.parse(args); err != nil {
 		return sa.Config{}, 0, err
@@ -33,10 +41,28 @@ func parseSA(t *testing.T, name string, full bool, which []string, args ...strin
 	return f.config(full)
 }
 
+// keyFile writes text to a new file of mode 0600 and returns its path.
+func keyFile(t *testing.T, text string) string {
+	t.Helper()
+	return keyFileMode(t, text, 0o600)
+}
+
+func keyFileMode(t *testing.T, text string, mode os.FileMode) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(p, []byte(text), mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, mode); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func TestSAAddFlags(t *testing.T) {
 	c, fields, err := parseSA(t, "sa add", true, []string{"config"},
 		"--spi", "0xc0000001", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out",
-		"--enc", "aes256", "--auth", "sha256", "--enc-key", cbcKey, "--auth-key", "0X"+shaKey, "--esn",
+		"--enc", "aes256", "--auth", "sha256", "--enc-key-file", keyFile(t, cbcKey), "--integ-key-file", keyFile(t, "0X"+shaKey+"\n"), "--esn",
 		"--replay-window", "64", "--encap-sport", "4500", "--encap-dport", "4501", "--reqid", "7",
 		"--sel", "src=198.18.1.0/24,dst=198.19.0.0/16,proto=tcp,sport=1024-65535,dport=443",
 		"--sel", "dst=2001:db8::/32",
@@ -72,11 +98,15 @@ func TestSAAddFlags(t *testing.T) {
 	if fields != control.FieldsAll {
 		t.Fatalf("fields %b", fields)
 	}
-	// An AEAD suite by its full name, and an IPv6 state.
-	c, _, err = parseSA(t, "sa add", true, []string{"config"},
-		"--spi", "4096", "--src", "2001:db8::1", "--dst", "2001:db8::2", "--dir", "in", "--enc", "aes128gcm16-esn", "--enc-key", gcmKey)
+	// An AEAD suite by its full name, an IPv6 state, the key from
+	// standard input; only what was given is sent.
+	c, fields, err = parseSAStdin(t, "sa add", true, []string{"config"}, gcmKey+"\n",
+		"--spi", "4096", "--src", "2001:db8::1", "--dst", "2001:db8::2", "--dir", "in", "--enc", "aes128gcm16-esn", "--enc-key-file", "-")
 	if err != nil || c.Suite.Encryption != crypto.EncrAESGCM16 || !c.Suite.ESN || c.SPI != 4096 || len(c.EncKey) != 20 || len(c.IntegKey) != 0 {
 		t.Fatalf("gcm: %v %v", c, err)
+	}
+	if want := control.FieldSrc | control.FieldDst | control.FieldDir | control.FieldSuite | control.FieldKeys; fields != want {
+		t.Fatalf("fields %b, want %b: espctl must leave the defaults to espd", fields, want)
 	}
 }
 
@@ -119,7 +149,10 @@ func TestPolicyFlags(t *testing.T) {
 // message naming the problem, before any connection is made.
 func TestBadInput(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "nothing.sock")
-	add := []string{"sa", "add", "--spi", "1", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out"}
+	add := []string{"sa", "add", "--spi", "0x1000", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out"}
+	gcm := keyFile(t, gcmKey)
+	cbc := keyFile(t, cbcKey)
+	sha := keyFile(t, shaKey)
 	cases := []struct {
 		args []string
 		want string
@@ -131,26 +164,38 @@ func TestBadInput(t *testing.T) {
 		{[]string{"sa", "add", "--spi", "1"}, "needs --src"},
 		{[]string{"sa", "add", "--bogus"}, "flag provided but not defined: -bogus"},
 		{[]string{"sa", "list", "extra"}, `unexpected argument "extra"`},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", "0x123"), "odd number of hex digits"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", "zz"), "not hex"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", "00112233445566778899aabbccddeeff"), "takes 20 bytes of encryption key (40 hex digits, salt included), got 16"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--auth-key", "00"), "combined-mode and takes no integrity key"},
-		{append(add, "--enc", "aes256", "--enc-key", cbcKey), `"aes256" needs an integrity algorithm`},
-		{append(add, "--enc", "aes128", "--auth", "sha1", "--enc-key", cbcKey[:32], "--auth-key", shaKey), "takes 20 bytes of integrity key"},
-		{append(add, "--enc", "3des-sha1", "--enc-key", "00"), "3des"},
-		{[]string{"sa", "add", "--spi", "x1", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out", "--enc", "aes128gcm16", "--enc-key", gcmKey}, `SPI "x1"`},
-		{[]string{"sa", "add", "--spi", "1", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "fwd", "--enc", "aes128gcm16", "--enc-key", gcmKey}, "a state is in or out"},
-		{[]string{"sa", "add", "--spi", "1", "--src", "198.18.0.300", "--dst", "198.18.0.2", "--dir", "in", "--enc", "aes128gcm16", "--enc-key", gcmKey}, "not an IP address"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--encap-sport", "4500"), "needs both --encap-sport and --encap-dport"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--sel", "src=198.18.0.0/16,port=80"), `unknown key "port"`},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--sel", "dport=80-20"), "dport"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--sel", "src=198.18.0.0/16,dst=2001:db8::/32"), "mixes address families"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--proto", "ah"), "esp only"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--mode", "transport"), "tunnel mode only"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--ttl", "300"), "ttl"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--dscp", "64"), "want copy or a number 0-63"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--df", "maybe"), "copy, set or clear"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey, "--soft-add", "soon"), "duration"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key", gcmKey), "--enc-key is no longer accepted: a key on the command line is visible to every local user"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key="+gcmKey), "give --enc-key-file PATH, or --enc-key-file - to read it from standard input"},
+		{append(add, "--enc", "aes128", "--auth", "sha1", "--enc-key-file", cbc, "-auth-key", shaKey), "--auth-key is no longer accepted"},
+		{append(add, "--enc", "aes128", "--auth", "sha1", "--enc-key-file", cbc, "--integ-key", shaKey), "--integ-key-file PATH"},
+		{[]string{"sa", "update", "--spi", "0x1000", "--dst", "198.18.0.2", "--enc-key", gcmKey}, "--enc-key is no longer accepted"},
+		{append(add, "--enc", "aes128gcm16"), "--enc-key-file: aes128gcm16 takes 20 bytes of encryption key (40 hex digits, salt included): give a file"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", keyFile(t, "0x123")), "odd number of hex digits"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", keyFile(t, "zz")), "not valid hex"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", keyFile(t, "\n")), "is empty"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", keyFileMode(t, gcmKey, 0o644)), "accessible to other users (mode 0644)"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", keyFileMode(t, gcmKey, 0o602)), "chmod o-rw"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", filepath.Join(t.TempDir(), "none")), "no such file"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", keyFile(t, "00112233445566778899aabbccddeeff")), "takes 20 bytes of encryption key (40 hex digits, salt included), got 16"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--integ-key-file", keyFile(t, "00")), "combined-mode and takes no integrity key"},
+		{append(add, "--enc", "aes256", "--enc-key-file", cbc), `"aes256" needs an integrity algorithm`},
+		{append(add, "--enc", "aes128", "--auth", "sha1", "--enc-key-file", keyFile(t, cbcKey[:32]), "--integ-key-file", sha), "takes 20 bytes of integrity key"},
+		{append(add, "--enc", "aes128", "--auth", "sha1", "--enc-key-file", keyFile(t, cbcKey[:32])), "--integ-key-file: aes128-sha1 takes 20 bytes of integrity key (40 hex digits): give a file"},
+		{append(add, "--enc", "aes128", "--auth", "sha1", "--enc-key-file", "-", "--integ-key-file", "-"), "want two lines, the encryption key and then the integrity key, in hex; got 0"},
+		{append(add, "--enc", "3des-sha1", "--enc-key-file", gcm), "3des"},
+		{[]string{"sa", "add", "--spi", "x1", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out", "--enc", "aes128gcm16", "--enc-key-file", gcm}, `SPI "x1"`},
+		{[]string{"sa", "add", "--spi", "0x1000", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "fwd", "--enc", "aes128gcm16", "--enc-key-file", gcm}, "a state is in or out"},
+		{[]string{"sa", "add", "--spi", "0x1000", "--src", "198.18.0.300", "--dst", "198.18.0.2", "--dir", "in", "--enc", "aes128gcm16", "--enc-key-file", gcm}, "not an IP address"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--encap-sport", "4500"), "needs both --encap-sport and --encap-dport"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--sel", "src=198.18.0.0/16,port=80"), `unknown key "port"`},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--sel", "dport=80-20"), "dport"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--sel", "src=198.18.0.0/16,dst=2001:db8::/32"), "mixes address families"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--proto", "ah"), "esp only"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--mode", "transport"), "tunnel mode only"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--ttl", "300"), "ttl"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--dscp", "64"), "want copy or a number 0-63"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--df", "maybe"), "copy, set or clear"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--soft-add", "soon"), "duration"},
 		{[]string{"sa", "update", "--spi", "1", "--dst", "198.18.0.2"}, "nothing to change"},
 		{[]string{"sa", "update", "--spi", "1", "--dst", "198.18.0.2", "--src", "198.18.0.1"}, "use --new-src"},
 		{[]string{"sa", "update", "--spi", "1", "--dst", "198.18.0.2", "--auth", "sha1"}, "go with --enc"},
@@ -168,9 +213,14 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		var out, errb bytes.Buffer
-		code := run(context.Background(), append([]string{"-s", sock}, c.args...), &out, &errb)
+		code := run(context.Background(), append([]string{"-s", sock}, c.args...), strings.NewReader(""), &out, &errb)
 		if code != exitUsage || !strings.Contains(errb.String(), c.want) {
 			t.Errorf("%q: exit %d, stderr %q; want exit 2 and %q", c.args, code, errb.String(), c.want)
+		}
+		for _, k := range []string{gcmKey[2:], cbcKey, shaKey} {
+			if strings.Contains(errb.String(), k) {
+				t.Errorf("%q: stderr %q repeats a key", c.args, errb.String())
+			}
 		}
 		if out.Len() != 0 {
 			t.Errorf("%q: stdout %q", c.args, out.String())
@@ -178,7 +228,7 @@ func TestBadInput(t *testing.T) {
 	}
 	// A well-formed command without a daemon fails with exit code 1.
 	var out, errb bytes.Buffer
-	if code := run(context.Background(), []string{"-s", sock, "sa", "list"}, &out, &errb); code != exitError ||
+	if code := run(context.Background(), []string{"-s", sock, "sa", "list"}, nil, &out, &errb); code != exitError ||
 		!strings.Contains(errb.String(), "connecting to espd at "+sock) {
 		t.Fatalf("no daemon: exit %d, %q", code, errb.String())
 	}
@@ -200,9 +250,6 @@ func TestParsers(t *testing.T) {
 	if d, err := parseDuration("x", "90"); err != nil || d != 90*time.Second {
 		t.Fatal(d, err)
 	}
-	if k, err := parseKey("k", "0xABcd"); err != nil || !bytes.Equal(k, []byte{0xab, 0xcd}) {
-		t.Fatal(k, err)
-	}
 	if p, err := parsePrefix("p", "198.18.0.0/24"); err != nil || p != netip.MustParsePrefix("198.18.0.0/24") {
 		t.Fatal(p, err)
 	}
@@ -215,5 +262,45 @@ func TestParsers(t *testing.T) {
 	if k, err := parseEventKinds("soft,acquire,mapping"); err != nil ||
 		!slices.Equal(k, []control.EventKind{control.EventSoftExpire, control.EventAcquire, control.EventMapping}) {
 		t.Fatal(k, err)
+	}
+}
+
+// TestKeyInput reads keys from files and standard input in each way
+// espctl allows.
+func TestKeyInput(t *testing.T) {
+	add := []string{"--spi", "0x1000", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out", "--enc", "aes128", "--auth", "sha1"}
+	enc, integ := cbcKey[:32], shaKey1
+	cases := []struct {
+		name, stdin string
+		args        []string
+	}{
+		{"two files", "", []string{"--enc-key-file", keyFile(t, enc), "--integ-key-file", keyFile(t, "0x"+integ+"\n")}},
+		{"--auth-key-file", "", []string{"--enc-key-file", keyFile(t, enc), "--auth-key-file", keyFile(t, integ)}},
+		{"both from standard input", "0x" + enc + "\n\n  " + integ + "  \r\n", []string{"--enc-key-file", "-", "--integ-key-file", "-"}},
+		{"encryption key from standard input", enc[:16] + "\n" + enc[16:] + "\n", []string{"--enc-key-file", "-", "--integ-key-file", keyFile(t, integ)}},
+		{"integrity key from standard input", integ, []string{"--enc-key-file", keyFile(t, enc), "--integ-key-file", "-"}},
+		{"group-readable file", "", []string{"--enc-key-file", keyFileMode(t, enc, 0o640), "--integ-key-file", keyFileMode(t, integ, 0o440)}},
+	}
+	for _, c := range cases {
+		cfg, fields, err := parseSAStdin(t, "sa add", true, []string{"config"}, c.stdin, append(add, c.args...)...)
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if len(cfg.EncKey) != 16 || cfg.EncKey[1] != 0x01 || len(cfg.IntegKey) != 20 || cfg.IntegKey[19] != 0x19 || fields&control.FieldKeys == 0 {
+			t.Errorf("%s: keys of %d and %d bytes", c.name, len(cfg.EncKey), len(cfg.IntegKey))
+		}
+	}
+	// Three lines for two keys, or one.
+	for _, in := range []string{enc + "\n" + integ + "\n" + integ + "\n", enc + integ + "\n"} {
+		_, _, err := parseSAStdin(t, "sa add", true, []string{"config"}, in, append(add, "--enc-key-file", "-", "--integ-key-file", "-")...)
+		if err == nil || !strings.Contains(err.Error(), "want two lines") {
+			t.Errorf("%d bytes of standard input: %v", len(in), err)
+		}
+	}
+	// sa update with a new key only.
+	cfg, fields, err := parseSAStdin(t, "sa update", false, []string{"config", "update"}, gcmKey, "--spi", "0x1000", "--dst", "198.18.0.2", "--enc-key-file", "-")
+	if err != nil || fields != control.FieldKeys || len(cfg.EncKey) != 20 || len(cfg.IntegKey) != 0 {
+		t.Fatalf("update: fields %b, %v", fields, err)
 	}
 }

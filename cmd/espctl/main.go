@@ -26,7 +26,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -42,7 +42,7 @@ const usage = `usage: espctl [-s socket] [--json] [--timeout d] <command>
 
 commands:
   sa add      --spi SPI --src ADDR --dst ADDR --dir in|out --enc ALG [--auth ALG]
-              --enc-key HEX [--auth-key HEX] [state options]
+              --enc-key-file PATH|- [--integ-key-file PATH|-] [state options]
   sa update   --spi SPI --dst ADDR [--new-src ADDR] [--new-dst ADDR] [state options]
   sa del      --spi SPI --dst ADDR
   sa get      --spi SPI --dst ADDR
@@ -59,7 +59,10 @@ commands:
   monitor     [--events soft-expire,hard-expire,acquire,mapping] [--count N]
 
 "espctl sa add -h" lists the state options (replay window, ESN, UDP encapsulation,
-reqid, selectors, lifetimes, outer TTL/DSCP/ECN/DF, TFC).
+reqid, selectors, lifetimes, outer TTL/DSCP/ECN/DF, TFC); espd gives every option
+not given its default. Keys are read in hex from a file that only its owner (and
+group) can read, or from standard input with "-" (two lines, encryption key first,
+when both are "-"); they are never taken on the command line.
 `
 
 // app holds the global options of one run.
@@ -67,6 +70,7 @@ type app struct {
 	socket  string
 	json    bool
 	timeout time.Duration
+	stdin   io.Reader // keys given as "-"
 	stdout  io.Writer
 	stderr  io.Writer
 }
@@ -79,8 +83,8 @@ func (e usageError) Unwrap() error { return e.error }
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
 // run executes one command line and returns the exit code.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	a := &app{stdout: stdout, stderr: stderr}
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr}
 	fs := flag.NewFlagSet("espctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage) }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -57,19 +56,6 @@ func parseUint(what, s string, max uint64) (uint64, error) {
 		return 0, fmt.Errorf("%s %q: want a number from 0 to %d", what, s, max)
 	}
 	return v, nil
-}
-
-// parseKey parses key material in hex, with an optional 0x prefix.
-func parseKey(what, s string) ([]byte, error) {
-	h := strings.TrimPrefix(strings.TrimPrefix(s, "0x"), "0X")
-	if len(h)%2 != 0 {
-		return nil, fmt.Errorf("%s: odd number of hex digits (%d)", what, len(h))
-	}
-	k, err := hex.DecodeString(h)
-	if err != nil {
-		return nil, fmt.Errorf("%s: not hex: %v", what, err)
-	}
-	return k, nil
 }
 
 // parseStateDir parses the direction of a state: in or out.

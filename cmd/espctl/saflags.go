@@ -4,11 +4,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/netip"
 	"strings"
 
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/esp"
 	"github.com/espd/espd/sa"
 )
 
@@ -23,7 +25,9 @@ type saFlags struct {
 	cmdFlags
 
 	spi, src, dst, newSrc, newDst, dir, proto, mode string
-	enc, auth, encKey, authKey                      string
+	enc, auth                                       string
+	encKeyFile, integKeyFile                        string
+	stdin                                           io.Reader // for "-" key files
 	esn                                             bool
 	replay, encapSport, encapDport, reqid           string
 	sels                                            multiFlag
@@ -57,10 +61,11 @@ func newSAFlags(name string, which ...string) *saFlags {
 		fs.StringVar(&f.mode, "mode", "tunnel", "mode: tunnel")
 		fs.StringVar(&f.enc, "enc", "", "algorithms, strongSwan style: aes128gcm16, chacha20poly1305, aes256-sha256, ...")
 		fs.StringVar(&f.auth, "auth", "", "integrity algorithm when --enc names only the cipher: sha1, sha256, sha384, sha512")
-		fs.StringVar(&f.encKey, "enc-key", "", "encryption key in hex, salt included (0x prefix optional)")
-		fs.StringVar(&f.authKey, "auth-key", "", "integrity key in hex")
+		fs.StringVar(&f.encKeyFile, "enc-key-file", "", "file holding the encryption key in hex, salt included (- : standard input)")
+		fs.StringVar(&f.integKeyFile, "integ-key-file", "", "file holding the integrity key in hex (- : standard input; with both -, two lines)")
+		fs.StringVar(&f.integKeyFile, "auth-key-file", "", "same as --integ-key-file")
 		fs.BoolVar(&f.esn, "esn", false, "extended sequence numbers")
-		fs.StringVar(&f.replay, "replay-window", "", "inbound anti-replay window in packets (0: off)")
+		fs.StringVar(&f.replay, "replay-window", "", fmt.Sprintf("inbound anti-replay window in packets, up to %d (default %d; 0: off)", esp.MaxReplayWindow, sa.DefaultReplayWindow))
 		fs.StringVar(&f.encapSport, "encap-sport", "", "UDP encapsulation source port (with --encap-dport; 0 0: off)")
 		fs.StringVar(&f.encapDport, "encap-dport", "", "UDP encapsulation destination port")
 		fs.StringVar(&f.reqid, "reqid", "", "reqid tying the state to policies")
@@ -74,10 +79,10 @@ func newSAFlags(name string, which ...string) *saFlags {
 			fs.StringVar(&lt.l.add, lt.name+"-add", "", lt.name+" limit after adding (3600, 1h, ...)")
 			fs.StringVar(&lt.l.use, lt.name+"-use", "", lt.name+" limit after first use")
 		}
-		fs.StringVar(&f.ttl, "ttl", "", "outer TTL / hop limit (0: 64)")
-		fs.StringVar(&f.dscp, "dscp", "", "outer DSCP 0-63, or copy")
-		fs.BoolVar(&f.ecn, "ecn", false, "RFC 6040 normal-mode ECN")
-		fs.StringVar(&f.df, "df", "", "outer IPv4 DF bit: copy, set or clear")
+		fs.StringVar(&f.ttl, "ttl", "", fmt.Sprintf("outer TTL / hop limit (default and 0: %d)", sa.DefaultTTL))
+		fs.StringVar(&f.dscp, "dscp", "", "outer DSCP 0-63, or copy (default copy)")
+		fs.BoolVar(&f.ecn, "ecn", sa.DefaultECN, "RFC 6040 normal-mode ECN (--ecn=false: off)")
+		fs.StringVar(&f.df, "df", "", "outer IPv4 DF bit: copy, set or clear (default copy)")
 		fs.StringVar(&f.tfc, "tfc", "", "TFC: pad inner packets shorter than this many bytes")
 	}
 	if has("update") {
@@ -129,9 +134,34 @@ func (f *saFlags) suite() (crypto.Suite, error) {
 	return s, nil
 }
 
+// parse parses args as cmdFlags.parse does, but first refuses the old key
+// flags (--enc-key, --auth-key, --integ-key) with an error that says why
+// and what to use instead, without repeating the key (the flag package
+// would quote the value).
+func (f *saFlags) parse(args []string) error {
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		switch name {
+		case "enc-key":
+			return refusedKeyFlag(name, "enc-key-file")
+		case "auth-key", "integ-key":
+			return refusedKeyFlag(name, "integ-key-file")
+		}
+	}
+	return f.cmdFlags.parse(args)
+}
+
 // config builds a configuration from the flags given and says which
-// fields they set. For add (full), the state's identity, direction,
-// algorithms and keys are required.
+// fields they set; the fields not set are left to the daemon, which gives
+// them their defaults (sa.DefaultConfig). For add (full), the state's
+// identity, direction, algorithms and keys are required. The keys are the
+// caller's to zero, also on error.
 func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 	var (
 		c   sa.Config
@@ -195,22 +225,36 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 			fl |= control.FieldSuite
 		}
 	}
-	if set["enc-key"] || set["auth-key"] || full {
-		ek, e := parseKey("--enc-key", f.encKey)
+	if set["enc-key-file"] || set["integ-key-file"] || set["auth-key-file"] || full {
+		ek, ik, e := readKeys(f.encKeyFile, f.integKeyFile, f.stdin)
 		try(e)
-		ik, e := parseKey("--auth-key", f.authKey)
-		try(e)
+		if ek == nil {
+			ek = []byte{}
+		}
+		if ik == nil {
+			ik = []byte{}
+		}
 		c.EncKey, c.IntegKey = ek, ik
 		fl |= control.FieldKeys
 		if err == nil && fl&control.FieldSuite != 0 {
 			if n := c.Suite.EncKeyLen(); len(ek) != n {
-				try(fmt.Errorf("--enc-key: %v takes %d bytes of encryption key (%d hex digits, salt included), got %d", c.Suite, n, 2*n, len(ek)))
+				switch {
+				case !set["enc-key-file"]:
+					try(fmt.Errorf("--enc-key-file: %v takes %d bytes of encryption key (%d hex digits, salt included): give a file holding it, or - for standard input", c.Suite, n, 2*n))
+				case n == 0:
+					try(fmt.Errorf("--enc-key-file: %v takes no encryption key", c.Suite))
+				default:
+					try(fmt.Errorf("--enc-key-file: %v takes %d bytes of encryption key (%d hex digits, salt included), got %d", c.Suite, n, 2*n, len(ek)))
+				}
 			}
 			if n := c.Suite.IntegKeyLen(); len(ik) != n {
-				if n == 0 {
-					try(fmt.Errorf("--auth-key: %v is combined-mode and takes no integrity key", c.Suite))
-				} else {
-					try(fmt.Errorf("--auth-key: %v takes %d bytes of integrity key (%d hex digits), got %d", c.Suite, n, 2*n, len(ik)))
+				switch {
+				case n == 0:
+					try(fmt.Errorf("--integ-key-file: %v is combined-mode and takes no integrity key", c.Suite))
+				case !set["integ-key-file"] && !set["auth-key-file"]:
+					try(fmt.Errorf("--integ-key-file: %v takes %d bytes of integrity key (%d hex digits): give a file holding it, or - for standard input", c.Suite, n, 2*n))
+				default:
+					try(fmt.Errorf("--integ-key-file: %v takes %d bytes of integrity key (%d hex digits), got %d", c.Suite, n, 2*n, len(ik)))
 				}
 			}
 		}
@@ -305,9 +349,6 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 		try(e)
 		c.TFCPadTo = int(v)
 		fl |= control.FieldTFC
-	}
-	if full {
-		fl |= control.FieldsAll
 	}
 	return c, fl, err
 }
