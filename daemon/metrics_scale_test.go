@@ -1,0 +1,374 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/dataplane"
+	"github.com/espd/espd/sa"
+)
+
+// scaleStates is the number of states of the scale test and benchmarks.
+const scaleStates = 100_000
+
+var (
+	scaleOnce sync.Once
+	scaleDB   *sa.DB
+	scaleErr  error
+)
+
+// scaleTestDB returns a database holding scaleStates states (built once
+// per test binary; the tests only read it): half outbound to 198.18.0.2,
+// half inbound, SPIs 0x10000 on, reqid 1000+i; every 7th state has
+// carried packets and every 100th has dropped some.
+func scaleTestDB(tb testing.TB) *sa.DB {
+	tb.Helper()
+	scaleOnce.Do(func() { scaleDB, scaleErr = fillDB(scaleStates) })
+	if scaleErr != nil {
+		tb.Fatal(scaleErr)
+	}
+	return scaleDB
+}
+
+func fillDB(n int) (*sa.DB, error) {
+	suite, err := crypto.ParseSuite("aes128gcm16")
+	if err != nil {
+		return nil, err
+	}
+	db := sa.NewDB()
+	local, remote := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
+	key := make([]byte, suite.EncKeyLen())
+	for i := range n {
+		c := sa.Config{SPI: uint32(0x10000 + i), Suite: suite, ReqID: uint32(1000 + i), Dir: sa.DirOut, Src: local, Dst: remote}
+		if i%2 == 1 {
+			c.Dir, c.Src, c.Dst, c.ReplayWindow = sa.DirIn, remote, local, 64
+		}
+		key[0], key[1], key[2] = byte(i), byte(i>>8), byte(i>>16)
+		c.EncKey = key
+		s, err := db.AddSA(c)
+		if err != nil {
+			return nil, err
+		}
+		if i%7 == 0 {
+			s.Account(uint64(i), uint64(100*i))
+		}
+		if i%100 == 0 {
+			s.Drop(sa.DropReplay, 3)
+			s.Drop(sa.DropIntegrity, 1)
+		}
+	}
+	return db, nil
+}
+
+// scrape serves one GET /metrics of m and returns the body.
+func scrape(t testing.TB, m http.Handler) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("scrape: status %d: %s", rec.Code, rec.Body)
+	}
+	if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
+		t.Errorf("Content-Type %q, want the text format 0.0.4", ct)
+	}
+	return rec.Body.String()
+}
+
+// countPrefix counts the lines of body that start with prefix.
+func countPrefix(body, prefix string) int {
+	n := 0
+	for line := range strings.Lines(body) {
+		if strings.HasPrefix(line, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// sampleValue returns the value of the sample line "series value" in body.
+func sampleValue(t testing.TB, body, series string) uint64 {
+	t.Helper()
+	for line := range strings.Lines(body) {
+		if v, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: value %q: %v", series, v, err)
+			}
+			return uint64(f)
+		}
+	}
+	t.Fatalf("no sample %s", series)
+	return 0
+}
+
+// TestMetricsScale: with 100,000 states the default scrape is small, has
+// no per-state series and the right totals; --metrics-per-sa adds the
+// per-state series, limited to the oldest N states.
+func TestMetricsScale(t *testing.T) {
+	db := scaleTestDB(t)
+	noDP := func() dataplane.Stats { return dataplane.Stats{} }
+	var wantPackets, wantBytes uint64
+	for i := 0; i < scaleStates; i += 7 {
+		wantPackets += uint64(i)
+		wantBytes += uint64(100 * i)
+	}
+	withDrops := (scaleStates + 99) / 100
+
+	body := scrape(t, newMetrics(db, noDP, 0, nil))
+	if len(body) > 64<<10 {
+		t.Errorf("default scrape of %d states is %d bytes, want at most 64 KiB", scaleStates, len(body))
+	}
+	if n := countPrefix(body, "espd_sa_"); n != 0 {
+		t.Errorf("default scrape has %d per-state lines (espd_sa_*), want none", n)
+	}
+	if strings.Contains(body, "espd_metrics_states_omitted") {
+		t.Error("default scrape exports espd_metrics_states_omitted, which can only move with --metrics-per-sa")
+	}
+	for series, want := range map[string]uint64{
+		"espd_states":                          scaleStates,
+		"espd_packets_total":                   wantPackets,
+		"espd_bytes_total":                     wantBytes,
+		`espd_drops_total{reason="replay"}`:    3 * uint64(withDrops),
+		`espd_drops_total{reason="integrity"}`: uint64(withDrops),
+		`espd_drops_total{reason="padding"}`:   0,
+	} {
+		if got := sampleValue(t, body, series); got != want {
+			t.Errorf("%s = %d, want %d", series, got, want)
+		}
+	}
+	t.Logf("default scrape of %d states: %d bytes", scaleStates, len(body))
+
+	body = scrape(t, newMetrics(db, noDP, scaleStates, nil))
+	for prefix, want := range map[string]int{
+		"espd_sa_packets_total{": scaleStates,
+		"espd_sa_bytes_total{":   scaleStates,
+		"espd_sa_drops_total{":   2 * withDrops,
+		"# TYPE espd_sa_":        3,
+	} {
+		if n := countPrefix(body, prefix); n != want {
+			t.Errorf("per-state scrape: %d lines %s..., want %d", n, prefix, want)
+		}
+	}
+	for series, want := range map[string]uint64{
+		`espd_sa_packets_total{dir="out",dst="198.18.0.2",reqid="1014",spi="0x0001000e",suite="aes128gcm16"}`:                  14,
+		`espd_sa_bytes_total{dir="in",dst="198.18.0.1",reqid="1021",spi="0x00010015",suite="aes128gcm16"}`:                     2100,
+		`espd_sa_packets_total{dir="in",dst="198.18.0.1",reqid="1001",spi="0x00010001",suite="aes128gcm16"}`:                   0,
+		`espd_sa_drops_total{dir="out",dst="198.18.0.2",reason="replay",reqid="1100",spi="0x00010064",suite="aes128gcm16"}`:    3,
+		`espd_sa_drops_total{dir="out",dst="198.18.0.2",reason="integrity",reqid="1000",spi="0x00010000",suite="aes128gcm16"}`: 1,
+		"espd_metrics_states_omitted": 0,
+		"espd_states":                 scaleStates,
+	} {
+		if got := sampleValue(t, body, series); got != want {
+			t.Errorf("%s = %d, want %d", series, got, want)
+		}
+	}
+	t.Logf("per-state scrape of %d states: %d bytes", scaleStates, len(body))
+
+	const limit = 1000
+	body = scrape(t, newMetrics(db, noDP, limit, nil))
+	if n := countPrefix(body, "espd_sa_packets_total{"); n != limit {
+		t.Errorf("--metrics-per-sa %d: %d states have series", limit, n)
+	}
+	if got := sampleValue(t, body, "espd_metrics_states_omitted"); got != scaleStates-limit {
+		t.Errorf("espd_metrics_states_omitted = %d, want %d", got, scaleStates-limit)
+	}
+	// The oldest states are the ones kept.
+	if !strings.Contains(body, `spi="0x00010000"`) || !strings.Contains(body, `spi="0x000103e7"`) || strings.Contains(body, `spi="0x000103e8"`) {
+		t.Errorf("--metrics-per-sa %d did not keep the %d oldest states", limit, limit)
+	}
+}
+
+// TestMetricsPerSAAfterDelete: a removed state leaves the per-state series
+// at the next scrape, and its counters stay in the totals.
+func TestMetricsPerSAAfterDelete(t *testing.T) {
+	db, err := fillDB(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMetrics(db, func() dataplane.Stats { return dataplane.Stats{} }, 100, nil)
+	if err := db.DeleteSA(0x10007, netip.MustParseAddr("198.18.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	body := scrape(t, m)
+	if strings.Contains(body, `spi="0x00010007"`) {
+		t.Error("a deleted state still has per-state series")
+	}
+	if n := countPrefix(body, "espd_sa_packets_total{"); n != 9 {
+		t.Errorf("%d states with series, want 9", n)
+	}
+	if got := sampleValue(t, body, "espd_packets_total"); got != 7 {
+		t.Errorf("espd_packets_total = %d, want 7 (the deleted state's included)", got)
+	}
+}
+
+// TestMetricsOneScrapeAtATime: a scrape waits while another runs, and
+// gets 503 if that one takes longer than the wait.
+func TestMetricsOneScrapeAtATime(t *testing.T) {
+	db, err := fillDB(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMetrics(db, func() dataplane.Stats { return dataplane.Stats{} }, 0, nil)
+	m.wait = 200 * time.Millisecond
+	m.scrape <- struct{}{} // a scrape is running
+
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		rec := httptest.NewRecorder()
+		m.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		done <- rec
+	}()
+	select {
+	case rec := <-done:
+		t.Fatalf("a second scrape ran beside the first: status %d", rec.Code)
+	case <-time.After(50 * time.Millisecond):
+	}
+	<-m.scrape // the first one ends
+	select {
+	case rec := <-done:
+		if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "espd_states 3") {
+			t.Errorf("the waiting scrape: status %d\n%s", rec.Code, rec.Body)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting scrape did not run after the first ended")
+	}
+
+	m.scrape <- struct{}{}
+	rec := httptest.NewRecorder()
+	start := time.Now()
+	m.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("a scrape behind one that does not end: status %d, want 503", rec.Code)
+	}
+	if d := time.Since(start); d < m.wait {
+		t.Errorf("it gave up after %v, before the wait of %v", d, m.wait)
+	}
+	<-m.scrape
+
+	// A client that gives up while waiting leaves at once.
+	m.scrape <- struct{}{}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	rec = httptest.NewRecorder()
+	m.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil).WithContext(ctx))
+	if rec.Body.Len() != 0 {
+		t.Errorf("a cancelled scrape wrote %q", rec.Body)
+	}
+	<-m.scrape
+}
+
+// TestMetricsGzip: a client that accepts gzip gets the same body
+// compressed.
+func TestMetricsGzip(t *testing.T) {
+	db, err := fillDB(20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMetrics(db, func() dataplane.Stats { return dataplane.Stats{} }, 100, nil)
+	plain := scrape(t, m)
+	for _, ae := range []string{"gzip", "deflate, gzip;q=1.0, *;q=0.5", "gzip, identity"} {
+		req := httptest.NewRequest("GET", "/metrics", nil)
+		req.Header.Set("Accept-Encoding", ae)
+		rec := httptest.NewRecorder()
+		m.ServeHTTP(rec, req)
+		if rec.Header().Get("Content-Encoding") != "gzip" {
+			t.Fatalf("Accept-Encoding %q: not compressed", ae)
+		}
+		got, err := gunzip(rec.Body.Bytes())
+		if err != nil {
+			t.Fatalf("Accept-Encoding %q: %v", ae, err)
+		}
+		if got != plain {
+			t.Errorf("Accept-Encoding %q: the compressed body differs from the plain one", ae)
+		}
+	}
+	for _, ae := range []string{"", "identity", "gzip;q=0", "deflate"} {
+		if acceptsGzip(ae) {
+			t.Errorf("acceptsGzip(%q) = true", ae)
+		}
+	}
+}
+
+// perSAFamilies are the families written outside the registry.
+var perSAFamilies = []string{"espd_sa_packets_total", "espd_sa_bytes_total", "espd_sa_drops_total", "espd_metrics_states_omitted"}
+
+// checkExposition parses body as the Prometheus text format and fails the
+// test on a parse error, a duplicate series, a family split in two, or a
+// sample without its TYPE line. It returns the number of series.
+func checkExposition(t testing.TB, body string) int {
+	t.Helper()
+	if _, err := parseText(body); err != nil {
+		t.Fatalf("the body does not parse: %v", err)
+	}
+	typed := map[string]bool{}
+	seen := map[string]bool{}
+	done := map[string]bool{} // families whose group has ended
+	cur := ""
+	sc := bufio.NewScanner(strings.NewReader(body))
+	sc.Buffer(nil, 1<<20)
+	n := 0
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			typed[strings.Fields(rest)[0]] = true
+			continue
+		}
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		series, _, _ := strings.Cut(line, " ")
+		name, labels, _ := strings.Cut(series, "{")
+		if !typed[name] {
+			t.Errorf("sample without a TYPE line: %s", line)
+		}
+		if name != cur {
+			if done[name] {
+				t.Errorf("family %s split in two groups", name)
+			}
+			done[cur], cur = true, name
+		}
+		key := name + "{" + sortLabels(strings.TrimSuffix(labels, "}")) + "}"
+		if seen[key] {
+			t.Errorf("duplicate series %s", key)
+		}
+		seen[key] = true
+		n++
+	}
+	return n
+}
+
+// sortLabels sorts a label list `a="x",b="y"` (values without commas).
+func sortLabels(l string) string {
+	if l == "" {
+		return ""
+	}
+	parts := strings.Split(l, ",")
+	for i := 1; i < len(parts); i++ {
+		for j := i; j > 0 && parts[j] < parts[j-1]; j-- {
+			parts[j], parts[j-1] = parts[j-1], parts[j]
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// gunzip decompresses b.
+func gunzip(b []byte) (string, error) {
+	r, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return "", err
+	}
+	out, err := io.ReadAll(r)
+	return string(out), err
+}
