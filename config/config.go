@@ -103,7 +103,7 @@ func Parse(path string, data []byte) (*File, error) {
 }
 
 // Wipe zeroes the keys f holds; call it once they are installed (the SA
-// database keeps its own copies).
+// database builds its transforms from them and keeps no copy).
 func (f *File) Wipe() {
 	for i := range f.SAs {
 		clear(f.SAs[i].EncKey)

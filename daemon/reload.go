@@ -60,23 +60,17 @@ func (d *Daemon) Reload() error {
 	if err != nil {
 		return err
 	}
+	// The text holds any inline keys: wipe it once parsed (the TOML
+	// decoder's own strings cannot be; docs/config.md recommends key files).
 	f, err := config.Parse(d.opts.ConfigPath, data)
+	clear(data)
 	if err != nil {
 		return err
 	}
-	defer zeroFileKeys(f)
+	defer f.Wipe()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.applyLocked(f)
-}
-
-// zeroFileKeys wipes the key copies a parsed file holds once they are
-// installed (the states' transforms hold their own).
-func zeroFileKeys(f *config.File) {
-	for i := range f.SAs {
-		clear(f.SAs[i].EncKey)
-		clear(f.SAs[i].IntegKey)
-	}
 }
 
 // reloadPlan is what applying a file takes.
