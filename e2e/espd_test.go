@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,4 +121,31 @@ func tail(s string, n int) string { return testbed.Tail(s, n) }
 // eventually polls cond every 50 ms until it holds or d passes.
 func eventually(d time.Duration, cond func() bool) bool {
 	return testbed.Poll(d, 50*time.Millisecond, cond)
+}
+
+// kill sends SIGKILL to espd and waits until it is gone.
+func (e *espd) kill(t *testing.T) {
+	t.Helper()
+	p := e.proc
+	if err := p.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("espd on %s survived SIGKILL", e.node.Role)
+	}
+	p.Stop(time.Second) // marks it stopped; its exit status is the kill
+}
+
+// term stops espd with SIGTERM and requires a clean exit.
+func (e *espd) term(t *testing.T) {
+	t.Helper()
+	p := e.proc
+	if err := p.Stop(10 * time.Second); err != nil {
+		t.Fatalf("SIGTERM: %v\nlog:\n%s", err, tail(p.Log(), 40))
+	}
+	if code, _ := p.ExitCode(); code != 0 {
+		t.Fatalf("espd exit status %d after SIGTERM", code)
+	}
 }

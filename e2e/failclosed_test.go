@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -72,32 +71,11 @@ func (g *fcGateway) start() *espd {
 	return g.e
 }
 
-// kill sends SIGKILL and waits until espd is gone.
-func (g *fcGateway) kill() {
-	g.t.Helper()
-	p := g.e.proc
-	if err := p.Signal(syscall.SIGKILL); err != nil {
-		g.t.Fatal(err)
-	}
-	select {
-	case <-p.Done():
-	case <-time.After(10 * time.Second):
-		g.t.Fatalf("espd on %s survived SIGKILL", g.node.Role)
-	}
-	p.Stop(time.Second) // marks it stopped; its exit status is the kill
-}
+// kill sends SIGKILL to the current run and waits until it is gone.
+func (g *fcGateway) kill() { g.e.kill(g.t) }
 
-// term stops espd with SIGTERM and requires a clean exit.
-func (g *fcGateway) term() {
-	g.t.Helper()
-	p := g.e.proc
-	if err := p.Stop(10 * time.Second); err != nil {
-		g.t.Fatalf("SIGTERM: %v\nlog:\n%s", err, tail(p.Log(), 40))
-	}
-	if code, _ := p.ExitCode(); code != 0 {
-		g.t.Errorf("espd exit status %d after SIGTERM", code)
-	}
-}
+// term stops the current run with SIGTERM and requires a clean exit.
+func (g *fcGateway) term() { g.e.term(g.t) }
 
 // fcKeys are one generation of the tunnel's states: fresh random keys and
 // SPIs of their own, so that no key is ever installed twice.

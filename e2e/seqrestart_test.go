@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -75,32 +74,11 @@ func (g *seqGateway) start() *espd {
 	return e
 }
 
-// kill sends SIGKILL and waits until espd is gone.
-func (g *seqGateway) kill() {
-	g.t.Helper()
-	p := g.e.proc
-	if err := p.Signal(syscall.SIGKILL); err != nil {
-		g.t.Fatal(err)
-	}
-	select {
-	case <-p.Done():
-	case <-time.After(10 * time.Second):
-		g.t.Fatalf("espd on %s survived SIGKILL", g.node.Role)
-	}
-	p.Stop(time.Second) // marks it stopped; its exit status is the kill
-}
+// kill sends SIGKILL to the current run and waits until it is gone.
+func (g *seqGateway) kill() { g.e.kill(g.t) }
 
-// term stops espd with SIGTERM and requires a clean exit.
-func (g *seqGateway) term() {
-	g.t.Helper()
-	p := g.e.proc
-	if err := p.Stop(10 * time.Second); err != nil {
-		g.t.Fatalf("SIGTERM: %v\nlog:\n%s", err, tail(p.Log(), 40))
-	}
-	if code, _ := p.ExitCode(); code != 0 {
-		g.t.Fatalf("espd exit status %d after SIGTERM", code)
-	}
-}
+// term stops the current run with SIGTERM and requires a clean exit.
+func (g *seqGateway) term() { g.e.term(g.t) }
 
 // seqTunnel is an IPv4 tunnel, raw ESP, keyed by hand with one fixed key
 // per direction for the whole test: gwA restarts, gwB does not.
