@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/espd/espd/crypto"
 )
 
 // conn is one client connection: a goroutine reading and answering
@@ -84,9 +86,19 @@ const initialReadBuffer = 4096
 
 // serve reads and answers messages until the peer leaves, the framing is
 // lost or the server closes.
+//
+// Messages carry keys, so nothing of one outlives its handling: the body
+// is read, decoded and handled under crypto.DoSecret (the decoder's and
+// the handler's temporaries are erased when freed, their stack frames at
+// once), the read buffer is cleared after each message and when the
+// connection ends, and an oversized message is skipped through that same
+// buffer rather than a shared one.
 func (c *conn) serve() {
-	defer c.close()
 	buf := make([]byte, initialReadBuffer)
+	defer func() {
+		clear(buf)
+		c.close()
+	}()
 	for {
 		h, err := c.readHeader(buf)
 		if err != nil {
@@ -99,7 +111,7 @@ func (c *conn) serve() {
 				c.sendError(h.Version, h.Seq, h.Type, e)
 				return
 			}
-			if _, err := io.CopyN(io.Discard, c.nc, int64(h.Length)-HeaderLen); err != nil {
+			if err := c.skip(buf, int64(h.Length)-HeaderLen); err != nil {
 				c.readFailed(h, err)
 				return
 			}
@@ -115,7 +127,18 @@ func (c *conn) serve() {
 			clear(buf)
 			buf = nb
 		}
-		msg := buf[:h.Length]
+		if !c.serveOne(h, buf[:h.Length]) {
+			return
+		}
+	}
+}
+
+// serveOne reads the body of the message whose header h is in msg, then
+// decodes and answers it, under crypto.DoSecret, and clears msg. It
+// reports whether the connection goes on.
+func (c *conn) serveOne(h Header, msg []byte) (ok bool) {
+	crypto.DoSecret(func() {
+		defer clear(msg) // keys do not linger in the buffer
 		if _, err := io.ReadFull(c.nc, msg[HeaderLen:]); err != nil {
 			c.readFailed(h, err)
 			return
@@ -126,11 +149,23 @@ func (c *conn) serve() {
 		} else {
 			err = c.handle(m)
 		}
-		clear(msg) // keys do not linger in the buffer
+		ok = err == nil
+	})
+	return ok
+}
+
+// skip reads and discards n bytes of an oversized message through buf,
+// clearing it afterwards: the message may hold keys.
+func (c *conn) skip(buf []byte, n int64) error {
+	defer clear(buf)
+	for n > 0 {
+		k, err := c.nc.Read(buf[:min(int64(len(buf)), n)])
+		n -= int64(k)
 		if err != nil {
-			return
+			return err
 		}
 	}
+	return nil
 }
 
 // readHeader waits for the next message (IdleTimeout, none while

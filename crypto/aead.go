@@ -132,11 +132,11 @@ func (t *aeadTransform) put(s *aeadScratch) {
 	t.scratch.Put(s)
 }
 
-// Zero wipes the salt and drops the cipher. The expanded key schedule
-// inside the cipher.AEAD is not reachable from here; dropping the only
-// reference leaves it to the garbage collector.
+// Zero wipes the salt, drops the cipher and requests the collection that
+// erases its key schedule (secret.go).
 func (t *aeadTransform) Zero() {
 	t.zeroed.Store(true)
 	wipe(t.salt[:])
 	t.aead = nil
+	requestErase()
 }

@@ -171,11 +171,10 @@ func (t *cbcTransform) Open(pkt []byte, seq uint64) ([]byte, error) {
 	return ct, nil
 }
 
-// Zero wipes the integrity key, the IV generation key and r, and drops
-// the ciphers and pools. The AES key schedules inside crypto/aes (and the
-// copies each pooled CBC mode holds) are not reachable from outside the
-// standard library; dropping every reference leaves them to the garbage
-// collector.
+// Zero wipes the integrity key, the IV generation key and r, drops the
+// ciphers and pools, and requests the collection that erases the AES key
+// schedules inside crypto/aes and the copies each pooled CBC mode holds
+// (secret.go).
 func (t *cbcTransform) Zero() {
 	t.zeroed.Store(true)
 	wipe(t.ivKey[:])
@@ -183,4 +182,5 @@ func (t *cbcTransform) Zero() {
 	t.auth.zero()
 	t.block, t.ivBlock = nil, nil
 	t.enc, t.dec = sync.Pool{}, sync.Pool{}
+	requestErase()
 }

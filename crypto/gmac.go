@@ -152,10 +152,11 @@ func (t *gmacTransform) put(s *gmacScratch) {
 	t.scratch.Put(s)
 }
 
-// Zero wipes the salt and drops the cipher; the AES key schedule inside
-// crypto/cipher is not reachable and is left to the garbage collector.
+// Zero wipes the salt, drops the cipher and requests the collection that
+// erases its key schedule (secret.go).
 func (t *gmacTransform) Zero() {
 	t.zeroed.Store(true)
 	wipe(t.salt[:])
 	t.aead = nil
+	requestErase()
 }

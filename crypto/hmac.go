@@ -99,9 +99,9 @@ func (a *hmacAuth) verify(pkt []byte, seq uint64) bool {
 	return ok
 }
 
-// zero wipes the integrity key copy and drops the pool. The keyed HMAC
-// states (inner and outer pads) inside pooled crypto/hmac hashes are not
-// reachable and are left to the garbage collector with the pool.
+// zero wipes the integrity key copy and drops the pool; the keyed HMAC
+// states (inner and outer pads) inside the pooled crypto/hmac hashes are
+// erased by the collection the transform's Zero requests (secret.go).
 func (a *hmacAuth) zero() {
 	wipe(a.key)
 	a.key = nil

@@ -58,4 +58,5 @@ func (t *nullTransform) Open(pkt []byte, seq uint64) ([]byte, error) {
 func (t *nullTransform) Zero() {
 	t.zeroed.Store(true)
 	t.auth.zero()
+	requestErase()
 }

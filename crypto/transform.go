@@ -52,10 +52,13 @@ type Transform interface {
 	// pkt cannot be a packet of this transform (too short, misaligned).
 	Open(pkt []byte, seq uint64) ([]byte, error)
 	// Zero erases the key material the transform holds (its copies of the
-	// integrity key, salt and IV generation key) and drops its ciphers. Key
-	// schedules inside crypto/aes, crypto/cipher and crypto/hmac are not
-	// reachable from outside the standard library and are left to the
-	// garbage collector. Zero must not run while a Seal or Open is in
+	// integrity key, salt and IV generation key), drops its ciphers and
+	// asks for the garbage collection that erases them: key schedules
+	// inside crypto/aes, crypto/cipher and crypto/hmac are not reachable
+	// from outside those packages, but were allocated under DoSecret, so
+	// the collector zeroes them as it frees them (secret.go; only in a
+	// binary built with GOEXPERIMENT=runtimesecret, SecretErasure). Zero
+	// must not run while a Seal or Open is in
 	// progress; afterwards Open fails with ErrAuthentication and Seal
 	// wipes the packet after the header, so that no plaintext leaves.
 	Zero()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/espd/espd/control"
+	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/sa"
 )
@@ -103,6 +104,9 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 	defer func() { err = errors.Join(err, d.shutdown()) }()
 	d.log.Info("data plane up", "tun", d.dp.TUNName(), "workers", d.dp.Config().Workers,
 		"encap_port", d.dp.Config().EncapPort, "table", d.dp.Config().Table)
+	if !crypto.SecretErasure {
+		d.log.Warn("built without GOEXPERIMENT=runtimesecret: key schedules, stack frames and freed memory that held a deleted SA's keys are not erased (docs/safety.md, Keys)")
+	}
 	if err := d.startIKE(); err != nil {
 		return fmt.Errorf("IKE hand-off: %w", err)
 	}

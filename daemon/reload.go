@@ -52,16 +52,24 @@ type fileSA struct {
 // replacement continues the old state (sa.Changes.AddSAs): outbound above
 // its sequence numbers, inbound with its replay window, so a change of
 // suite (to ESN, to a 12-byte ICV) or reqid never repeats a nonce.
-func (d *Daemon) Reload() error {
+//
+// The file and its key files are read, parsed and applied under
+// crypto.DoSecret: the text is cleared once parsed, the keys once
+// installed, and the TOML decoder's own copies of inline keys are erased
+// when the collector frees them.
+func (d *Daemon) Reload() (err error) {
 	if d.opts.ConfigPath == "" {
 		return errors.New("no configuration file (--config) to reload")
 	}
+	crypto.DoSecret(func() { err = d.reload() })
+	return err
+}
+
+func (d *Daemon) reload() error {
 	data, err := os.ReadFile(d.opts.ConfigPath)
 	if err != nil {
 		return err
 	}
-	// The text holds any inline keys: wipe it once parsed (the TOML
-	// decoder's own strings cannot be; docs/config.md recommends key files).
 	f, err := config.Parse(d.opts.ConfigPath, data)
 	clear(data)
 	if err != nil {

@@ -3,6 +3,8 @@ package dataplane
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/espd/espd/crypto"
 )
 
 // minRateSample is the least crypto payload of a batch whose timing is
@@ -78,21 +80,29 @@ func (o *offloader) record(bytes int, d time.Duration) {
 	}
 }
 
-// timeCrypto runs crypto on b, timing it when the rate decides anything
-// and the batch is large enough to be a sample.
-func (o *offloader) timeCrypto(b *batch, crypto func(*batch)) {
+// timeCrypto runs the batch's crypto step (encrypt or decrypt) on b,
+// timing it when the rate decides anything and the batch is large enough
+// to be a sample. The step runs under crypto.DoSecret: the stack frames
+// and registers in which the ciphers held key material are erased before
+// the goroutine goes on (BENCHMARKS.md, "Erasing keys").
+func (o *offloader) timeCrypto(b *batch, step func(*batch)) {
 	if o.inlineAbove.Load() <= 0 {
-		crypto(b)
+		runSecret(step, b)
 		return
 	}
 	n := cryptoBytes(b)
 	if n < minRateSample {
-		crypto(b)
+		runSecret(step, b)
 		return
 	}
 	t := time.Now()
-	crypto(b)
+	runSecret(step, b)
 	o.record(n, time.Since(t))
+}
+
+// runSecret runs step(b) under crypto.DoSecret.
+func runSecret(step func(*batch), b *batch) {
+	crypto.DoSecret(func() { step(b) })
 }
 
 // inFlight is the number of batches pushed and not yet finished by the
