@@ -178,11 +178,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	return h.write()
 }
 
-// goBuild builds a package of this module (or one it requires) into out.
+// goBuild builds a package of this module (or one it requires) into out,
+// with the environment the tests build espd with (testbed.BuildEnv).
 func goBuild(ctx context.Context, out, pkg string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+	cmd.Env = testbed.BuildEnv() // espd as it ships: with runtime/secret
 	b, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("go build %s (run the harness inside the espd module, or give -espd): %w\n%s", pkg, err, b)

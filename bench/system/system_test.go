@@ -72,8 +72,8 @@ func TestSystems(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin", "espd")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/espd/espd/cmd/espd").CombinedOutput(); err != nil {
-		t.Fatalf("go build espd: %v\n%s", err, out)
+	if err := testbed.GoBuild(bin, testbed.EspdPackage); err != nil {
+		t.Fatal(err)
 	}
 	env := &Env{Dir: dir, Family: testbed.IPv4, Prefix: "ebsys", EspdBin: bin, WireGuardBin: FindWireGuard(), Logf: t.Logf}
 	suite, _ := crypto.ParseSuite("aes128gcm16")

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -42,10 +41,8 @@ func buildEspd(b *testing.B, dir string) string {
 		return *flagEspd
 	}
 	bin := filepath.Join(dir, "espd")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/espd")
-	cmd.Dir = "../.."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("go build ./cmd/espd: %v\n%s", err, out)
+	if err := testbed.GoBuild(bin, testbed.EspdPackage); err != nil {
+		b.Fatal(err)
 	}
 	return bin
 }
