@@ -34,6 +34,11 @@ type conn struct {
 	waiting    atomic.Bool  // between messages: waiting for the next one's first byte
 	subscribed atomic.Bool  // sub != nil
 	evicted    atomic.Bool  // closed by the server to admit another; guarded by Server.mu when set
+
+	// The IKE hand-off registration, if any (ike.go): set by the serving
+	// goroutine, cleared by it or by the forwarding goroutine.
+	ikeMu  sync.Mutex
+	ikeReg *ikeReg
 }
 
 func newConn(s *Server, nc *net.UnixConn, cred unix.Ucred) *conn {

@@ -3,7 +3,8 @@ package control
 import (
 	"bytes"
 	"net/netip"
-	"sync"
+
+	sockets "github.com/espd/espd/conn"
 )
 
 // IKE hand-off attributes (docs/control-protocol.md, section 9).
@@ -16,22 +17,6 @@ const (
 	// with its non-ESP marker.
 	AttrIKEData AttrType = 81
 )
-
-func init() {
-	attrNames[spaceTop][AttrIKEPorts] = "IKE_PORTS"
-	attrNames[spaceTop][AttrIKEData] = "IKE_DATA"
-}
-
-// IKEPacket is one IKE datagram handed between espd's UDP sockets and an
-// IKE daemon (charon).
-type IKEPacket struct {
-	// Src and Dst are the datagram's addresses and ports. From the IKE
-	// daemon, an invalid Src address lets the kernel choose the source.
-	Src, Dst netip.AddrPort
-	// Data is the UDP payload as on the wire (non-ESP marker included on
-	// the NAT-T port).
-	Data []byte
-}
 
 // IKEBackend is implemented by a Backend that owns the IKE ports (espd
 // --ike-handoff). Without it, IKE_REGISTER gets EOPNOTSUPP.
@@ -46,9 +31,9 @@ type IKEBackend interface {
 type IKESession interface {
 	// Packets delivers received IKE datagrams; it is closed when the
 	// session ends (Close, or a newer registration).
-	Packets() <-chan IKEPacket
+	Packets() <-chan sockets.IKEPacket
 	// Send sends a datagram from one of espd's IKE ports.
-	Send(p IKEPacket) error
+	Send(p sockets.IKEPacket) error
 	// Ports returns the IKE port and the NAT-T port.
 	Ports() (ike, natt uint16)
 	// Close ends the session; it is safe to call more than once.
@@ -62,29 +47,22 @@ type ikeReg struct {
 	done chan struct{}
 }
 
-var (
-	// ikeMu guards ikeRegs: the registration of each connection that has
-	// one (the serving goroutine owns its entry).
-	ikeMu   sync.Mutex
-	ikeRegs = map[*conn]*ikeReg{}
-)
-
 // ikeRegistered reports whether the connection is registered for the IKE
 // hand-off.
 func (c *conn) ikeRegistered() bool {
-	ikeMu.Lock()
-	defer ikeMu.Unlock()
-	return ikeRegs[c] != nil
+	c.ikeMu.Lock()
+	defer c.ikeMu.Unlock()
+	return c.ikeReg != nil
 }
 
 // ikeClose ends the connection's IKE hand-off registration, if any, and
 // waits for its forwarding goroutine, which a stuck client holds for at
 // most WriteTimeout.
 func (c *conn) ikeClose() {
-	ikeMu.Lock()
-	reg := ikeRegs[c]
-	delete(ikeRegs, c)
-	ikeMu.Unlock()
+	c.ikeMu.Lock()
+	reg := c.ikeReg
+	c.ikeReg = nil
+	c.ikeMu.Unlock()
 	if reg == nil {
 		return
 	}
@@ -97,9 +75,9 @@ func handleIKERegister(c *conn, m *Message, r *replier) error {
 	if !ok {
 		return Errorf(EOPNOTSUPP, "IKE hand-off is off: espd owns no IKE ports (start it with --ike-handoff)")
 	}
-	ikeMu.Lock()
-	_, dup := ikeRegs[c]
-	ikeMu.Unlock()
+	c.ikeMu.Lock()
+	dup := c.ikeReg != nil
+	c.ikeMu.Unlock()
 	if dup {
 		return Errorf(EALREADY, "this connection is already registered for IKE packets")
 	}
@@ -113,9 +91,9 @@ func handleIKERegister(c *conn, m *Message, r *replier) error {
 		return err
 	}
 	reg := &ikeReg{sess: sess, done: make(chan struct{})}
-	ikeMu.Lock()
-	ikeRegs[c] = reg
-	ikeMu.Unlock()
+	c.ikeMu.Lock()
+	c.ikeReg = reg
+	c.ikeMu.Unlock()
 	go c.forwardIKE(reg, m.Version, m.Seq)
 	return nil
 }
@@ -128,12 +106,12 @@ func handleIKERegister(c *conn, m *Message, r *replier) error {
 func (c *conn) forwardIKE(reg *ikeReg, version uint8, seq uint32) {
 	defer close(reg.done)
 	defer func() {
-		ikeMu.Lock()
-		mine := ikeRegs[c] == reg
+		c.ikeMu.Lock()
+		mine := c.ikeReg == reg
 		if mine {
-			delete(ikeRegs, c)
+			c.ikeReg = nil
 		}
-		ikeMu.Unlock()
+		c.ikeMu.Unlock()
 		if mine {
 			if msg, err := NewBuilder(version, MsgIKEUnregister, 0, seq).Bytes(); err == nil {
 				c.write(msg)
@@ -149,11 +127,11 @@ func (c *conn) forwardIKE(reg *ikeReg, version uint8, seq uint32) {
 			continue
 		}
 		if c.write(msg) != nil {
-			ikeMu.Lock()
-			if ikeRegs[c] == reg {
-				delete(ikeRegs, c)
+			c.ikeMu.Lock()
+			if c.ikeReg == reg {
+				c.ikeReg = nil
 			}
-			ikeMu.Unlock()
+			c.ikeMu.Unlock()
 			reg.sess.Close()
 			for range reg.sess.Packets() {
 			}
@@ -163,7 +141,7 @@ func (c *conn) forwardIKE(reg *ikeReg, version uint8, seq uint32) {
 }
 
 // putIKEPacket appends an IKE_PACKET's attributes.
-func putIKEPacket(b *Builder, p IKEPacket) {
+func putIKEPacket(b *Builder, p sockets.IKEPacket) {
 	if p.Src.Addr().IsValid() {
 		b.Addr(AttrSrc, p.Src.Addr().Unmap())
 	}
@@ -174,7 +152,7 @@ func putIKEPacket(b *Builder, p IKEPacket) {
 
 // readIKEPacket reads an IKE_PACKET's attributes: DST, IKE_PORTS and
 // IKE_DATA are required, SRC is optional.
-func readIKEPacket(attrs []Attr) (IKEPacket, error) {
+func readIKEPacket(attrs []Attr) (sockets.IKEPacket, error) {
 	rd := newReader(attrs)
 	src, hasSrc := rd.addr(AttrSrc)
 	dst, hasDst := rd.addr(AttrDst)
@@ -184,15 +162,15 @@ func readIKEPacket(attrs []Attr) (IKEPacket, error) {
 	rd.require(AttrIKEPorts, hasPorts)
 	rd.require(AttrIKEData, hasData)
 	if err := rd.error(); err != nil {
-		return IKEPacket{}, err
+		return sockets.IKEPacket{}, err
 	}
 	if hasSrc && src.Is4() != dst.Is4() {
-		return IKEPacket{}, &Error{Code: EINVAL, Msg: "SRC and DST of an IKE packet must be of one family", Attr: AttrSrc}
+		return sockets.IKEPacket{}, &Error{Code: EINVAL, Msg: "SRC and DST of an IKE packet must be of one family", Attr: AttrSrc}
 	}
 	if dport == 0 {
-		return IKEPacket{}, &Error{Code: EINVAL, Msg: "IKE packet to port 0", Attr: AttrIKEPorts}
+		return sockets.IKEPacket{}, &Error{Code: EINVAL, Msg: "IKE packet to port 0", Attr: AttrIKEPorts}
 	}
-	p := IKEPacket{Dst: netip.AddrPortFrom(dst, dport), Data: bytes.Clone(data)}
+	p := sockets.IKEPacket{Dst: netip.AddrPortFrom(dst, dport), Data: bytes.Clone(data)}
 	if hasSrc {
 		p.Src = netip.AddrPortFrom(src, sport)
 	} else {
@@ -204,9 +182,9 @@ func readIKEPacket(attrs []Attr) (IKEPacket, error) {
 // handleIKEPacket sends a datagram for the client. Like a datagram it gets
 // no reply when it was sent, only an ERROR when it was not.
 func handleIKEPacket(c *conn, m *Message, r *replier) error {
-	ikeMu.Lock()
-	reg := ikeRegs[c]
-	ikeMu.Unlock()
+	c.ikeMu.Lock()
+	reg := c.ikeReg
+	c.ikeMu.Unlock()
 	if reg == nil {
 		return Errorf(EPROTO, "IKE_PACKET before IKE_REGISTER on this connection")
 	}
@@ -218,9 +196,9 @@ func handleIKEPacket(c *conn, m *Message, r *replier) error {
 }
 
 func handleIKEUnregister(c *conn, m *Message, r *replier) error {
-	ikeMu.Lock()
-	_, ok := ikeRegs[c]
-	ikeMu.Unlock()
+	c.ikeMu.Lock()
+	ok := c.ikeReg != nil
+	c.ikeMu.Unlock()
 	if !ok {
 		return Errorf(ENOENT, "not registered for IKE packets")
 	}

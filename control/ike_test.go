@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	sockets "github.com/espd/espd/conn"
 	"github.com/espd/espd/sa"
 )
 
@@ -16,11 +17,11 @@ type ikeBackend struct {
 	dbBackend
 	mu       sync.Mutex
 	sessions []*fakeIKESession
-	sent     chan IKEPacket
+	sent     chan sockets.IKEPacket
 }
 
 func (b *ikeBackend) RegisterIKE(queue int) (IKESession, error) {
-	s := &fakeIKESession{ch: make(chan IKEPacket, queue), sent: b.sent}
+	s := &fakeIKESession{ch: make(chan sockets.IKEPacket, queue), sent: b.sent}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if n := len(b.sessions); n > 0 {
@@ -42,14 +43,14 @@ func (b *ikeBackend) current() *fakeIKESession {
 
 type fakeIKESession struct {
 	mu     sync.Mutex
-	ch     chan IKEPacket
+	ch     chan sockets.IKEPacket
 	closed bool
-	sent   chan IKEPacket
+	sent   chan sockets.IKEPacket
 }
 
-func (s *fakeIKESession) Packets() <-chan IKEPacket { return s.ch }
-func (s *fakeIKESession) Ports() (uint16, uint16)   { return 500, 4500 }
-func (s *fakeIKESession) Send(p IKEPacket) error {
+func (s *fakeIKESession) Packets() <-chan sockets.IKEPacket { return s.ch }
+func (s *fakeIKESession) Ports() (uint16, uint16)           { return 500, 4500 }
+func (s *fakeIKESession) Send(p sockets.IKEPacket) error {
 	if p.Dst.Port() == 9 {
 		return Errorf(EINVAL, "refused: discard port")
 	}
@@ -69,7 +70,7 @@ func (s *fakeIKESession) isClosed() bool {
 	defer s.mu.Unlock()
 	return s.closed
 }
-func (s *fakeIKESession) deliver(t *testing.T, p IKEPacket) {
+func (s *fakeIKESession) deliver(t *testing.T, p sockets.IKEPacket) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -81,7 +82,7 @@ func (s *fakeIKESession) deliver(t *testing.T, p IKEPacket) {
 
 func startIKEServer(t *testing.T) (*ikeBackend, string) {
 	t.Helper()
-	b := &ikeBackend{dbBackend: dbBackend{sa.NewDB()}, sent: make(chan IKEPacket, 16)}
+	b := &ikeBackend{dbBackend: dbBackend{sa.NewDB()}, sent: make(chan sockets.IKEPacket, 16)}
 	path := filepath.Join(t.TempDir(), "espd.sock")
 	s, err := Listen(b, ServerConfig{Path: path, Logf: t.Logf})
 	if err != nil {
@@ -135,7 +136,9 @@ func TestIKEHandoff(t *testing.T) {
 	r := rawDial(t, path)
 
 	// Before registering, IKE_PACKET is refused.
-	r.send(encode(t, MsgIKEPacket, 0, 1, func(b *Builder) { putIKEPacket(b, IKEPacket{Src: ikeLocal, Dst: ikePeer, Data: []byte{0, 0, 0, 0, 1}}) }))
+	r.send(encode(t, MsgIKEPacket, 0, 1, func(b *Builder) {
+		putIKEPacket(b, sockets.IKEPacket{Src: ikeLocal, Dst: ikePeer, Data: []byte{0, 0, 0, 0, 1}})
+	}))
 	r.wantError(1, EPROTO)
 
 	register(t, r, 7)
@@ -144,7 +147,7 @@ func TestIKEHandoff(t *testing.T) {
 
 	// espd -> client: an IKE_PACKET with the registration's sequence
 	// number and flags 0, payload as received.
-	in := IKEPacket{Src: ikePeer, Dst: ikeLocal, Data: []byte{0, 0, 0, 0, 0x11, 0x22, 0x33}}
+	in := sockets.IKEPacket{Src: ikePeer, Dst: ikeLocal, Data: []byte{0, 0, 0, 0, 0x11, 0x22, 0x33}}
 	b.current().deliver(t, in)
 	m, err := r.read()
 	if err != nil {
@@ -162,7 +165,7 @@ func TestIKEHandoff(t *testing.T) {
 	}
 
 	// client -> espd: sent without a reply; IPv6 and no SRC too.
-	out := []IKEPacket{
+	out := []sockets.IKEPacket{
 		{Src: ikeLocal, Dst: ikePeer, Data: []byte{0, 0, 0, 0, 0xaa}},
 		{Src: netip.AddrPortFrom(netip.Addr{}, 500), Dst: netip.MustParseAddrPort("[2001:db8::2]:500"), Data: []byte{0xbb}},
 	}
@@ -185,7 +188,7 @@ func TestIKEHandoff(t *testing.T) {
 	// A packet the backend refuses, and malformed ones, get an ERROR with
 	// their sequence number.
 	r.send(encode(t, MsgIKEPacket, 0, 31, func(b *Builder) {
-		putIKEPacket(b, IKEPacket{Src: ikeLocal, Dst: netip.MustParseAddrPort("198.18.0.2:9"), Data: []byte{1}})
+		putIKEPacket(b, sockets.IKEPacket{Src: ikeLocal, Dst: netip.MustParseAddrPort("198.18.0.2:9"), Data: []byte{1}})
 	}))
 	r.wantError(31, EINVAL)
 	r.send(encode(t, MsgIKEPacket, 0, 32, func(b *Builder) { b.Raw(AttrIKEData, []byte{1}) }))
@@ -233,7 +236,9 @@ func TestIKEHandoffTakeover(t *testing.T) {
 		t.Fatalf("first client got %v flags %d seq %d, want IKE_UNREGISTER flags 0 seq 5", m.Type, m.Flags, m.Seq)
 	}
 	// The first connection may register again.
-	r1.send(encode(t, MsgIKEPacket, 0, 9, func(b *Builder) { putIKEPacket(b, IKEPacket{Src: ikeLocal, Dst: ikePeer, Data: []byte{0, 0, 0, 0}}) }))
+	r1.send(encode(t, MsgIKEPacket, 0, 9, func(b *Builder) {
+		putIKEPacket(b, sockets.IKEPacket{Src: ikeLocal, Dst: ikePeer, Data: []byte{0, 0, 0, 0}})
+	}))
 	r1.wantError(9, EPROTO)
 
 	second := b.current()

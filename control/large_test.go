@@ -8,15 +8,16 @@ import (
 	"testing"
 	"time"
 
+	sockets "github.com/espd/espd/conn"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/sa"
 )
 
 // ikePacketOfSize returns an IKE_PACKET message of exactly size bytes
 // (a multiple of 4), its payload a pattern that starts with seq.
-func ikePacketOfSize(t *testing.T, seq uint32, size int) ([]byte, IKEPacket) {
+func ikePacketOfSize(t *testing.T, seq uint32, size int) ([]byte, sockets.IKEPacket) {
 	t.Helper()
-	p := IKEPacket{Src: ikeLocal, Dst: ikePeer}
+	p := sockets.IKEPacket{Src: ikeLocal, Dst: ikePeer}
 	overhead := len(encode(t, MsgIKEPacket, 0, seq, func(b *Builder) { putIKEPacket(b, p) }))
 	p.Data = make([]byte, size-overhead)
 	for i := range p.Data {
@@ -99,7 +100,7 @@ func TestLargeMessages(t *testing.T) {
 			t.Fatalf("IKE_PACKET of %d bytes not handed over", size)
 		}
 		// And espd -> client, a datagram of the same payload.
-		in := IKEPacket{Src: ikePeer, Dst: ikeLocal, Data: p.Data}
+		in := sockets.IKEPacket{Src: ikePeer, Dst: ikeLocal, Data: p.Data}
 		sess.deliver(t, in)
 		m, err := r.read()
 		if err != nil || m.Type != MsgIKEPacket {

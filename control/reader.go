@@ -36,6 +36,7 @@ var attrNames = [...]map[AttrType]string{
 		AttrGlobalStats: "GLOBAL_STATS", AttrEventType: "EVENT_TYPE", AttrExpireReason: "EXPIRE_REASON",
 		AttrFlow: "FLOW", AttrNewAddr: "NEW_ADDR", AttrNewPort: "NEW_PORT", AttrEventsLost: "EVENTS_LOST",
 		AttrEventTime: "EVENT_TIME", AttrEventMask: "EVENT_MASK",
+		AttrIKEPorts: "IKE_PORTS", AttrIKEData: "IKE_DATA",
 	},
 	spaceSelector: {SelSrc: "SEL_SRC", SelDst: "SEL_DST", SelProto: "SEL_PROTO",
 		SelSrcPorts: "SEL_SRC_PORTS", SelDstPorts: "SEL_DST_PORTS"},

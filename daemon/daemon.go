@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/espd/espd/control"
@@ -66,6 +67,8 @@ type Daemon struct {
 	// or the file's bookkeeping (control requests and reloads).
 	mu   sync.Mutex
 	file fileState
+
+	ike atomic.Pointer[ikeHub] // the IKE hand-off, while it runs (ike.go)
 }
 
 // New prepares a daemon; Run starts it.

@@ -8,8 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/control"
-	"github.com/espd/espd/dataplane"
 )
 
 // The IKE hand-off (espd --ike-handoff): espd owns UDP 500 and the
@@ -20,12 +20,10 @@ import (
 
 var _ control.IKEBackend = (*Daemon)(nil)
 
-// ikeHubs maps a running *Daemon to its *ikeHub while the hand-off runs.
-var ikeHubs sync.Map
-
-// ikeHub connects the data plane's IKE ports to the current registration.
+// ikeHub connects the IKE ports (conn.IKE) to the current registration.
+// Daemon.ike holds it while the hand-off runs.
 type ikeHub struct {
-	dp  *dataplane.Device
+	ike conn.IKE
 	log *slog.Logger
 
 	mu  sync.Mutex
@@ -41,42 +39,46 @@ func (d *Daemon) startIKE() error {
 	if !d.opts.IKEHandoff {
 		return nil
 	}
-	h := &ikeHub{dp: d.dp, log: d.log.With("component", "ike")}
-	if err := d.dp.StartIKE(d.opts.IKEPort, h.deliver); err != nil {
+	b := d.dp.Bind()
+	if b == nil {
+		return errors.New("IKE hand-off before the data plane started")
+	}
+	h := &ikeHub{ike: b, log: d.log.With("component", "ike")}
+	if err := b.StartIKE(d.opts.IKEPort, h.deliver); err != nil {
 		return err
 	}
-	ikeHubs.Store(d, h)
+	ike, natt := b.IKEPorts()
+	h.log.Info("IKE hand-off started", "ike_port", ike, "natt_port", natt)
+	d.ike.Store(h)
 	return nil
 }
 
 // stopIKE ends the registration and closes the IKE port.
 func (d *Daemon) stopIKE() error {
-	v, ok := ikeHubs.LoadAndDelete(d)
-	if !ok {
+	h := d.ike.Swap(nil)
+	if h == nil {
 		return nil
 	}
-	h := v.(*ikeHub)
 	h.mu.Lock()
 	cur := h.cur
 	h.mu.Unlock()
 	if cur != nil {
 		cur.Close()
 	}
-	return d.dp.StopIKE()
+	return h.ike.StopIKE()
 }
 
 // RegisterIKE implements control.IKEBackend: the caller receives the IKE
 // datagrams from now on; an earlier registration ends.
 func (d *Daemon) RegisterIKE(queue int) (control.IKESession, error) {
-	v, ok := ikeHubs.Load(d)
-	if !ok {
+	h := d.ike.Load()
+	if h == nil {
 		return nil, control.Errorf(control.EOPNOTSUPP, "IKE hand-off is off: espd owns no IKE ports (start it with --ike-handoff)")
 	}
-	h := v.(*ikeHub)
 	if queue <= 0 {
 		queue = 1024
 	}
-	s := &ikeSession{hub: h, ch: make(chan control.IKEPacket, queue)}
+	s := &ikeSession{hub: h, ch: make(chan conn.IKEPacket, queue)}
 	h.mu.Lock()
 	old := h.cur
 	h.cur = s
@@ -85,18 +87,18 @@ func (d *Daemon) RegisterIKE(queue int) (control.IKESession, error) {
 		h.log.Warn("IKE hand-off taken over by a new registration; the previous one ends")
 		old.Close()
 	}
-	ike, natt := h.dp.IKEPorts()
+	ike, natt := h.ike.IKEPorts()
 	h.log.Info("IKE daemon registered for the hand-off", "ike_port", ike, "natt_port", natt)
 	return s, nil
 }
 
-// deliver is the data plane's IKE handler: it copies the datagram to the
+// deliver is the IKE ports' handler: it copies the datagram to the
 // registration's queue, or drops and counts it.
-func (h *ikeHub) deliver(p dataplane.IKEPacket) {
+func (h *ikeHub) deliver(p conn.IKEPacket) {
 	h.mu.Lock()
 	s := h.cur
 	h.mu.Unlock()
-	if s == nil || !s.offer(control.IKEPacket{Src: p.Src, Dst: p.Dst, Data: append([]byte(nil), p.Data...)}) {
+	if s == nil || !s.offer(conn.IKEPacket{Src: p.Src, Dst: p.Dst, Data: append([]byte(nil), p.Data...)}) {
 		h.undelivered.Add(1)
 		why := "no IKE daemon registered"
 		if s != nil {
@@ -119,7 +121,7 @@ func (h *ikeHub) logLimited(msg string, args ...any) {
 // ikeSession is one registration.
 type ikeSession struct {
 	hub *ikeHub
-	ch  chan control.IKEPacket
+	ch  chan conn.IKEPacket
 
 	mu     sync.Mutex
 	closed bool
@@ -127,7 +129,7 @@ type ikeSession struct {
 
 // offer queues p without blocking; false if the queue is full or the
 // session ended.
-func (s *ikeSession) offer(p control.IKEPacket) bool {
+func (s *ikeSession) offer(p conn.IKEPacket) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -142,21 +144,21 @@ func (s *ikeSession) offer(p control.IKEPacket) bool {
 }
 
 // Packets implements control.IKESession.
-func (s *ikeSession) Packets() <-chan control.IKEPacket { return s.ch }
+func (s *ikeSession) Packets() <-chan conn.IKEPacket { return s.ch }
 
 // Ports implements control.IKESession.
-func (s *ikeSession) Ports() (ike, natt uint16) { return s.hub.dp.IKEPorts() }
+func (s *ikeSession) Ports() (ike, natt uint16) { return s.hub.ike.IKEPorts() }
 
 // Send implements control.IKESession.
-func (s *ikeSession) Send(p control.IKEPacket) error {
+func (s *ikeSession) Send(p conn.IKEPacket) error {
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
 	if closed {
 		return control.Errorf(control.ENOENT, "the IKE hand-off registration ended")
 	}
-	err := s.hub.dp.SendIKE(dataplane.IKEPacket{Src: p.Src, Dst: p.Dst, Data: p.Data})
-	if err != nil && errors.Is(err, dataplane.ErrIKEOff) {
+	err := s.hub.ike.SendIKE(p)
+	if err != nil && errors.Is(err, conn.ErrIKEOff) {
 		return control.Errorf(control.EOPNOTSUPP, "IKE hand-off stopped")
 	}
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/sa"
 )
@@ -45,7 +46,8 @@ type elem struct {
 	innerLen   int            // bytes accounted to the state
 	seq        uint64         // sequence number
 	record     bool           // inbound: authentic; the writer records seq in dec.Replay
-	tos        uint8          // inbound: outer TOS / Traffic Class
+	tos        uint8          // inbound: outer TOS / Traffic Class; outbound: the outer TOS to send
+	df         bool           // outbound: the outer IPv4 DF bit
 	from       netip.AddrPort // inbound ESP-in-UDP: the outer source, for NAT mapping changes
 	mtu        int            // outbound: path MTU to the peer
 	frag       fragMode       // outbound: whether the outer packet may be fragmented
@@ -70,7 +72,7 @@ type batch struct {
 	// I/O vectors, allocated with the batch.
 	bufs  [][]byte
 	sizes []int
-	msgs  []Message
+	msgs  []conn.Message
 }
 
 // pool recycles batches and their buffers.
@@ -87,7 +89,7 @@ func newPool(size int) *pool {
 			held:  make([]*sa.SA, 0, size),
 			bufs:  make([][]byte, size),
 			sizes: make([]int, size),
-			msgs:  make([]Message, size),
+			msgs:  make([]conn.Message, size),
 		}
 		for i := range b.elems {
 			b.elems[i].buf = make([]byte, BufferSize)

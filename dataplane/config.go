@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/routing"
 	"github.com/espd/espd/tun"
 )
@@ -107,7 +108,7 @@ func (c *Config) setDefaults() error {
 		c.Mark = routing.DefaultMark
 	}
 	if c.EncapPort == 0 {
-		c.EncapPort = DefaultEncapPort
+		c.EncapPort = conn.DefaultEncapPort
 	}
 	if c.Workers < 0 {
 		c.Workers = 0

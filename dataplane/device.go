@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/routing"
 	"github.com/espd/espd/sa"
@@ -43,9 +44,9 @@ type Router interface {
 // IO is what a Device runs on: the kernel's (Start) or fakes (StartWith).
 // The Device owns it from StartWith on and closes it in Close.
 type IO struct {
-	TUN       TUN
-	Receivers []Receiver
-	Sender    Sender
+	TUN TUN
+	// Bind is the outer sockets (*conn.Sockets in Start).
+	Bind conn.Bind
 	// Router is optional: without it InstallPolicyRoute fails and the
 	// outer MTU is Config.OuterMTU or DefaultOuterMTU.
 	Router Router
@@ -72,8 +73,8 @@ type Device struct {
 	modeMu     sync.Mutex // serializes Config.OnHandOff calls
 	handing    bool       // the last value passed to Config.OnHandOff
 	stats      counters
-	sources    atomic.Pointer[statSources]
-	fragID     atomic.Uint32
+	tunStats   interface{ Stats() tun.Stats } // nil: the TUN does not count
+	live       atomic.Pointer[IO]             // io, once started, for Stats and Bind
 	closing    atomic.Bool
 	started    bool
 	stop       chan struct{}
@@ -103,7 +104,6 @@ func New(cfg Config, db *sa.DB, log *slog.Logger) (*Device, error) {
 		d.inOff.inlineAbove.Store(int64(cfg.InlineAbove))
 		d.outOff.changed, d.inOff.changed = d.handOffChanged, d.handOffChanged
 	}
-	d.fragID.Store(uint32(time.Now().UnixNano()))
 	return d, nil
 }
 
@@ -138,15 +138,14 @@ func (d *Device) Start() (err error) {
 		d.log.Info("kept the routes a previous espd left: the prefixes it held stay closed and its bypasses open until a policy claims them (espd --cleanup removes them for good)",
 			"prefixes", n, "table", d.cfg.Table)
 	}
-	socks, err := OpenSockets(SocketConfig{
+	socks, err := conn.OpenSockets(conn.SocketConfig{
 		Mark: d.cfg.Mark, EncapPort: d.cfg.EncapPort, NoIPv6: d.cfg.NoIPv6,
 		Batch: d.cfg.Batch, RecvBuffer: d.cfg.RecvBuffer, NoGSO: d.cfg.NoGSO,
 	})
 	if err != nil {
 		return err
 	}
-	io.Receivers = socks.Receivers()
-	io.Sender = socks.Sender()
+	io.Bind = socks
 	return d.StartWith(io)
 }
 
@@ -160,11 +159,8 @@ func closeIO(io IO) error {
 	if io.TUN != nil {
 		errs = append(errs, io.TUN.Close())
 	}
-	for _, r := range io.Receivers {
-		errs = append(errs, r.Close())
-	}
-	if io.Sender != nil {
-		errs = append(errs, io.Sender.Close())
+	if io.Bind != nil {
+		errs = append(errs, io.Bind.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -176,15 +172,16 @@ func (d *Device) StartWith(io IO) error {
 	if d.started || d.closed {
 		return errors.New("dataplane: device already started")
 	}
-	if io.TUN == nil || io.Sender == nil {
-		return errors.New("dataplane: IO needs a TUN and a Sender")
+	if io.TUN == nil || io.Bind == nil {
+		return errors.New("dataplane: IO needs a TUN and a Bind")
 	}
 	if io.TUN.MTU() > BufferSize-MaxFraming {
 		return fmt.Errorf("dataplane: TUN MTU %d above %d", io.TUN.MTU(), BufferSize-MaxFraming)
 	}
 	d.started = true
 	d.io = io
-	d.sources.Store(newStatSources(io))
+	d.tunStats, _ = io.TUN.(interface{ Stats() tun.Stats })
+	d.live.Store(&d.io)
 	d.pool = newPool(max(io.TUN.BatchSize(), d.cfg.Batch))
 	d.out = newQueues(d.cfg.QueueLen)
 	d.in = newQueues(d.cfg.QueueLen)
@@ -192,8 +189,8 @@ func (d *Device) StartWith(io IO) error {
 	d.out.wg.Add(1)
 	d.wg.Add(1)
 	go d.readTUN()
-	d.in.wg.Add(len(io.Receivers))
-	for _, r := range io.Receivers {
+	d.in.wg.Add(len(io.Bind.Receivers()))
+	for _, r := range io.Bind.Receivers() {
 		d.wg.Add(1)
 		go d.readOuter(r)
 	}
@@ -225,8 +222,8 @@ const MaxFraming = esp.MaxHeadroom + esp.MaxTrailer
 // held its blackhole route, the bypasses' throw routes and the rules stay,
 // so that nothing it protected leaves in clear while espd is away), and
 // closes the TUN device and the sockets. Packets in flight are sent or
-// written. Removing a policy's protection is its owner's job
-// (RemovePolicyRoute), never Close's.
+// written before the sockets close. Removing a policy's protection is its
+// owner's job (RemovePolicyRoute), never Close's.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -244,11 +241,11 @@ func (d *Device) Close() error {
 		errs = append(errs, d.io.Router.Close())
 	}
 	errs = append(errs, d.io.TUN.Close())
-	for _, r := range d.io.Receivers {
+	for _, r := range d.io.Bind.Receivers() {
 		errs = append(errs, r.Close())
 	}
 	d.wg.Wait()
-	errs = append(errs, d.io.Sender.Close())
+	errs = append(errs, d.io.Bind.Close())
 	d.closeErr = errors.Join(errs...)
 	d.log.Info("data plane stopped")
 	return d.closeErr
@@ -257,34 +254,27 @@ func (d *Device) Close() error {
 // Stats returns a snapshot of the global counters.
 func (d *Device) Stats() Stats {
 	st := d.stats.snapshot()
-	src := d.sources.Load()
-	if src == nil {
-		return st
-	}
-	if src.tun != nil {
-		ts := src.tun.Stats()
+	if d.tunStats != nil {
+		ts := d.tunStats.Stats()
 		st.TUNReads, st.TUNSuperReads, st.TUNWrites, st.TUNSuperWrites = ts.Reads, ts.SuperReads, ts.Writes, ts.SuperWrites
 	}
-	if c := src.socks; c != nil {
-		st.RecvCalls, st.RecvDatagrams = c.recvCalls.Load(), c.recvDatagrams.Load()
-		st.SendCalls, st.SendMessages = c.sendCalls.Load(), c.sendMessages.Load()
+	if b := d.bind(); b != nil {
+		cs := b.Stats()
+		st.RecvCalls, st.RecvDatagrams = cs.RecvCalls, cs.RecvDatagrams
+		st.SendCalls, st.SendMessages = cs.SendCalls, cs.SendMessages
 	}
 	return st
 }
 
-// statSources are the counters of the kernel side, where it has them.
-type statSources struct {
-	tun   interface{ Stats() tun.Stats }
-	socks *ioCounts
-}
+// Bind returns the outer sockets the device runs on (after Start), for
+// the IKE hand-off (conn.IKE); nil before.
+func (d *Device) Bind() conn.Bind { return d.bind() }
 
-func newStatSources(io IO) *statSources {
-	src := &statSources{}
-	src.tun, _ = io.TUN.(interface{ Stats() tun.Stats })
-	if s, ok := io.Sender.(interface{ ioCounts() *ioCounts }); ok {
-		src.socks = s.ioCounts()
+func (d *Device) bind() conn.Bind {
+	if io := d.live.Load(); io != nil {
+		return io.Bind
 	}
-	return src
+	return nil
 }
 
 // TUNName returns the name of the TUN interface (after Start).

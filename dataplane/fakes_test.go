@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/packet"
 )
 
@@ -99,7 +100,11 @@ func newWire(n int) *wire {
 	return w
 }
 
-// fakeSender records outer packets, forwards them to a wire, or both.
+// fakeSender is the fake conn.Bind: it turns each Packet into the IP
+// packets the kernel's raw path would put on the wire (the outer header,
+// and fragments where the Packet asks for them), records them, forwards
+// them to a wire, or both; its receivers are given by the harness, and
+// its IKE hand-off hands datagrams to the handler in memory.
 type fakeSender struct {
 	mu      sync.Mutex
 	record  bool
@@ -110,26 +115,64 @@ type fakeSender struct {
 	notify  chan int
 	closed  atomic.Bool
 	failAll bool
+
+	recv []conn.Receiver
+
+	ikeMu      sync.Mutex
+	ikeHandler conn.IKEHandler
+	ikePort    uint16
+	ikeSent    []conn.IKEPacket
+	ikeStats   conn.IKEStats
 }
+
+var _ conn.Bind = (*fakeSender)(nil)
 
 var errFakeClosed = errors.New("fake sender closed")
 
-func (s *fakeSender) Send(pkts [][]byte) (int, error) {
+// wireForm returns the IP packets the kernel's raw path sends for p.
+func wireForm(p *conn.Packet) ([][]byte, error) {
+	full, err := conn.PutOuter(p)
+	if err != nil {
+		return nil, err
+	}
+	if p.FragmentAbove <= 0 || len(full) <= p.FragmentAbove {
+		return [][]byte{append([]byte(nil), full...)}, nil
+	}
+	frags := make([][]byte, len(full)/8+2)
+	for i := range frags {
+		frags[i] = make([]byte, p.FragmentAbove)
+	}
+	var n int
+	if p.Dst.Is6() {
+		n, err = packet.FragmentIPv6(frags, full, p.FragmentAbove, 7)
+	} else {
+		n, err = packet.FragmentIPv4(frags, full, p.FragmentAbove)
+	}
+	return frags[:n], err
+}
+
+func (s *fakeSender) Send(pkts []conn.Packet) (int, error) {
 	if s.gate != nil {
 		<-s.gate
 	}
 	if s.closed.Load() || s.failAll {
 		return 0, errFakeClosed
 	}
+	var ips [][]byte
+	for i := range pkts {
+		w, err := wireForm(&pkts[i])
+		if err != nil {
+			return len(ips), err
+		}
+		ips = append(ips, w...)
+	}
 	if s.record {
 		s.mu.Lock()
-		for _, p := range pkts {
-			s.sent = append(s.sent, append([]byte(nil), p...))
-		}
+		s.sent = append(s.sent, ips...)
 		s.mu.Unlock()
 	}
 	if s.wire != nil {
-		for k, p := range pkts {
+		for k, p := range ips {
 			var i int
 			select {
 			case i = <-s.wire.free:
@@ -140,14 +183,79 @@ func (s *fakeSender) Send(pkts [][]byte) (int, error) {
 			s.wire.full <- i
 		}
 	}
-	s.count.Add(uint64(len(pkts)))
+	s.count.Add(uint64(len(ips)))
 	if s.notify != nil {
-		s.notify <- len(pkts)
+		s.notify <- len(ips)
 	}
-	return len(pkts), nil
+	return len(ips), nil
 }
 
-func (s *fakeSender) Close() error { s.closed.Store(true); return nil }
+func (s *fakeSender) Receivers() []conn.Receiver { return s.recv }
+
+func (s *fakeSender) Stats() conn.Stats { return conn.Stats{} }
+
+func (s *fakeSender) StartIKE(port uint16, h conn.IKEHandler) error {
+	s.ikeMu.Lock()
+	defer s.ikeMu.Unlock()
+	if s.ikeHandler != nil {
+		return conn.ErrIKERunning
+	}
+	s.ikeHandler, s.ikePort = h, port
+	return nil
+}
+
+func (s *fakeSender) StopIKE() error {
+	s.ikeMu.Lock()
+	defer s.ikeMu.Unlock()
+	if s.ikeHandler == nil {
+		return conn.ErrIKEOff
+	}
+	s.ikeHandler = nil
+	return nil
+}
+
+func (s *fakeSender) DeliverIKE(p conn.IKEPacket) {
+	s.ikeMu.Lock()
+	h := s.ikeHandler
+	if h != nil {
+		s.ikeStats.Received++
+	}
+	s.ikeMu.Unlock()
+	if h != nil {
+		h(p)
+	}
+}
+
+func (s *fakeSender) SendIKE(p conn.IKEPacket) error {
+	s.ikeMu.Lock()
+	defer s.ikeMu.Unlock()
+	if s.ikeHandler == nil {
+		return conn.ErrIKEOff
+	}
+	s.ikeSent = append(s.ikeSent, conn.IKEPacket{Src: p.Src, Dst: p.Dst, Data: append([]byte(nil), p.Data...)})
+	s.ikeStats.Sent++
+	return nil
+}
+
+func (s *fakeSender) IKEPorts() (ike, natt uint16) {
+	s.ikeMu.Lock()
+	defer s.ikeMu.Unlock()
+	return s.ikePort, conn.DefaultEncapPort
+}
+
+func (s *fakeSender) IKEStats() conn.IKEStats {
+	s.ikeMu.Lock()
+	defer s.ikeMu.Unlock()
+	return s.ikeStats
+}
+
+func (s *fakeSender) Close() error {
+	s.closed.Store(true)
+	for _, r := range s.recv {
+		r.Close()
+	}
+	return nil
+}
 
 func (s *fakeSender) packets() [][]byte {
 	s.mu.Lock()
@@ -168,7 +276,7 @@ func newFakeReceiver(w *wire) *fakeReceiver {
 	return &fakeReceiver{wire: w, closed: make(chan struct{})}
 }
 
-func (r *fakeReceiver) Receive(msgs []Message) (int, error) {
+func (r *fakeReceiver) Receive(msgs []conn.Message) (int, error) {
 	var i int
 	select {
 	case i = <-r.wire.full:
@@ -207,11 +315,11 @@ func (w *wire) inject(p []byte) {
 }
 
 // deliver fills m from the complete outer packet p.
-func deliver(m *Message, p []byte) {
+func deliver(m *conn.Message, p []byte) {
 	buf := m.Buf
-	*m = Message{Buf: buf}
-	copy(buf[RecvOffset:], p)
-	p = buf[RecvOffset : RecvOffset+len(p)]
+	*m = conn.Message{Buf: buf}
+	copy(buf[conn.RecvOffset:], p)
+	p = buf[conn.RecvOffset : conn.RecvOffset+len(p)]
 	var proto uint8
 	var hl int
 	var src, dst netip.Addr
@@ -219,7 +327,7 @@ func deliver(m *Message, p []byte) {
 	case 4:
 		h, err := packet.ParseIPv4Header(p)
 		if err != nil {
-			m.Err = ErrOuterHeader
+			m.Err = conn.ErrOuterHeader
 			return
 		}
 		proto, hl, src, dst, m.TOS = h.Protocol, h.HeaderLen, h.Src, h.Dst, h.TOS
@@ -227,21 +335,21 @@ func deliver(m *Message, p []byte) {
 	case 6:
 		h, err := packet.ParseIPv6Header(p)
 		if err != nil {
-			m.Err = ErrOuterHeader
+			m.Err = conn.ErrOuterHeader
 			return
 		}
 		proto, hl, src, dst, m.TOS = h.NextHeader, packet.IPv6HeaderLen, h.Src, h.Dst, h.TrafficClass
 		p = p[:packet.IPv6HeaderLen+int(h.PayloadLen)]
 	default:
-		m.Err = ErrOuterHeader
+		m.Err = conn.ErrOuterHeader
 		return
 	}
-	m.Start, m.End = RecvOffset+hl, RecvOffset+len(p)
+	m.Start, m.End = conn.RecvOffset+hl, conn.RecvOffset+len(p)
 	m.Src, m.Dst = netip.AddrPortFrom(src, 0), netip.AddrPortFrom(dst, 0)
 	if proto == packet.ProtoUDP {
 		u, _, err := packet.ParseUDPHeader(p[hl:])
 		if err != nil {
-			m.Err = ErrOuterHeader
+			m.Err = conn.ErrOuterHeader
 			return
 		}
 		m.UDP = true
@@ -249,6 +357,6 @@ func deliver(m *Message, p []byte) {
 		m.End = m.Start + int(u.Length) - packet.UDPHeaderLen
 		m.Src, m.Dst = netip.AddrPortFrom(src, u.SrcPort), netip.AddrPortFrom(dst, u.DstPort)
 	} else if proto != packet.ProtoESP {
-		m.Err = ErrNotESP
+		m.Err = conn.ErrNotESP
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/packet"
@@ -38,7 +39,7 @@ func newHarness(t testing.TB, cfg Config, loop bool) *harness {
 
 // newHarnessWith is newHarness with rx, if not nil, as the device's only
 // receiver instead of the wire's.
-func newHarnessWith(t testing.TB, cfg Config, loop bool, rx Receiver) *harness {
+func newHarnessWith(t testing.TB, cfg Config, loop bool, rx conn.Receiver) *harness {
 	t.Helper()
 	h := &harness{t: t, db: sa.NewDBWithOptions(sa.Options{Loopback: true}), tun: newFakeTUN(64, 1400), wire: newWire(1024)}
 	h.tx = &fakeSender{record: true}
@@ -55,7 +56,8 @@ func newHarnessWith(t testing.TB, cfg Config, loop bool, rx Receiver) *harness {
 	}
 	h.d = d
 	statsHook = d.Stats
-	if err := d.StartWith(IO{TUN: h.tun, Receivers: []Receiver{rx}, Sender: h.tx}); err != nil {
+	h.tx.recv = []conn.Receiver{rx}
+	if err := d.StartWith(IO{TUN: h.tun, Bind: h.tx}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
@@ -199,3 +201,18 @@ func dfMode(m uint8) esp.DFMode { return esp.DFMode(m) }
 // statsHook, set by the latest harness, lets waitFor log the device's
 // counters when it times out.
 var statsHook func() Stats
+
+// onWire returns the outer packet that the kernel's raw path sends for
+// pk, which enc encapsulated in buf with sequence number seq.
+func onWire(t testing.TB, enc *esp.Encapsulator, buf []byte, pk esp.Packet, seq uint64) []byte {
+	t.Helper()
+	p := conn.Packet{
+		Buf: buf[:cap(buf)], Start: pk.ESP, End: pk.End, Endpoint: endpoint(&enc.Outer),
+		TOS: pk.TOS, DF: pk.DF, ID: uint16(seq),
+	}
+	out, err := conn.PutOuter(&p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/packet"
 	"github.com/espd/espd/sa"
@@ -15,7 +16,7 @@ import (
 )
 
 // readOuter is an inbound producer: one per outer socket.
-func (d *Device) readOuter(r Receiver) {
+func (d *Device) readOuter(r conn.Receiver) {
 	defer d.wg.Done()
 	defer d.in.producerDone()
 	bs := min(d.cfg.Batch, d.pool.size)
@@ -70,7 +71,7 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 		e := &b.elems[i]
 		*e = elem{buf: e.buf, drop: dropCounted}
 		l[cRxPackets]++
-		if m.Err != nil || m.Start < RecvOffset || m.Start > m.End || m.End > len(e.buf) {
+		if m.Err != nil || m.Start < conn.RecvOffset || m.Start > m.End || m.End > len(e.buf) {
 			l[cMalformed]++
 			continue
 		}
@@ -84,7 +85,7 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 				continue
 			case esp.UDPIKE:
 				l[cIKE]++
-				d.handIKE(m, p) // IKE hand-off (ike.go), if running
+				d.io.Bind.DeliverIKE(conn.IKEPacket{Src: m.Src, Dst: m.Dst, Data: p}) // the IKE hand-off, if it runs
 				continue
 			default:
 				l[cMalformed]++

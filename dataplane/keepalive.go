@@ -3,8 +3,8 @@ package dataplane
 import (
 	"time"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/esp"
-	"github.com/espd/espd/packet"
 	"github.com/espd/espd/sa"
 )
 
@@ -28,7 +28,8 @@ func (d *Device) keepalives() {
 
 // sendKeepalives sends one keepalive per outbound UDP-encapsulated state.
 func (d *Device) sendKeepalives() int {
-	var pkts [][]byte
+	var pkts []conn.Packet
+	var bytes uint64
 	for _, s := range d.db.SAs() {
 		if s.Dir() != sa.DirOut || !s.Alive() {
 			continue
@@ -37,20 +38,18 @@ func (d *Device) sendKeepalives() int {
 		if enc == nil || enc.Outer.DstPort == 0 {
 			continue
 		}
-		if p, err := keepalivePacket(&enc.Outer); err == nil {
-			pkts = append(pkts, p)
-		}
+		buf := make([]byte, conn.HeaderRoom+1)
+		esp.PutKeepalive(buf[conn.HeaderRoom:])
+		p := conn.Packet{Buf: buf, Start: conn.HeaderRoom, End: len(buf), Endpoint: endpoint(&enc.Outer)}
+		pkts = append(pkts, p)
+		bytes += uint64(conn.OuterLen(&p.Endpoint) + 1)
 	}
 	if len(pkts) == 0 {
 		return 0
 	}
-	n, err := d.io.Sender.Send(pkts)
+	n, err := d.io.Bind.Send(pkts)
 	d.stats[cKeepalivesTx].Add(uint64(n))
 	d.stats[cTxPackets].Add(uint64(len(pkts)))
-	var bytes uint64
-	for _, p := range pkts {
-		bytes += uint64(len(p))
-	}
 	d.stats[cTxBytes].Add(bytes)
 	if n < len(pkts) {
 		d.stats[cSendErrors].Add(uint64(len(pkts) - n))
@@ -59,34 +58,7 @@ func (d *Device) sendKeepalives() int {
 	return n
 }
 
-// keepalivePacket builds the outer packet of a NAT-keepalive for o.
-func keepalivePacket(o *esp.Outer) ([]byte, error) {
-	ttl := o.TTL
-	if ttl == 0 {
-		ttl = 64
-	}
-	if o.Src.Is4() {
-		p := make([]byte, packet.IPv4HeaderLen+packet.UDPHeaderLen+1)
-		if _, err := packet.PutIPv4Header(p, packet.IPv4Header{
-			TotalLen: uint16(len(p)), TTL: ttl, Protocol: packet.ProtoUDP, Src: o.Src, Dst: o.Dst,
-		}); err != nil {
-			return nil, err
-		}
-		packet.PutUDPHeader(p[packet.IPv4HeaderLen:], o.SrcPort, o.DstPort, 1)
-		esp.PutKeepalive(p[packet.IPv4HeaderLen+packet.UDPHeaderLen:])
-		return p, nil
-	}
-	p := make([]byte, packet.IPv6HeaderLen+packet.UDPHeaderLen+1)
-	if _, err := packet.PutIPv6Header(p, packet.IPv6Header{
-		PayloadLen: packet.UDPHeaderLen + 1, NextHeader: packet.ProtoUDP, HopLimit: ttl, Src: o.Src, Dst: o.Dst,
-	}); err != nil {
-		return nil, err
-	}
-	u := p[packet.IPv6HeaderLen:]
-	packet.PutUDPHeader(u, o.SrcPort, o.DstPort, 1)
-	esp.PutKeepalive(u[packet.UDPHeaderLen:])
-	if err := packet.SetUDPChecksum(u, o.Src, o.Dst); err != nil {
-		return nil, err
-	}
-	return p, nil
+// endpoint returns the outer path of a state's Outer.
+func endpoint(o *esp.Outer) conn.Endpoint {
+	return conn.Endpoint{Src: o.Src, Dst: o.Dst, SrcPort: o.SrcPort, DstPort: o.DstPort, TTL: o.TTLOrDefault()}
 }

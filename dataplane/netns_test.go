@@ -14,6 +14,7 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/sa"
 	"github.com/espd/espd/tun"
@@ -88,7 +89,7 @@ func (g *gateway) states(t *testing.T, peer *gateway, outSPI, inSPI uint32, v6, 
 	}
 	var port uint16
 	if udp {
-		port = DefaultEncapPort
+		port = conn.DefaultEncapPort
 	}
 	for _, c := range []sa.Config{
 		{SPI: outSPI, Dir: sa.DirOut, Src: src, Dst: dst, EncKey: testKey(20, byte(outSPI>>8)^byte(outSPI))},

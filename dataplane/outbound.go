@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/packet"
 	"github.com/espd/espd/sa"
@@ -286,20 +287,18 @@ func encrypt(b *batch) {
 			e.drop, e.reason = dropSA, sa.DropReasonOf(err)
 			continue
 		}
-		e.start, e.end = p.Start, p.End
+		e.start, e.end, e.tos, e.df = p.ESP, p.End, p.TOS, p.DF
 	}
 }
 
 // outSender is the in-order sender's state.
 type outSender struct {
-	pkts  [][]byte
-	frags [][]byte // fragment buffers, reused
-	nfrag int
-	acct  accounting
+	pkts []conn.Packet
+	acct accounting
 }
 
 func (d *Device) newOutSender() *outSender {
-	return &outSender{pkts: make([][]byte, 0, 2*d.pool.size)}
+	return &outSender{pkts: make([]conn.Packet, 0, d.pool.size)}
 }
 
 // sendLoop is the outbound in-order stage: it takes batches in the order
@@ -319,42 +318,58 @@ func (d *Device) sendLoop() {
 func (d *Device) sendBatch(s *outSender, b *batch) {
 	var l local
 	s.pkts = s.pkts[:0]
-	s.nfrag = 0
+	var want int // outer packets the Bind is to send, fragments counted
 	for i := range b.n {
 		e := &b.elems[i]
 		if !s.acct.passes(e, &l) {
 			continue
 		}
+		p := conn.Packet{
+			Buf: e.buf, Start: e.start, End: e.end, Endpoint: endpoint(&e.enc.Outer),
+			TOS: e.tos, DF: e.df, ID: uint16(e.seq),
+		}
+		size := conn.OuterLen(&p.Endpoint) + e.end - e.start
+		k := 1
+		if size > e.mtu && e.frag != noFrag {
+			if e.frag == fragForce {
+				p.DF = false
+			}
+			var err error
+			if k, err = conn.FragmentCount(size, p.Dst.Is6(), e.mtu); err != nil {
+				s.acct.drop(e.sa, sa.DropTooBig)
+				l[cTooBig]++
+				continue
+			}
+			p.FragmentAbove = e.mtu
+			l[cFragments] += uint64(k)
+			size += fragmentOverhead(k, p.Dst.Is6())
+		}
 		s.acct.add(e.sa, e.innerLen)
-		pkt := e.buf[e.start:e.end]
-		if len(pkt) <= e.mtu || e.frag == noFrag {
-			s.pkts = append(s.pkts, pkt)
-			continue
-		}
-		if e.frag == fragForce {
-			clearDF(pkt)
-		}
-		k, err := d.fragment(s, pkt, e.mtu)
-		if err != nil {
-			s.acct.drop(e.sa, sa.DropTooBig)
-			l[cTooBig]++
-			continue
-		}
-		l[cFragments] += uint64(k)
+		s.pkts = append(s.pkts, p)
+		want += k
+		l[cTxBytes] += uint64(size)
 	}
 	s.acct.flush()
 	if len(s.pkts) > 0 {
-		n, err := d.io.Sender.Send(s.pkts)
-		l[cTxPackets] += uint64(len(s.pkts))
-		for _, p := range s.pkts {
-			l[cTxBytes] += uint64(len(p))
-		}
-		if failed := len(s.pkts) - n; failed > 0 {
+		n, err := d.io.Bind.Send(s.pkts)
+		l[cTxPackets] += uint64(want)
+		if failed := want - n; failed > 0 {
 			l[cSendErrors] += uint64(failed)
 			d.logf(logSend, "outer send failed", "packets", failed, "err", err)
 		}
+		clear(s.pkts) // drop the references to the batch's buffers
 	}
 	l.flush(&d.stats)
+}
+
+// fragmentOverhead is the header bytes that splitting an outer packet in
+// k fragments adds: an IPv4 header per extra fragment; an IPv6 header per
+// extra fragment and a Fragment header in each.
+func fragmentOverhead(k int, v6 bool) int {
+	if v6 {
+		return (k-1)*packet.IPv6HeaderLen + k*8
+	}
+	return (k - 1) * packet.IPv4HeaderLen
 }
 
 // countGlobal mirrors the batch's drops that concern no state into the

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/packet"
 	"github.com/espd/espd/routing"
@@ -134,7 +135,7 @@ func checkOrder(t *testing.T, cfg Config, between func(h *harness, i, sent int))
 	// Outer sequence numbers per SPI: 1, 2, 3, ... in sending order.
 	seqs := make(map[uint32]uint32)
 	for _, p := range h.tx.packets() {
-		var m Message
+		var m conn.Message
 		m.Buf = make([]byte, BufferSize)
 		deliver(&m, p)
 		e := m.Buf[m.Start:m.End]
@@ -368,7 +369,7 @@ func TestQueueFullDropsWithoutBlocking(t *testing.T) {
 	})
 	// What was sent is in order.
 	for i, p := range h.tx.packets() {
-		var m Message
+		var m conn.Message
 		m.Buf = make([]byte, BufferSize)
 		deliver(&m, p)
 		if seq, _ := esp.SeqLow(m.Buf[m.Start:m.End]); i > 0 && seq <= 1 {
@@ -387,7 +388,7 @@ func TestKeepalives(t *testing.T) {
 	}
 	got := map[uint16]bool{}
 	for _, p := range h.tx.packets() {
-		var m Message
+		var m conn.Message
 		m.Buf = make([]byte, 2048)
 		deliver(&m, p)
 		if m.Err != nil || !m.UDP || !bytes.Equal(m.Buf[m.Start:m.End], []byte{0xff}) || m.Src.Port() != 4500 {
@@ -443,7 +444,7 @@ func TestPolicyRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &fakeRouter{refs: map[string]int{}}
-	if err := d.StartWith(IO{TUN: newFakeTUN(8, 1400), Sender: &fakeSender{}, Router: r}); err != nil {
+	if err := d.StartWith(IO{TUN: newFakeTUN(8, 1400), Bind: &fakeSender{}, Router: r}); err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
@@ -484,5 +485,46 @@ func TestPolicyRoutes(t *testing.T) {
 	}
 	if err := d.InstallPolicyRoute(pols[0]); err == nil {
 		t.Error("InstallPolicyRoute after Close succeeded")
+	}
+}
+
+// TestIKEOnEncapPortGoesToBind: a non-ESP-marked datagram that arrives on
+// the encapsulation port is handed to the Bind's IKE hand-off (conn.IKE)
+// and counted; a NAT keepalive is counted and dropped; neither reaches
+// the TUN.
+func TestIKEOnEncapPortGoesToBind(t *testing.T) {
+	h := newHarness(t, Config{}, false)
+	got := make(chan conn.IKEPacket, 1)
+	if err := h.tx.StartIKE(500, func(p conn.IKEPacket) {
+		got <- conn.IKEPacket{Src: p.Src, Dst: p.Dst, Data: append([]byte(nil), p.Data...)}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	datagram := func(payload []byte) []byte {
+		buf := make([]byte, conn.HeaderRoom+len(payload))
+		copy(buf[conn.HeaderRoom:], payload)
+		ip, err := packet.PutTunnelHeader(buf, conn.HeaderRoom, len(buf), packet.TunnelHeader{
+			Src: peer4, Dst: local4, SrcPort: 4500, DstPort: conn.DefaultEncapPort, TTL: 64,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ip
+	}
+	ike := make([]byte, esp.NonESPMarkerLen+28) // the marker and an IKE header
+	copy(ike[esp.NonESPMarkerLen:], "IKE SPIs and the rest")
+	h.wire.inject(datagram(ike))
+	select {
+	case p := <-got:
+		if !bytes.Equal(p.Data, ike) || p.Src != netip.AddrPortFrom(peer4, 4500) || p.Dst != netip.AddrPortFrom(local4, conn.DefaultEncapPort) {
+			t.Errorf("handed %+v", p)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the IKE datagram did not reach the Bind's hand-off: %+v", h.d.Stats())
+	}
+	h.wire.inject(datagram([]byte{0xff}))
+	waitFor(t, "the keepalive counted", func() bool { return h.d.Stats().KeepalivesRx == 1 })
+	if st := h.d.Stats(); st.IKE != 1 || h.tx.IKEStats().Received != 1 || h.tun.count.Load() != 0 {
+		t.Errorf("IKE %d, handed %d, TUN writes %d; want 1, 1, 0", st.IKE, h.tx.IKEStats().Received, h.tun.count.Load())
 	}
 }

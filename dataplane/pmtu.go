@@ -1,8 +1,6 @@
 package dataplane
 
 import (
-	"encoding/binary"
-	"errors"
 	"net/netip"
 	"time"
 
@@ -103,107 +101,4 @@ func (s *icmpSender) tooBig(pkt []byte, mtu int, l *local) {
 	l[cICMPSent]++
 	l[cTUNTxPackets]++
 	l[cTUNTxBytes] += uint64(n)
-}
-
-// clearDF clears the DF bit of an IPv4 packet, updating its checksum; it
-// leaves IPv6 packets alone.
-func clearDF(pkt []byte) {
-	if pkt[0]>>4 != 4 {
-		return
-	}
-	old := binary.BigEndian.Uint16(pkt[6:8])
-	if old&packet.IPv4DontFragment == 0 {
-		return
-	}
-	v := old &^ packet.IPv4DontFragment
-	binary.BigEndian.PutUint16(pkt[6:8], v)
-	binary.BigEndian.PutUint16(pkt[10:12], packet.UpdateChecksum16(binary.BigEndian.Uint16(pkt[10:12]), old, v))
-}
-
-var errFragMTU = errors.New("dataplane: MTU too small to fragment")
-
-// fragment splits the outer packet pkt into fragments of at most mtu
-// bytes, in the sender's fragment buffers, appends them to s.pkts and
-// returns how many there are.
-func (d *Device) fragment(s *outSender, pkt []byte, mtu int) (int, error) {
-	hl, per := packet.IPv4HeaderLen, 0
-	if pkt[0]>>4 == 6 {
-		hl = packet.IPv6HeaderLen + 8
-	} else {
-		hl = int(pkt[0]&0x0f) * 4
-	}
-	per = (mtu - hl) &^ 7
-	if per < 8 {
-		return 0, errFragMTU
-	}
-	k := (len(pkt) - hl + per - 1) / per
-	for len(s.frags) < s.nfrag+k {
-		s.frags = append(s.frags, nil)
-	}
-	frags := s.frags[s.nfrag : s.nfrag+k]
-	for i := range frags {
-		if cap(frags[i]) < mtu {
-			frags[i] = make([]byte, mtu)
-		}
-		frags[i] = frags[i][:cap(frags[i])]
-	}
-	var n int
-	var err error
-	if pkt[0]>>4 == 6 {
-		n, err = fragmentIPv6(frags, pkt, mtu, d.fragID.Add(1))
-	} else {
-		n, err = packet.FragmentIPv4(frags, pkt, mtu)
-	}
-	if err != nil {
-		return 0, err
-	}
-	s.pkts = append(s.pkts, frags[:n]...)
-	s.nfrag += n
-	return n, nil
-}
-
-// fragmentIPv6 splits the IPv6 packet pkt, which has no extension headers
-// (espd built it), into fragments of at most mtu bytes with Fragment
-// headers of identification id (RFC 8200 section 4.5), written into
-// frags. It returns the number of fragments.
-func fragmentIPv6(frags [][]byte, pkt []byte, mtu int, id uint32) (int, error) {
-	const fh = 8
-	if len(pkt) < packet.IPv6HeaderLen || pkt[0]>>4 != 6 {
-		return 0, packet.ErrTruncated
-	}
-	per := (mtu - packet.IPv6HeaderLen - fh) &^ 7
-	if per < 8 {
-		return 0, errFragMTU
-	}
-	payload := pkt[packet.IPv6HeaderLen:]
-	k := (len(payload) + per - 1) / per
-	if k > len(frags) {
-		return 0, packet.ErrShortBuffer
-	}
-	for i := range k {
-		off := i * per
-		chunk := payload[off:min(off+per, len(payload))]
-		if cap(frags[i]) < packet.IPv6HeaderLen+fh+len(chunk) {
-			return 0, packet.ErrShortBuffer
-		}
-	}
-	for i := range k {
-		off := i * per
-		chunk := payload[off:min(off+per, len(payload))]
-		f := frags[i][:packet.IPv6HeaderLen+fh+len(chunk)]
-		copy(f, pkt[:packet.IPv6HeaderLen])
-		binary.BigEndian.PutUint16(f[4:6], uint16(fh+len(chunk)))
-		f[6] = packet.ProtoFragment
-		f[40] = pkt[6]
-		f[41] = 0
-		fo := uint16(off) // offset in 8-byte units << 3 equals the byte offset
-		if i < k-1 {
-			fo |= 1 // M flag
-		}
-		binary.BigEndian.PutUint16(f[42:44], fo)
-		binary.BigEndian.PutUint32(f[44:48], id)
-		copy(f[48:], chunk)
-		frags[i] = f
-	}
-	return k, nil
 }

@@ -165,42 +165,6 @@ func TestICMPRateLimit(t *testing.T) {
 	}
 }
 
-func TestFragmentIPv6(t *testing.T) {
-	pkt := make([]byte, packet.IPv6HeaderLen+3000)
-	packet.PutIPv6Header(pkt, packet.IPv6Header{PayloadLen: 3000, NextHeader: packet.ProtoESP, HopLimit: 9, Src: local6, Dst: peer6})
-	for i := packet.IPv6HeaderLen; i < len(pkt); i++ {
-		pkt[i] = byte(i * 7)
-	}
-	frags := make([][]byte, 4)
-	for i := range frags {
-		frags[i] = make([]byte, 1280)
-	}
-	n, err := fragmentIPv6(frags, pkt, 1280, 0xabcdef01)
-	if err != nil || n != 3 {
-		t.Fatalf("%d fragments, %v", n, err)
-	}
-	for i, f := range frags[:n] {
-		if len(f) > 1280 || binary.BigEndian.Uint32(f[44:48]) != 0xabcdef01 {
-			t.Errorf("fragment %d: %d bytes, id %#x", i, len(f), binary.BigEndian.Uint32(f[44:48]))
-		}
-		if more := binary.BigEndian.Uint16(f[42:44])&1 == 1; more != (i < n-1) {
-			t.Errorf("fragment %d: M flag %v", i, more)
-		}
-	}
-	if got := reassemble(t, frags[:n]); !bytes.Equal(got, pkt) {
-		t.Error("reassembled packet differs")
-	}
-	if _, err := fragmentIPv6(frags[:2], pkt, 1280, 1); err == nil {
-		t.Error("too few buffers accepted")
-	}
-	if _, err := fragmentIPv6(frags, pkt, 50, 1); err == nil {
-		t.Error("MTU 50 accepted")
-	}
-}
-
-// TestIPv6MinimumMTU: on a path whose inner MTU is below 1280, IPv6 packets
-// up to 1280 bytes still go through, in outer fragments with DF cleared,
-// and larger ones draw a packet too big announcing 1280.
 func TestIPv6MinimumMTU(t *testing.T) {
 	h := newHarness(t, Config{OuterMTU: 1300}, false)
 	out, _ := h.add(tunnel{reqid: 1, spi: 0x100, dst: netip.MustParsePrefix("2001:db8:2::/48")})

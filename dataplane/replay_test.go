@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/packet"
@@ -25,7 +26,7 @@ func newBatchReceiver() *batchReceiver {
 	return &batchReceiver{in: make(chan [][]byte, 4), closed: make(chan struct{})}
 }
 
-func (r *batchReceiver) Receive(msgs []Message) (int, error) {
+func (r *batchReceiver) Receive(msgs []conn.Message) (int, error) {
 	select {
 	case pkts := <-r.in:
 		n := min(len(pkts), len(msgs))
@@ -77,7 +78,7 @@ func (p *peerSender) packet(inner []byte, seq uint64, ecn uint8) []byte {
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	out := buf[pk.Start:pk.End]
+	out := onWire(p.t, &p.enc, buf, pk, seq)
 	packet.SetECN(out, ecn)
 	return out
 }

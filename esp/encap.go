@@ -61,9 +61,16 @@ type Encapsulator struct {
 	TFCPadTo int
 }
 
-// Packet locates an encapsulated packet in its buffer: the outer packet is
-// buf[Start:End], and the ESP header (the SPI) is at buf[ESP:].
-type Packet struct{ Start, ESP, End int }
+// Packet locates an encapsulated packet in its buffer, buf[ESP:End] from
+// the SPI to the ICV, and gives the outer header fields that follow the
+// inner packet: the outer TOS (DSCP and ECN) and the IPv4 DF bit. The
+// outer header itself is the sender's to write (package conn), in the
+// headroom that Encapsulate leaves in front of ESP.
+type Packet struct {
+	ESP, End int
+	TOS      uint8
+	DF       bool
+}
 
 // outerLen returns the bytes of outer IP and UDP header, and whether the
 // outer header is IPv4.
@@ -123,19 +130,16 @@ func (e *Encapsulator) InnerMTU(outerMTU int) int {
 
 // Encapsulate turns the inner IPv4 or IPv6 packet buf[off:off+n] into an
 // ESP tunnel-mode packet with sequence number seq (its low 32 bits go on
-// the wire; with ESN the high bits are authenticated), in place: the outer
-// IP header, the UDP header (when Outer.DstPort != 0), the ESP header and
-// the IV go in front of off, and the TFC padding, ESP padding, Pad Length,
-// Next Header and ICV behind the inner packet, up to cap(buf).
+// the wire; with ESN the high bits are authenticated), in place: the ESP
+// header and the IV go in front of off, and the TFC padding, ESP padding,
+// Pad Length, Next Header and ICV behind the inner packet, up to cap(buf).
+// In front of the ESP header it leaves room for the outer IP header (and
+// UDP header when Outer.DstPort != 0), which it does not write: it
+// returns the fields of that header that follow the inner packet.
 //
-// The outer header carries: TTL or hop limit Outer.TTL (0: 64); the inner
-// DSCP or Outer.DSCP; the inner ECN field in RFC 6040 normal mode
-// (Outer.ECN) or Not-ECT in compatibility mode; for IPv4, DF per Outer.DF
-// and an Identification of the low 16 bits of seq, which is unique per SA
-// for 65536 packets and never reused while they can be in flight at ESP's
-// rates (RFC 6864 needs uniqueness only for packets that can be
-// fragmented); for IPv6, flow label 0. Over IPv4 the UDP checksum is 0, as
-// RFC 3948 recommends; over IPv6 it is computed.
+// The outer header then carries: TTL or hop limit Outer.TTL (0: 64); the
+// inner DSCP or Outer.DSCP; the inner ECN field in RFC 6040 normal mode
+// (Outer.ECN) or Not-ECT in compatibility mode; for IPv4, DF per Outer.DF.
 //
 // It returns ErrInner for an inner packet that is not IPv4 or IPv6 or is
 // shorter than its header or its length field, ErrHeadroom when off is
@@ -185,7 +189,7 @@ func (e *Encapsulator) EncapsulateDummy(buf []byte, off, n int, seq uint64) (Pac
 
 func (e *Encapsulator) encapsulate(full []byte, off, n int, seq uint64, nh uint8) (Packet, error) {
 	t := e.Transform
-	ol, v4, err := e.outerLen()
+	ol, _, err := e.outerLen()
 	if err != nil {
 		return Packet{}, err
 	}
@@ -223,7 +227,6 @@ func (e *Encapsulator) encapsulate(full []byte, off, n int, seq uint64, nh uint8
 	tr[len(tr)-1] = nh
 
 	// Outer fields come from the inner header, before it is encrypted.
-	o := &e.Outer
 	tos, df := e.outerTOS(full[off:off+n], nh)
 
 	// ESP header, then Seal writes the IV and the ICV.
@@ -231,30 +234,16 @@ func (e *Encapsulator) encapsulate(full []byte, off, n int, seq uint64, nh uint8
 	binary.BigEndian.PutUint32(full[espOff+4:], uint32(seq))
 	t.Seal(full[espOff:end], seq)
 
-	ttl := o.TTL
-	if ttl == 0 {
-		ttl = defaultTTL
+	return Packet{ESP: espOff, End: end, TOS: tos, DF: df}, nil
+}
+
+// TTLOrDefault returns the outer TTL or hop limit: Outer.TTL, or 64
+// when it is 0.
+func (o *Outer) TTLOrDefault() uint8 {
+	if o.TTL == 0 {
+		return defaultTTL
 	}
-	proto := uint8(packet.ProtoESP)
-	if o.DstPort != 0 {
-		proto = packet.ProtoUDP
-		packet.PutUDPHeader(full[espOff-packet.UDPHeaderLen:], o.SrcPort, o.DstPort, end-espOff)
-	}
-	if v4 {
-		packet.PutIPv4Header(full[start:], packet.IPv4Header{
-			TOS: tos, TotalLen: uint16(end - start), ID: uint16(seq), DF: df,
-			TTL: ttl, Protocol: proto, Src: o.Src, Dst: o.Dst,
-		})
-	} else {
-		packet.PutIPv6Header(full[start:], packet.IPv6Header{
-			TrafficClass: tos, PayloadLen: uint16(end - start - packet.IPv6HeaderLen),
-			NextHeader: proto, HopLimit: ttl, Src: o.Src, Dst: o.Dst,
-		})
-		if o.DstPort != 0 {
-			packet.SetUDPChecksum(full[espOff-packet.UDPHeaderLen:end], o.Src, o.Dst)
-		}
-	}
-	return Packet{Start: start, ESP: espOff, End: end}, nil
+	return o.TTL
 }
 
 // outerTOS returns the outer TOS (DSCP and ECN) and DF bit for the inner

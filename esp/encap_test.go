@@ -191,7 +191,7 @@ func TestOverheadAndInnerMTU(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if got := p.End - p.Start - n; got != e.Overhead(n) {
+					if got := wireLen(p, e.Outer) - n; got != e.Overhead(n) {
 						t.Fatalf("%s tfc %d n %d: overhead %d, Overhead() %d", oc.name, tfc, n, got, e.Overhead(n))
 					}
 				}
@@ -301,8 +301,8 @@ func TestTFCPadding(t *testing.T) {
 				if plain != want || p.End > cap(buf) {
 					t.Fatalf("%s case %d: plaintext %d, want %d (end %d cap %d)", oc.name, i, plain, want, p.End, cap(buf))
 				}
-				if tc.tail >= 1000 && p.End-p.Start != tc.n+e.Overhead(tc.n) {
-					t.Fatalf("case %d: length %d, Overhead says %d", i, p.End-p.Start, tc.n+e.Overhead(tc.n))
+				if tc.tail >= 1000 && wireLen(p, e.Outer) != tc.n+e.Overhead(tc.n) {
+					t.Fatalf("case %d: length %d, Overhead says %d", i, wireLen(p, e.Outer), tc.n+e.Overhead(tc.n))
 				}
 				out, _, err := d.Decapsulate(buf[p.ESP:p.End], 0)
 				if err != nil || !bytes.Equal(out, in) {

@@ -68,10 +68,35 @@ func outers() []outerCase {
 	}
 }
 
-// checkOuter verifies the outer headers of an encapsulated packet and
+// frame writes the outer header of an encapsulated packet in front of it,
+// as espd's raw sender does (packet.PutTunnelHeader with the fields
+// Encapsulate returned, the Outer's addresses, ports and TTL, and the low
+// 16 bits of seq as the IPv4 ID), and returns where the outer packet
+// starts.
+func frame(out []byte, p Packet, o Outer, seq uint64) int {
+	h := packet.TunnelHeader{
+		Src: o.Src, Dst: o.Dst, SrcPort: o.SrcPort, DstPort: o.DstPort, Protocol: packet.ProtoESP,
+		TOS: p.TOS, TTL: o.TTLOrDefault(), DF: p.DF, ID: uint16(seq),
+	}
+	full, err := packet.PutTunnelHeader(out[:cap(out)], p.ESP, p.End, h)
+	if err != nil {
+		panic(fmt.Sprintf("the headroom Encapsulate left does not take the outer header: %v", err))
+	}
+	return p.End - len(full)
+}
+
+// wireLen returns the length of an encapsulated packet on the wire, outer
+// headers included.
+func wireLen(p Packet, o Outer) int {
+	h := packet.TunnelHeader{Dst: o.Dst, DstPort: o.DstPort}
+	return h.Len() + p.End - p.ESP
+}
+
+// checkOuter frames an encapsulated packet, verifies its outer headers and
 // returns the outer TOS and the IPv4 header (zero for IPv6).
 func checkOuter(out []byte, p Packet, o Outer, spi uint32, seq uint64) (uint8, packet.IPv4Header, error) {
-	b := out[p.Start:p.End]
+	out = out[:cap(out)]
+	b := out[frame(out, p, o, seq):p.End]
 	var tos uint8
 	var h4 packet.IPv4Header
 	var proto uint8

@@ -132,7 +132,7 @@ func TestScapyInterop(t *testing.T) {
 					Crypt: crypt, Auth: auth, CKey: hex.EncodeToString(ck), AKey: hex.EncodeToString(ak),
 					SPI: e.SPI, ESN: s.ESN, ESNHi: uint32(seq >> 32),
 					Src: oc.o.Src.String(), Dst: oc.o.Dst.String(), SPort: oc.o.SrcPort, DPort: oc.o.DstPort,
-					Decrypt: hex.EncodeToString(buf[p.Start:p.End]),
+					Decrypt: hex.EncodeToString(buf[:cap(buf)][frame(buf, p, oc.o, seq):p.End]),
 					Inner:   hex.EncodeToString(in), Seq: uint32(seq + 1),
 				})
 				metas = append(metas, meta{name: fmt.Sprintf("%s/%s/inner%d", name, oc.name, v), tr: tr, o: oc.o, inner: in, seq: seq, sseq: seq + 1})

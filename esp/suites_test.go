@@ -77,8 +77,8 @@ func TestRoundTripSuites(t *testing.T) {
 						if err != nil {
 							t.Fatalf("%s inner%d %d: %v", oc.name, v, n, err)
 						}
-						if p.End-p.Start != n+e.Overhead(n) {
-							t.Fatalf("%s: length %d, Overhead says %d", oc.name, p.End-p.Start, n+e.Overhead(n))
+						if wireLen(p, e.Outer) != n+e.Overhead(n) {
+							t.Fatalf("%s: length %d, Overhead says %d", oc.name, wireLen(p, e.Outer), n+e.Overhead(n))
 						}
 						tos, _, err := checkOuter(buf, p, o, e.SPI, seq)
 						if err != nil {
@@ -159,8 +159,8 @@ func TestDummyAndTFCSuites(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.End-p.Start != 60+e.Overhead(60) || p.End-p.ESP < 1000 {
-			t.Fatalf("%s: TFC packet %d bytes", name, p.End-p.Start)
+		if wireLen(p, e.Outer) != 60+e.Overhead(60) || p.End-p.ESP < 1000 {
+			t.Fatalf("%s: TFC packet %d bytes", name, wireLen(p, e.Outer))
 		}
 		got, _, err := d.Decapsulate(buf[p.ESP:p.End], 0)
 		if err != nil || !bytes.Equal(got, in) {

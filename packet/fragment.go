@@ -12,6 +12,9 @@ var (
 	ErrDontFragment = errors.New("packet: DF set on a packet larger than the MTU")
 	// ErrOptions means the IPv4 options are malformed.
 	ErrOptions = errors.New("packet: malformed IPv4 options")
+	// ErrFragmentMTU means the MTU leaves no room for eight bytes of
+	// payload per fragment.
+	ErrFragmentMTU = errors.New("packet: MTU too small to fragment")
 )
 
 // FragmentIPv4 splits the IPv4 packet pkt into fragments of at most mtu
@@ -155,4 +158,50 @@ func writeCopiedOptions(dst, opts []byte) {
 		i += l
 	}
 	clear(dst[n:])
+}
+
+// FragmentIPv6 splits the IPv6 packet pkt, which must have no extension
+// headers (a tunnel's outer packet), into fragments of at most mtu bytes with Fragment
+// headers of identification id (RFC 8200 section 4.5), written into
+// frags. It returns the number of fragments.
+func FragmentIPv6(frags [][]byte, pkt []byte, mtu int, id uint32) (int, error) {
+	const fh = 8
+	if len(pkt) < IPv6HeaderLen || pkt[0]>>4 != 6 {
+		return 0, ErrTruncated
+	}
+	per := (mtu - IPv6HeaderLen - fh) &^ 7
+	if per < 8 {
+		return 0, ErrFragmentMTU
+	}
+	payload := pkt[IPv6HeaderLen:]
+	k := (len(payload) + per - 1) / per
+	if k > len(frags) {
+		return 0, ErrShortBuffer
+	}
+	for i := range k {
+		off := i * per
+		chunk := payload[off:min(off+per, len(payload))]
+		if cap(frags[i]) < IPv6HeaderLen+fh+len(chunk) {
+			return 0, ErrShortBuffer
+		}
+	}
+	for i := range k {
+		off := i * per
+		chunk := payload[off:min(off+per, len(payload))]
+		f := frags[i][:IPv6HeaderLen+fh+len(chunk)]
+		copy(f, pkt[:IPv6HeaderLen])
+		binary.BigEndian.PutUint16(f[4:6], uint16(fh+len(chunk)))
+		f[6] = ProtoFragment
+		f[40] = pkt[6]
+		f[41] = 0
+		fo := uint16(off) // offset in 8-byte units << 3 equals the byte offset
+		if i < k-1 {
+			fo |= 1 // M flag
+		}
+		binary.BigEndian.PutUint16(f[42:44], fo)
+		binary.BigEndian.PutUint32(f[44:48], id)
+		copy(f[48:], chunk)
+		frags[i] = f
+	}
+	return k, nil
 }

@@ -3,6 +3,8 @@ package packet
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"net/netip"
 	"testing"
 )
 
@@ -132,5 +134,48 @@ func TestFragmentIPv4Errors(t *testing.T) {
 	f := mk(4, 1500)
 	if n := testing.AllocsPerRun(50, func() { FragmentIPv4(f, pkt, 576) }); n != 0 {
 		t.Errorf("%v allocs", n)
+	}
+}
+
+func TestFragmentIPv6(t *testing.T) {
+	src, dst := netip.MustParseAddr("2001:db8:1::1"), netip.MustParseAddr("2001:db8:2::1")
+	pkt := make([]byte, IPv6HeaderLen+3000)
+	PutIPv6Header(pkt, IPv6Header{PayloadLen: 3000, NextHeader: ProtoESP, HopLimit: 9, Src: src, Dst: dst})
+	for i := IPv6HeaderLen; i < len(pkt); i++ {
+		pkt[i] = byte(i * 7)
+	}
+	frags := make([][]byte, 4)
+	for i := range frags {
+		frags[i] = make([]byte, 1280)
+	}
+	n, err := FragmentIPv6(frags, pkt, 1280, 0xabcdef01)
+	if err != nil || n != 3 {
+		t.Fatalf("%d fragments, %v", n, err)
+	}
+	var payload []byte
+	for i, f := range frags[:n] {
+		if len(f) > 1280 || f[6] != ProtoFragment || f[40] != ProtoESP || binary.BigEndian.Uint32(f[44:48]) != 0xabcdef01 {
+			t.Errorf("fragment %d: %d bytes, next header %d/%d, id %#x", i, len(f), f[6], f[40], binary.BigEndian.Uint32(f[44:48]))
+		}
+		fo := binary.BigEndian.Uint16(f[42:44])
+		if more := fo&1 == 1; more != (i < n-1) {
+			t.Errorf("fragment %d: M flag %v", i, more)
+		}
+		if int(fo&^7) != len(payload) || int(binary.BigEndian.Uint16(f[4:6])) != len(f)-IPv6HeaderLen {
+			t.Errorf("fragment %d: offset %d after %d bytes, payload length %d of %d", i, fo&^7, len(payload), binary.BigEndian.Uint16(f[4:6]), len(f)-IPv6HeaderLen)
+		}
+		if !bytes.Equal(f[:4], pkt[:4]) || !bytes.Equal(f[7:40], pkt[7:40]) {
+			t.Errorf("fragment %d: header differs from the packet's", i)
+		}
+		payload = append(payload, f[48:]...)
+	}
+	if !bytes.Equal(payload, pkt[IPv6HeaderLen:]) {
+		t.Error("the fragments' payloads do not add up to the packet's")
+	}
+	if _, err := FragmentIPv6(frags[:2], pkt, 1280, 1); err == nil {
+		t.Error("too few buffers accepted")
+	}
+	if _, err := FragmentIPv6(frags, pkt, 50, 1); !errors.Is(err, ErrFragmentMTU) {
+		t.Errorf("MTU 50: %v, want ErrFragmentMTU", err)
 	}
 }

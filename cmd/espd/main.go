@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/daemon"
 	"github.com/espd/espd/dataplane"
@@ -48,7 +49,7 @@ func run(args []string) error {
 	fs.IntVar(&dp.Workers, "workers", runtime.GOMAXPROCS(0), "crypto worker goroutines, default one per CPU: batches are encrypted and decrypted in parallel and leave in order, as with pcrypt (0: none, each reader runs its own batches to completion, which saves two goroutine handoffs per batch where system calls and not crypto are the limit)")
 	fs.IntVar(&dp.InlineAbove, "inline-above", dataplane.DefaultInlineAbove, "with workers, a crypto rate in MB/s: while a direction's crypto runs faster than this (measured on its batches), its readers run their batches to completion, which saves two goroutine handoffs per batch; while slower, the workers take them (0: always the workers)")
 	fs.IntVar(&procs, "procs", 0, "GOMAXPROCS (0: the GOMAXPROCS environment variable if set, else half the CPUs while the readers run batches to completion (--workers 0, or workers with --inline-above while the crypto is fast) and all of them while workers take batches)")
-	fs.UintVar(&udpPort, "udp-port", uint(dataplane.DefaultEncapPort), "ESP-in-UDP port (RFC 3948)")
+	fs.UintVar(&udpPort, "udp-port", uint(conn.DefaultEncapPort), "ESP-in-UDP port (RFC 3948)")
 	fs.UintVar(&mark, "mark", 0, "SO_MARK of espd's outer packets, kept out of the TUN by a policy-routing rule (0: default)")
 	fs.IntVar(&dp.Table, "table", 0, "routing table of the routes into the TUN (0: default)")
 	fs.IntVar(&dp.RecvBuffer, "recv-buffer", dataplane.DefaultRecvBuffer, "forced SO_RCVBUF of the outer sockets in bytes (negative: kernel default)")

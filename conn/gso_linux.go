@@ -1,4 +1,4 @@
-package dataplane
+package conn
 
 import (
 	"encoding/binary"
@@ -21,8 +21,8 @@ import (
 // segments it in hardware or at the driver; veth passes it whole), and a
 // receiving socket with UDP_GRO gets such a run back as one datagram with
 // its segment size. The ESP packets on the wire are the same; only the
-// outer IPv4 ID (the kernel's, not the sequence number's low bits) and the
-// UDP checksum (computed, not zero) differ from what package esp builds.
+// outer IPv4 ID (the kernel's, not Packet.ID) and the UDP checksum
+// (computed, not zero) differ from what the raw sockets send.
 const (
 	// gsoMaxSegments is the most datagrams per UDP_SEGMENT message: the
 	// kernel's UDP_MAX_SEGMENTS (64 before Linux 6.9, 128 since).
@@ -51,10 +51,10 @@ type gsoConn struct {
 	hdrs  []mmsghdr
 	iovs  []unix.Iovec // one per datagram
 	names []unix.RawSockaddrInet6
-	oob   []byte // gsoOOB bytes per message
-	pkts  [][]byte
-	first []int // per message: index of its first datagram in pkts and iovs
-	segs  []int // per message: its segment size
+	oob   []byte    // gsoOOB bytes per message
+	pkts  []*Packet // the caller's, valid during its Send
+	first []int     // per message: index of its first datagram in pkts and iovs
+	segs  []int     // per message: its segment size
 
 	nmsg   int
 	closed bool // the last message takes no more datagrams
@@ -81,7 +81,7 @@ func newGSOConn(rc syscall.RawConn, fam int, port uint16, batch int, counts *ioC
 		iovs:  make([]unix.Iovec, 2*batch),
 		names: make([]unix.RawSockaddrInet6, batch),
 		oob:   make([]byte, batch*gsoOOB),
-		pkts:  make([][]byte, 2*batch),
+		pkts:  make([]*Packet, 2*batch),
 		first: make([]int, batch),
 		segs:  make([]int, batch),
 	}
@@ -90,7 +90,7 @@ func newGSOConn(rc syscall.RawConn, fam int, port uint16, batch int, counts *ioC
 }
 
 func (g *gsoConn) sendmmsg(fd uintptr) bool {
-	// Raw: the socket is non-blocking (tun.rawRead says why).
+	// Raw: the socket is non-blocking (a blocking call would hold its thread; the poller waits instead).
 	r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&g.hdrs[g.callOff])), uintptr(g.callN), unix.MSG_DONTWAIT, 0, 0)
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false
@@ -99,58 +99,42 @@ func (g *gsoConn) sendmmsg(fd uintptr) bool {
 	return true
 }
 
-// eligible reports whether p, a complete outer packet, is ESP-in-UDP that
-// the socket can send unchanged: from the encapsulation port, with the
-// standard header package esp writes, IPv4 with DF (what the socket sets
-// on a datagram that fits the path) and not fragmented. It returns the
-// IP header's length.
-func (g *gsoConn) eligible(p []byte) (int, bool) {
-	if g == nil || g.off {
-		return 0, false
+// eligible reports whether p is ESP-in-UDP that the socket can send as
+// it is: from the encapsulation port, to the socket's family, over IPv4
+// with DF set (what the socket sets on a datagram that fits the path),
+// and whole (no outer fragmentation asked for).
+func (g *gsoConn) eligible(p *Packet) bool {
+	if g == nil || g.off || p.DstPort == 0 || p.SrcPort != g.port || p.End-p.Start > gsoMaxBytes {
+		return false
 	}
-	var hl int
 	if g.fam == unix.AF_INET {
-		hl = packet.IPv4HeaderLen
-		if len(p) < hl+packet.UDPHeaderLen || p[0] != 0x45 || p[9] != packet.ProtoUDP ||
-			binary.BigEndian.Uint16(p[6:8]) != 0x4000 || int(binary.BigEndian.Uint16(p[2:4])) != len(p) {
-			return 0, false
+		if !p.Dst.Is4() || !p.Src.Is4() || !p.DF {
+			return false
 		}
-	} else {
-		hl = packet.IPv6HeaderLen
-		if len(p) < hl+packet.UDPHeaderLen || p[0]>>4 != 6 || p[6] != packet.ProtoUDP ||
-			int(binary.BigEndian.Uint16(p[4:6]))+hl != len(p) {
-			return 0, false
-		}
+	} else if !p.Dst.Is6() || p.Dst.Is4In6() || !p.Src.Is6() {
+		return false
 	}
-	if binary.BigEndian.Uint16(p[hl:hl+2]) != g.port || len(p)-hl-packet.UDPHeaderLen > gsoMaxBytes {
-		return 0, false
-	}
-	return hl, true
+	return p.FragmentAbove <= 0 || OuterLen(&p.Endpoint)+p.End-p.Start <= p.FragmentAbove
 }
 
 // sameGroup reports whether p goes to the same peer with the same outer
 // header fields as q, the first datagram of a message.
-func (g *gsoConn) sameGroup(p, q []byte) bool {
-	if g.fam == unix.AF_INET {
-		// TOS, TTL, addresses, destination port
-		return p[1] == q[1] && p[8] == q[8] && string(p[12:20]) == string(q[12:20]) && string(p[22:24]) == string(q[22:24])
-	}
-	// traffic class, hop limit, addresses, destination port
-	return p[0] == q[0] && p[1]&0xf0 == q[1]&0xf0 && p[7] == q[7] && string(p[8:40]) == string(q[8:40]) && string(p[42:44]) == string(q[42:44])
+func sameGroup(p, q *Packet) bool {
+	return p.TOS == q.TOS && p.TTL == q.TTL && p.Src == q.Src && p.Dst == q.Dst && p.DstPort == q.DstPort
 }
 
-// add queues p (eligible, with an IP header of hl bytes). It reports
-// false, queueing nothing, when the vectors are full: flush and add again.
-func (g *gsoConn) add(p []byte, hl int) bool {
+// add queues p (eligible). It reports false, queueing nothing, when the
+// vectors are full: flush and add again.
+func (g *gsoConn) add(p *Packet) bool {
 	n := g.used()
 	if n == len(g.iovs) {
 		return false
 	}
-	payload := p[hl+packet.UDPHeaderLen:]
+	payload := p.Buf[p.Start:p.End]
 	if m := g.nmsg - 1; m >= 0 && !g.closed {
 		h := &g.hdrs[m].hdr
 		seg, cnt := g.segs[m], int(h.Iovlen)
-		if len(payload) <= seg && cnt < gsoMaxSegments && (cnt+1)*seg <= gsoMaxBytes && g.sameGroup(p, g.pkts[g.first[m]]) {
+		if len(payload) <= seg && cnt < gsoMaxSegments && (cnt+1)*seg <= gsoMaxBytes && sameGroup(p, g.pkts[g.first[m]]) {
 			g.setIov(n, p, payload)
 			h.SetIovlen(cnt + 1)
 			g.closed = len(payload) < seg
@@ -172,20 +156,20 @@ func (g *gsoConn) add(p []byte, hl int) bool {
 	h.Name = (*byte)(unsafe.Pointer(&g.names[m]))
 	if g.fam == unix.AF_INET {
 		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&g.names[m]))
-		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: [4]byte(p[16:20])}
-		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], binary.BigEndian.Uint16(p[22:24]))
+		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: p.Dst.As4()}
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], p.DstPort)
 		h.Namelen = unix.SizeofSockaddrInet4
 	} else {
 		sa := &g.names[m]
-		*sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: [16]byte(p[24:40])}
-		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], binary.BigEndian.Uint16(p[42:44]))
+		*sa = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: p.Dst.As16()}
+		binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], p.DstPort)
 		h.Namelen = unix.SizeofSockaddrInet6
 	}
 	g.hdrs[m].len = 0
 	return true
 }
 
-func (g *gsoConn) setIov(i int, p, payload []byte) {
+func (g *gsoConn) setIov(i int, p *Packet, payload []byte) {
 	g.pkts[i] = p
 	iov := &g.iovs[i]
 	iov.Base = unsafe.SliceData(payload)
@@ -210,20 +194,22 @@ func (g *gsoConn) finish(m int) {
 	if g.fam == unix.AF_INET {
 		// struct in_pktinfo: ifindex, spec_dst (the source), addr
 		clear(b[:12])
-		copy(b[4:8], p[12:16])
+		a := p.Src.As4()
+		copy(b[4:8], a[:])
 		put(unix.IPPROTO_IP, unix.IP_PKTINFO, b[:unix.SizeofInet4Pktinfo])
-		binary.NativeEndian.PutUint32(b[:4], uint32(p[1]))
+		binary.NativeEndian.PutUint32(b[:4], uint32(p.TOS))
 		put(unix.IPPROTO_IP, unix.IP_TOS, b[:4])
-		binary.NativeEndian.PutUint32(b[:4], uint32(p[8]))
+		binary.NativeEndian.PutUint32(b[:4], uint32(p.TTL))
 		put(unix.IPPROTO_IP, unix.IP_TTL, b[:4])
 	} else {
 		// struct in6_pktinfo: addr, ifindex
-		copy(b[:16], p[8:24])
+		a := p.Src.As16()
+		copy(b[:16], a[:])
 		clear(b[16:20])
 		put(unix.IPPROTO_IPV6, unix.IPV6_PKTINFO, b[:unix.SizeofInet6Pktinfo])
-		binary.NativeEndian.PutUint32(b[:4], uint32(p[0]<<4|p[1]>>4))
+		binary.NativeEndian.PutUint32(b[:4], uint32(p.TOS))
 		put(unix.IPPROTO_IPV6, unix.IPV6_TCLASS, b[:4])
-		binary.NativeEndian.PutUint32(b[:4], uint32(p[7]))
+		binary.NativeEndian.PutUint32(b[:4], uint32(p.TTL))
 		put(unix.IPPROTO_IPV6, unix.IPV6_HOPLIMIT, b[:4])
 	}
 	if g.hdrs[m].hdr.Iovlen > 1 {
@@ -241,14 +227,14 @@ func (g *gsoConn) pending() bool { return g != nil && g.nmsg > 0 }
 // flush sends the queued messages. A message of one datagram gains
 // nothing from the UDP socket and goes to fallback (the raw sender) with
 // the rest of its run of such messages: its UDP checksum is then the one
-// package esp wrote, complete, whereas the socket leaves it to checksum
+// PutOuter writes, complete, whereas the socket leaves it to checksum
 // offload, which a virtual link (veth) never performs, so that a capture
 // there shows it incomplete and cannot be replayed (the end-to-end
 // injection test does exactly that with pings). A message the kernel
 // refuses goes to fallback datagram by datagram, so that nothing is lost to
 // a kernel or path without UDP_SEGMENT; after gsoFailLimit refusals in a
 // row the family stops trying. It returns the datagrams sent here.
-func (g *gsoConn) flush(fallback func(pkts [][]byte)) (sent int) {
+func (g *gsoConn) flush(fallback func(pkts []*Packet)) (sent int) {
 	for off := 0; off < g.nmsg; {
 		end := off
 		for end < g.nmsg && g.hdrs[end].hdr.Iovlen == 1 {

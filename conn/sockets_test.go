@@ -1,4 +1,4 @@
-package dataplane
+package conn
 
 import (
 	"bytes"
@@ -16,40 +16,16 @@ import (
 
 const testMark = 0xe5d7
 
-// outerPkt builds a complete outer packet as package esp would: IP header,
-// UDP header if dport != 0, then payload.
-func outerPkt(t testing.TB, src, dst netip.Addr, sport, dport uint16, tos uint8, payload []byte) []byte {
-	t.Helper()
-	proto := uint8(packet.ProtoESP)
-	body := payload
-	if dport != 0 {
-		proto = packet.ProtoUDP
-		body = make([]byte, packet.UDPHeaderLen+len(payload))
-		packet.PutUDPHeader(body, sport, dport, len(payload))
-		copy(body[packet.UDPHeaderLen:], payload)
-		if src.Is6() {
-			if err := packet.SetUDPChecksum(body, src, dst); err != nil {
-				t.Fatal(err)
-			}
-		}
+// outPkt returns a Packet of payload from src to dst (ESP-in-UDP when
+// dport != 0) with TOS tos, DF set and TTL 64, with HeaderRoom in front.
+func outPkt(src, dst netip.Addr, sport, dport uint16, tos uint8, payload []byte) Packet {
+	buf := make([]byte, HeaderRoom+len(payload))
+	copy(buf[HeaderRoom:], payload)
+	return Packet{
+		Buf: buf, Start: HeaderRoom, End: len(buf),
+		Endpoint: Endpoint{Src: src, Dst: dst, SrcPort: sport, DstPort: dport, TTL: 64},
+		TOS:      tos, DF: true, ID: 1,
 	}
-	var p []byte
-	if src.Is4() {
-		p = make([]byte, packet.IPv4HeaderLen+len(body))
-		_, err := packet.PutIPv4Header(p, packet.IPv4Header{TOS: tos, TotalLen: uint16(len(p)), ID: 1, DF: true, TTL: 64, Protocol: proto, Src: src, Dst: dst})
-		if err != nil {
-			t.Fatal(err)
-		}
-		copy(p[packet.IPv4HeaderLen:], body)
-	} else {
-		p = make([]byte, packet.IPv6HeaderLen+len(body))
-		_, err := packet.PutIPv6Header(p, packet.IPv6Header{TrafficClass: tos, PayloadLen: uint16(len(body)), NextHeader: proto, HopLimit: 64, Src: src, Dst: dst})
-		if err != nil {
-			t.Fatal(err)
-		}
-		copy(p[packet.IPv6HeaderLen:], body)
-	}
-	return p
 }
 
 // twoNS connects namespaces a (198.18.1.1, 2001:db8:1::1) and b
@@ -132,8 +108,7 @@ func TestSocketsRoundTrip(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const tos = 46<<2 | packet.ECNECT0
-			p := outerPkt(t, tc.src, tc.dst, 4501, tc.dport, tos, esp)
-			if n, err := sa.Sender().Send([][]byte{p}); n != 1 || err != nil {
+			if n, err := sa.Send([]Packet{outPkt(tc.src, tc.dst, 4501, tc.dport, tos, esp)}); n != 1 || err != nil {
 				t.Fatalf("Send: %d, %v", n, err)
 			}
 			m := receiveOne(t, tc.r, 2048)
@@ -162,10 +137,41 @@ func TestSocketsRoundTrip(t *testing.T) {
 		})
 	}
 
+	// Larger than the path takes: the raw path sends fragments, which the
+	// peer's kernel reassembles before its socket sees the packet.
+	for _, tc := range []struct {
+		name     string
+		src, dst netip.Addr
+		dport    uint16
+		r        Receiver
+	}{
+		{"fragmented raw4", a4, b4, 0, rb[0]},
+		{"fragmented udp4", a4, b4, 4501, rb[1]},
+		{"fragmented raw6", a6, b6, 0, rb[2]},
+		{"fragmented udp6", a6, b6, 4501, rb[3]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			big := make([]byte, 3000)
+			for i := range big {
+				big[i] = byte(i * 13)
+			}
+			copy(big, esp)
+			p := outPkt(tc.src, tc.dst, 4501, tc.dport, 0, big)
+			p.DF, p.FragmentAbove = false, 1280
+			if n, err := sa.Send([]Packet{p}); n != 3 || err != nil {
+				t.Fatalf("Send: %d, %v; want 3 fragments", n, err)
+			}
+			m := receiveOne(t, tc.r, 4096)
+			if m.Err != nil || !bytes.Equal(m.Buf[m.Start:m.End], big) {
+				t.Fatalf("reassembled: %d bytes, %v", m.End-m.Start, m.Err)
+			}
+		})
+	}
+
 	t.Run("truncated", func(t *testing.T) {
 		big := make([]byte, 600)
 		copy(big, esp)
-		if _, err := sa.Sender().Send([][]byte{outerPkt(t, a4, b4, 4501, 4501, 0, big)}); err != nil {
+		if _, err := sa.Send([]Packet{outPkt(a4, b4, 4501, 4501, 0, big)}); err != nil {
 			t.Fatal(err)
 		}
 		if m := receiveOne(t, rb[1], RecvOffset+200); !errors.Is(m.Err, ErrTruncated) {
@@ -174,13 +180,13 @@ func TestSocketsRoundTrip(t *testing.T) {
 	})
 
 	t.Run("batch", func(t *testing.T) {
-		var pkts [][]byte
+		var pkts []Packet
 		for i := range 40 {
 			pl := append([]byte(nil), esp...)
 			pl[7] = byte(i)
-			pkts = append(pkts, outerPkt(t, a4, b4, 4501, 4501, 0, pl))
+			pkts = append(pkts, outPkt(a4, b4, 4501, 4501, 0, pl))
 		}
-		if n, err := sa.Sender().Send(pkts); n != 40 || err != nil {
+		if n, err := sa.Send(pkts); n != 40 || err != nil {
 			t.Fatalf("Send: %d, %v", n, err)
 		}
 		msgs := make([]Message, 64)
@@ -213,7 +219,7 @@ func TestSocketsRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		n, err := s.Sender().Send([][]byte{outerPkt(t, a4, b4, 0, 0, 0, esp), outerPkt(t, a6, b6, 0, 0, 0, esp)})
+		n, err := s.Send([]Packet{outPkt(a4, b4, 0, 0, 0, esp), outPkt(a6, b6, 0, 0, 0, esp)})
 		if n != 0 || err == nil {
 			t.Errorf("unmarked Send: %d, %v; want 0 and an error", n, err)
 		}
@@ -242,7 +248,7 @@ func TestSocketsGSO(t *testing.T) {
 			} {
 				t.Run(fam.name, func(t *testing.T) {
 					const total = 300
-					var pkts [][]byte
+					var pkts []Packet
 					tosOf := func(i int) uint8 { return uint8(i/25) << 2 }
 					for i := range total {
 						size := 1000
@@ -255,15 +261,13 @@ func TestSocketsGSO(t *testing.T) {
 						pl := make([]byte, size)
 						binary.BigEndian.PutUint32(pl, 0x1234)
 						binary.BigEndian.PutUint32(pl[4:], uint32(i))
-						p := outerPkt(t, fam.src, fam.dst, 4503, 4503, tosOf(i), pl)
+						p := outPkt(fam.src, fam.dst, 4503, 4503, tosOf(i), pl)
 						if fam.src.Is4() && i%90 == 89 {
-							p[6] &^= 0x40 // DF clear: not for the UDP socket
-							binary.BigEndian.PutUint16(p[10:], 0)
-							binary.BigEndian.PutUint16(p[10:], packet.Checksum(p[:packet.IPv4HeaderLen], 0))
+							p.DF = false // not for the UDP socket
 						}
 						pkts = append(pkts, p)
 					}
-					if n, err := sa.Sender().Send(pkts); n != total || err != nil {
+					if n, err := sa.Send(pkts); n != total || err != nil {
 						t.Fatalf("Send: %d, %v", n, err)
 					}
 					msgs := make([]Message, 64)
@@ -286,7 +290,7 @@ func TestSocketsGSO(t *testing.T) {
 							if len(p) < 8 || binary.BigEndian.Uint32(p[4:]) != uint32(got) {
 								t.Fatalf("packet %d: got number %d (%d bytes)", got, binary.BigEndian.Uint32(p[4:]), len(p))
 							}
-							if want := len(pkts[got]) - packet.UDPHeaderLen - map[bool]int{true: packet.IPv4HeaderLen, false: packet.IPv6HeaderLen}[fam.src.Is4()]; len(p) != want {
+							if want := pkts[got].End - pkts[got].Start; len(p) != want {
 								t.Fatalf("packet %d: %d bytes, want %d", got, len(p), want)
 							}
 							if m.TOS != tosOf(got) || m.Src != netip.AddrPortFrom(fam.src, 4503) || m.Dst != netip.AddrPortFrom(fam.dst, 4503) {

@@ -1,4 +1,4 @@
-package dataplane
+package conn
 
 import (
 	"os"
@@ -40,7 +40,7 @@ type mmsgConn struct {
 }
 
 // ioCounts count the outer sockets' system calls and what they carried,
-// to tell the batch sizes achieved (dataplane.Stats).
+// to tell the batch sizes achieved (Stats).
 type ioCounts struct {
 	recvCalls, recvDatagrams atomic.Uint64
 	sendCalls, sendMessages  atomic.Uint64
@@ -85,7 +85,7 @@ func newMmsgConn(fd int, name string, batch int) (*mmsgConn, error) {
 }
 
 func (c *mmsgConn) recvmmsg(fd uintptr) bool {
-	// Raw: the socket is non-blocking (tun.rawRead says why).
+	// Raw: the socket is non-blocking (a blocking call would hold its thread; the poller waits instead).
 	r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&c.hdrs[0])), uintptr(c.n), uintptr(c.flags), 0, 0)
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false
@@ -95,7 +95,7 @@ func (c *mmsgConn) recvmmsg(fd uintptr) bool {
 }
 
 func (c *mmsgConn) sendmmsg(fd uintptr) bool {
-	// Raw: the socket is non-blocking (tun.rawRead says why).
+	// Raw: the socket is non-blocking (a blocking call would hold its thread; the poller waits instead).
 	r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&c.hdrs[c.off])), uintptr(c.n), uintptr(c.flags), 0, 0)
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false

@@ -1,4 +1,4 @@
-package dataplane
+package conn
 
 import (
 	"encoding/binary"
@@ -12,9 +12,6 @@ import (
 
 	"github.com/espd/espd/packet"
 )
-
-// DefaultEncapPort is the ESP-in-UDP port of RFC 3948.
-const DefaultEncapPort = 4500
 
 // SocketConfig says how to open the outer sockets.
 type SocketConfig struct {
@@ -34,20 +31,26 @@ type SocketConfig struct {
 	NoGSO bool
 }
 
-// Sockets are espd's outer sockets: raw ESP (IP protocol 50) and
-// ESP-in-UDP receivers for IPv4 and IPv6, and raw IPPROTO_RAW senders
-// (IP_HDRINCL) that send both raw and UDP-encapsulated ESP as the complete
-// packets package esp builds, so that TTL, DSCP, ECN and DF are espd's to
-// set per packet. The UDP sockets own the encapsulation port: they receive
-// ESP-in-UDP, IKE and keepalives, and keep the kernel from answering them
-// with port unreachable. Unless NoGSO, they also send the ESP-in-UDP they
-// can, several datagrams per message (UDP_SEGMENT), and receive with
-// UDP_GRO (gso_linux.go).
+// Sockets are espd's outer sockets, the Bind of the kernel: raw ESP (IP
+// protocol 50) and ESP-in-UDP receivers for IPv4 and IPv6, raw
+// IPPROTO_RAW senders (IP_HDRINCL) for the packets that need a complete
+// IP header written by espd (raw ESP, whose TTL, DSCP, ECN and DF are
+// espd's to set per packet, and outer fragments), and the encapsulation
+// port's UDP sockets, which receive ESP-in-UDP, IKE and keepalives (and
+// keep the kernel from answering them with port unreachable) and, unless
+// NoGSO, send ESP-in-UDP several datagrams per message (UDP_SEGMENT) and
+// receive with UDP_GRO (gso_linux.go). StartIKE adds the IKE port
+// (ike_linux.go).
 type Sockets struct {
+	cfg    SocketConfig
 	recv   []Receiver
+	udp    [2]*receiver // the encapsulation port's receivers, IPv4 and IPv6
 	send   *rawSender
 	counts ioCounts
+	ike    ikeRelay
 }
+
+var _ Bind = (*Sockets)(nil)
 
 // OpenSockets opens the outer sockets in the calling thread's network
 // namespace.
@@ -58,7 +61,7 @@ func OpenSockets(cfg SocketConfig) (s *Sockets, err error) {
 	if cfg.Batch <= 0 {
 		cfg.Batch = 128
 	}
-	s = &Sockets{}
+	s = &Sockets{cfg: cfg}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -68,51 +71,55 @@ func OpenSockets(cfg SocketConfig) (s *Sockets, err error) {
 	if !cfg.NoIPv6 {
 		fams = append(fams, unix.AF_INET6)
 	}
-	for _, fam := range fams {
-		r, err := openRawESP(fam, cfg)
+	for i, fam := range fams {
+		r, err := openRawESP(fam, cfg, &s.counts)
 		if err != nil {
 			return nil, err
 		}
 		s.recv = append(s.recv, r)
-		u, err := openUDP(fam, cfg)
+		u, err := openUDP(fam, cfg, &s.counts)
 		if err != nil {
 			return nil, err
 		}
 		s.recv = append(s.recv, u)
+		s.udp[i] = u
 	}
-	s.send, err = openRawSender(cfg)
+	s.send, err = openRawSender(cfg, &s.counts)
 	if err != nil {
 		return nil, err
 	}
 	if !cfg.NoGSO {
-		s.send.useGSO(s.recv, cfg.Batch)
-	}
-	s.send.counts = &s.counts
-	for _, c := range []*mmsgConn{s.send.v4, s.send.v6} {
-		if c != nil {
-			c.counts = &s.counts
+		for _, u := range s.udp {
+			if u != nil {
+				s.send.useGSO(u, cfg.Batch)
+			}
 		}
 	}
-	for _, r := range s.recv {
-		r.(*receiver).c.counts = &s.counts
-	}
-	for _, g := range []*gsoConn{s.send.g4, s.send.g6} {
-		if g != nil {
-			g.counts = &s.counts
-		}
-	}
+	s.ike.init(s)
 	return s, nil
 }
 
 // Receivers returns the receiving sockets: raw ESP and UDP, per family.
 func (s *Sockets) Receivers() []Receiver { return s.recv }
 
-// Sender returns the sending side.
-func (s *Sockets) Sender() Sender { return s.send }
+// Send implements Bind.
+func (s *Sockets) Send(pkts []Packet) (int, error) { return s.send.Send(pkts) }
 
-// Close closes every socket.
+// Stats implements Bind.
+func (s *Sockets) Stats() Stats {
+	c := &s.counts
+	return Stats{
+		RecvCalls: c.recvCalls.Load(), RecvDatagrams: c.recvDatagrams.Load(),
+		SendCalls: c.sendCalls.Load(), SendMessages: c.sendMessages.Load(),
+	}
+}
+
+// Close closes every socket, the IKE port's included.
 func (s *Sockets) Close() error {
 	var errs []error
+	if err := s.ike.stop(); err != nil && !errors.Is(err, ErrIKEOff) {
+		errs = append(errs, err)
+	}
 	for _, r := range s.recv {
 		errs = append(errs, r.Close())
 	}
@@ -132,12 +139,12 @@ func famName(fam int) string {
 func socket(fam, typ, proto int, cfg SocketConfig, what string) (int, error) {
 	fd, err := unix.Socket(fam, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, proto)
 	if err != nil {
-		return -1, fmt.Errorf("dataplane: %s %s socket: %w", famName(fam), what, err)
+		return -1, fmt.Errorf("conn: %s %s socket: %w", famName(fam), what, err)
 	}
 	if cfg.Mark != 0 {
 		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, int(cfg.Mark)); err != nil {
 			unix.Close(fd)
-			return -1, fmt.Errorf("dataplane: SO_MARK on %s %s socket: %w", famName(fam), what, err)
+			return -1, fmt.Errorf("conn: SO_MARK on %s %s socket: %w", famName(fam), what, err)
 		}
 	}
 	return fd, nil
@@ -148,7 +155,7 @@ type sockopt struct{ level, opt, value int }
 func setsockopts(fd int, what string, opts ...sockopt) error {
 	for _, o := range opts {
 		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.value); err != nil {
-			return fmt.Errorf("dataplane: %s: setsockopt(%d, %d): %w", what, o.level, o.opt, err)
+			return fmt.Errorf("conn: %s: setsockopt(%d, %d): %w", what, o.level, o.opt, err)
 		}
 	}
 	return nil
@@ -161,9 +168,12 @@ type receiver struct {
 	udp  bool
 	port uint16
 	gro  *groReader // UDP socket with UDP_GRO on
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
-func openRawESP(fam int, cfg SocketConfig) (*receiver, error) {
+func openRawESP(fam int, cfg SocketConfig, counts *ioCounts) (*receiver, error) {
 	fd, err := socket(fam, unix.SOCK_RAW, unix.IPPROTO_ESP, cfg, "raw ESP")
 	if err != nil {
 		return nil, err
@@ -187,10 +197,11 @@ func openRawESP(fam int, cfg SocketConfig) (*receiver, error) {
 		unix.Close(fd)
 		return nil, err
 	}
+	c.counts = counts
 	return &receiver{c: c, fam: fam}, nil
 }
 
-func openUDP(fam int, cfg SocketConfig) (*receiver, error) {
+func openUDP(fam int, cfg SocketConfig, counts *ioCounts) (*receiver, error) {
 	fd, err := socket(fam, unix.SOCK_DGRAM, unix.IPPROTO_UDP, cfg, "UDP")
 	if err != nil {
 		return nil, err
@@ -219,13 +230,14 @@ func openUDP(fam int, cfg SocketConfig) (*receiver, error) {
 	}
 	if err := unix.Bind(fd, sa); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("dataplane: bind %s: %w", what, err)
+		return nil, fmt.Errorf("conn: bind %s: %w", what, err)
 	}
 	c, err := newMmsgConn(fd, "esp-udp-"+famName(fam), cfg.Batch)
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
+	c.counts = counts
 	r := &receiver{c: c, fam: fam, udp: true, port: cfg.EncapPort}
 	// UDP_GRO (Linux 5.0): a run of datagrams sent with UDP_SEGMENT, or
 	// coalesced by the NIC's GRO, arrives as one. Without it, the kernel
@@ -241,7 +253,7 @@ func (r *receiver) Receive(msgs []Message) (int, error) {
 	n := min(len(msgs), len(r.c.hdrs))
 	for i := range n {
 		if len(msgs[i].Buf) <= RecvOffset {
-			return 0, fmt.Errorf("dataplane: receive buffer of %d bytes", len(msgs[i].Buf))
+			return 0, fmt.Errorf("conn: receive buffer of %d bytes", len(msgs[i].Buf))
 		}
 		if r.gro == nil {
 			r.c.prepare(i, msgs[i].Buf[RecvOffset:], true, 0)
@@ -345,196 +357,9 @@ func parseControl(oob []byte, dst *netip.Addr, tos *uint8) (seg int) {
 	return seg
 }
 
-// Close implements Receiver.
-func (r *receiver) Close() error { return r.c.close() }
-
-// rawSender sends complete IP packets through IPPROTO_RAW sockets, which
-// imply IP_HDRINCL (IPv4) and IPV6_HDRINCL (IPv6), and ESP-in-UDP from the
-// encapsulation port's UDP sockets with UDP_SEGMENT where the packets
-// allow it (gso_linux.go). Packets leave in the order given.
-type rawSender struct {
-	mu     sync.Mutex
-	v4, v6 *mmsgConn
-	g4, g6 *gsoConn // nil: no UDP socket of the family, or GSO off
-
-	counts *ioCounts // the Sockets' counters, shared with the receivers
-
-	// the Send call in progress
-	n4, n6   int
-	sent     int
-	firstErr error
-	fallback func(pkts [][]byte)
-}
-
-func openRawSender(cfg SocketConfig) (*rawSender, error) {
-	s := &rawSender{}
-	s.fallback = s.sendRaw
-	fd, err := socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW, cfg, "raw send")
-	if err != nil {
-		return nil, err
-	}
-	if s.v4, err = newMmsgConn(fd, "esp-send-IPv4", cfg.Batch); err != nil {
-		unix.Close(fd)
-		return nil, err
-	}
-	if cfg.NoIPv6 {
-		return s, nil
-	}
-	fd, err = socket(unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_RAW, cfg, "raw send")
-	if err != nil {
-		s.Close()
-		return nil, err
-	}
-	if s.v6, err = newMmsgConn(fd, "esp-send-IPv6", cfg.Batch); err != nil {
-		unix.Close(fd)
-		s.Close()
-		return nil, err
-	}
-	return s, nil
-}
-
-// useGSO sends the ESP-in-UDP that allows it from the UDP receivers'
-// sockets (they own the encapsulation port).
-func (s *rawSender) useGSO(recv []Receiver, batch int) {
-	for _, r := range recv {
-		u, ok := r.(*receiver)
-		if !ok || !u.udp {
-			continue
-		}
-		g := newGSOConn(u.c.rc, u.fam, u.port, batch, nil)
-		if u.fam == unix.AF_INET {
-			s.g4 = g
-		} else {
-			s.g6 = g
-		}
-	}
-}
-
-// errNoIPv6 and errNotIP are returned for packets the sender cannot send.
-var (
-	errNoIPv6 = errors.New("dataplane: IPv6 outer packet with IPv6 disabled")
-	errNotIP  = errors.New("dataplane: outer packet is not IPv4 or IPv6")
-)
-
-// Send implements Sender.
-func (s *rawSender) Send(pkts [][]byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.sent, s.firstErr = 0, nil
-	for _, p := range pkts {
-		g := s.g4
-		if len(p) > 0 && p[0]>>4 == 6 {
-			g = s.g6
-		}
-		if hl, ok := g.eligible(p); ok {
-			s.flushRaw()
-			if !g.add(p, hl) {
-				s.flushGSO()
-				g.add(p, hl)
-			}
-			continue
-		}
-		s.flushGSO()
-		s.queueRaw(p)
-	}
-	s.flushGSO()
-	s.flushRaw()
-	return s.sent, s.firstErr
-}
-
-func (s *rawSender) fail(err error) {
-	if err != nil && s.firstErr == nil {
-		s.firstErr = err
-	}
-}
-
-// queueRaw prepares p for the raw sockets, sending what is queued when a
-// vector is full.
-func (s *rawSender) queueRaw(p []byte) {
-	switch {
-	case len(p) >= packet.IPv4HeaderLen && p[0]>>4 == 4:
-		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&s.v4.names[s.n4]))
-		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: [4]byte(p[16:20])}
-		s.v4.prepare(s.n4, p, false, unix.SizeofSockaddrInet4)
-		if s.n4++; s.n4 == len(s.v4.hdrs) {
-			s.flushRaw()
-		}
-	case len(p) >= packet.IPv6HeaderLen && p[0]>>4 == 6:
-		if s.v6 == nil {
-			s.fail(errNoIPv6)
-			return
-		}
-		s.v6.names[s.n6] = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: [16]byte(p[24:40])}
-		s.v6.prepare(s.n6, p, false, unix.SizeofSockaddrInet6)
-		if s.n6++; s.n6 == len(s.v6.hdrs) {
-			s.flushRaw()
-		}
-	default:
-		s.fail(errNotIP)
-	}
-}
-
-// sendRaw sends pkts through the raw sockets at once (the GSO fallback).
-func (s *rawSender) sendRaw(pkts [][]byte) {
-	for _, p := range pkts {
-		s.queueRaw(p)
-	}
-	s.flushRaw()
-}
-
-func (s *rawSender) flushRaw() {
-	if s.n4 > 0 {
-		ok, err := s.flush(s.v4, s.n4)
-		s.sent += ok
-		s.fail(err)
-		s.n4 = 0
-	}
-	if s.n6 > 0 {
-		ok, err := s.flush(s.v6, s.n6)
-		s.sent += ok
-		s.fail(err)
-		s.n6 = 0
-	}
-}
-
-func (s *rawSender) flushGSO() {
-	for _, g := range [2]*gsoConn{s.g4, s.g6} {
-		if g.pending() {
-			sent := g.flush(s.fallback)
-			s.sent += sent
-		}
-	}
-}
-
-// flush sends the n prepared messages of c, skipping any that fails.
-func (s *rawSender) flush(c *mmsgConn, n int) (int, error) {
-	var firstErr error
-	sent := 0
-	for off := 0; off < n; {
-		k, err := c.sendFrom(off, n-off)
-		sent += k
-		off += k
-		if err != nil {
-			if firstErr == nil {
-				firstErr = err
-			}
-			off++ // skip the message that failed
-		}
-	}
-	return sent, firstErr
-}
-
-// ioCounts returns the counters of the Sockets the sender belongs to.
-func (s *rawSender) ioCounts() *ioCounts { return s.counts }
-
-// Close implements Sender.
-func (s *rawSender) Close() error {
-	var errs []error
-	if s.v4 != nil {
-		errs = append(errs, s.v4.close())
-	}
-	if s.v6 != nil {
-		errs = append(errs, s.v6.close())
-	}
-	return errors.Join(errs...)
+// Close implements Receiver. Only the first call closes the socket, so
+// that the data plane can stop its readers before Sockets.Close.
+func (r *receiver) Close() error {
+	r.closeOnce.Do(func() { r.closeErr = r.c.close() })
+	return r.closeErr
 }
