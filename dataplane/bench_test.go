@@ -25,7 +25,7 @@ func drive(h *harness, tmpl [][]byte, total, limit int, done <-chan int) {
 // channel: sent outer packets (outbound) or packets written back to the
 // TUN (loop).
 func benchHarness(tb testing.TB, loop bool, m pipelineMode) (*harness, chan int) {
-	h := newHarness(tb, Config{Workers: m.workers, InlineAbove: m.inlineAbove, QueueLen: 64}, loop)
+	h := newHarness(tb, Config{Workers: m.workers, HandOffBelow: m.below, QueueLen: 64}, loop)
 	h.tun.record, h.tx.record = false, false
 	done := make(chan int, 4096)
 	if loop {
@@ -47,17 +47,17 @@ func template(n, size int) [][]byte {
 
 // pipelineMode is how a device runs its crypto: run to completion
 // (workers 0), always on the workers, or on whichever its measured rate
-// picks (inlineAbove).
-type pipelineMode struct{ workers, inlineAbove int }
+// picks (below).
+type pipelineMode struct{ workers, below int }
 
 func (m pipelineMode) String() string {
-	if m.inlineAbove > 0 {
-		return fmt.Sprintf("workers=%d,inline-above=%d", m.workers, m.inlineAbove)
+	if m.below > 0 {
+		return fmt.Sprintf("workers=%d,hand-off-below=%d", m.workers, m.below)
 	}
 	return fmt.Sprintf("workers=%d", m.workers)
 }
 
-var pipelineModes = []pipelineMode{{0, 0}, {2, 0}, {2, DefaultInlineAbove}}
+var pipelineModes = []pipelineMode{{0, 0}, {2, 0}, {2, DefaultHandOffBelow}}
 
 // TestNoAllocsPerPacket runs batches through the whole pipeline, out and
 // back in, in each pipelineMode, and checks that the steady

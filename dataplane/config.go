@@ -21,13 +21,13 @@ const (
 	DefaultOuterMTU  = 1500
 	DefaultQueueLen  = 16
 	DefaultBatch     = 128
-	// DefaultInlineAbove is cmd/espd's Config.InlineAbove: AES-GCM with
+	// DefaultHandOffBelow is cmd/espd's Config.HandOffBelow: AES-GCM with
 	// AES-NI and ChaCha20-Poly1305 with AVX2 or SSSE3 run faster on a
 	// current x86 core and stay on the readers; the same suites in
 	// portable Go, and CPUs as slow as the Atom gateways espd is for, go
 	// to the workers.
-	DefaultInlineAbove = 1000
-	DefaultICMPRate    = 100
+	DefaultHandOffBelow = 1000
+	DefaultICMPRate     = 100
 	// DefaultRecvBuffer is the outer sockets' forced SO_RCVBUF. The
 	// kernel's default (about 200 KiB) holds a few hundred full-size ESP
 	// packets: a burst from a TSO sender overflows it before the reader's
@@ -59,17 +59,19 @@ type Config struct {
 	// (BENCHMARKS.md). n > 0 hands the batches to n workers and an in-order
 	// stage per direction, spreading one flow's crypto over n cores.
 	Workers int
-	// InlineAbove, with workers, is a crypto rate in MB/s: while the
-	// crypto of a direction's batches runs faster than this (as measured
-	// on them), its readers run their batches to completion as with no
-	// workers; while it runs slower, the batches go to the workers. 0
-	// means always the workers. cmd/espd's default is DefaultInlineAbove.
-	InlineAbove int
-	// OnHandOff, if set with InlineAbove, is called (never concurrently)
-	// with true when a direction starts handing its batches to the
-	// workers, and with false when neither does any more. cmd/espd uses it
-	// to run on half the CPUs while the readers run the batches themselves
-	// and on all of them while the workers do.
+	// HandOffBelow, with workers, is a crypto rate in MB/s: while the
+	// crypto of a direction's batches runs slower than this (as measured
+	// on them), its readers hand the batches off to the workers; while it
+	// runs faster, they run them to completion as with no workers. 0
+	// means always hand off. cmd/espd's default is DefaultHandOffBelow.
+	HandOffBelow int
+	// OnHandOff, if set with HandOffBelow, is called with true when a
+	// direction starts handing its batches off to the workers, and with
+	// false when neither does any more: from a goroutine of its own, never
+	// the data path, never concurrently, at most every 500 ms (a change
+	// back within that time is reported late or not at all). cmd/espd
+	// uses it to run on half the CPUs while the readers run the batches to
+	// completion and on all of them while the workers take them.
 	OnHandOff func(handOff bool)
 	// OuterMTU is the MTU of the path to the peers. 0 means the MTU of
 	// the route to each peer (refreshed every 30 s), or DefaultOuterMTU

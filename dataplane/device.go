@@ -64,21 +64,21 @@ type Device struct {
 	out  *queues
 	in   *queues
 
-	inline bool // run to completion: readers do the crypto and the I/O
-	// readersRun: readers run some or all batches to completion (inline,
-	// or workers with InlineAbove), so each needs its own sender or writer.
-	readersRun bool
-	outOff     offloader
-	inOff      offloader
-	modeMu     sync.Mutex // serializes Config.OnHandOff calls
-	handing    bool       // the last value passed to Config.OnHandOff
-	stats      counters
-	tunStats   interface{ Stats() tun.Stats } // nil: the TUN does not count
-	live       atomic.Pointer[IO]             // io, once started, for Stats and Bind
-	closing    atomic.Bool
-	started    bool
-	stop       chan struct{}
-	wg         sync.WaitGroup
+	noWorkers bool // no workers: readers run every batch to completion
+	// readersComplete: readers run some or all batches to completion (no
+	// workers, or workers with HandOffBelow), so each needs its own
+	// sender or writer.
+	readersComplete bool
+	outGauge        handOffGauge
+	inGauge         handOffGauge
+	handOffWake     chan struct{} // the gauges' changes, for reportHandOff
+	stats           counters
+	tunStats        interface{ Stats() tun.Stats } // nil: the TUN does not count
+	live            atomic.Pointer[IO]             // io, once started, for Stats and Bind
+	closing         atomic.Bool
+	started         bool
+	stop            chan struct{}
+	wg              sync.WaitGroup
 
 	mu        sync.Mutex // serializes Start/StartWith/Close and route changes
 	closed    bool
@@ -97,12 +97,13 @@ func New(cfg Config, db *sa.DB, log *slog.Logger) (*Device, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Device{cfg: cfg, db: db, log: log, stop: make(chan struct{}), inline: cfg.Workers == 0}
-	d.readersRun = d.inline || cfg.InlineAbove > 0
-	if !d.inline && cfg.InlineAbove > 0 {
-		d.outOff.inlineAbove.Store(int64(cfg.InlineAbove))
-		d.inOff.inlineAbove.Store(int64(cfg.InlineAbove))
-		d.outOff.changed, d.inOff.changed = d.handOffChanged, d.handOffChanged
+	d := &Device{cfg: cfg, db: db, log: log, stop: make(chan struct{}), noWorkers: cfg.Workers == 0}
+	d.readersComplete = d.noWorkers || cfg.HandOffBelow > 0
+	if !d.noWorkers && cfg.HandOffBelow > 0 {
+		d.outGauge.below.Store(int64(cfg.HandOffBelow))
+		d.inGauge.below.Store(int64(cfg.HandOffBelow))
+		d.outGauge.changed, d.inGauge.changed = d.handOffChanged, d.handOffChanged
+		d.handOffWake = make(chan struct{}, 1)
 	}
 	return d, nil
 }
@@ -197,7 +198,7 @@ func (d *Device) StartWith(io IO) error {
 	d.wg.Add(2)
 	go func() { defer d.wg.Done(); d.out.closeWhenDone() }()
 	go func() { defer d.wg.Done(); d.in.closeWhenDone() }()
-	if !d.inline {
+	if !d.noWorkers {
 		d.wg.Add(2 + d.cfg.Workers)
 		for range d.cfg.Workers {
 			go d.worker()
@@ -208,6 +209,10 @@ func (d *Device) StartWith(io IO) error {
 	if d.cfg.Keepalive > 0 {
 		d.wg.Add(1)
 		go d.keepalives()
+	}
+	if d.handOffWake != nil && d.cfg.OnHandOff != nil {
+		d.wg.Add(1)
+		go d.reportHandOff()
 	}
 	d.log.Info("data plane started", "workers", d.cfg.Workers, "batch", d.pool.size, "queue", d.cfg.QueueLen)
 	return nil
@@ -301,17 +306,41 @@ func (d *Device) logf(k logLimit, msg string, args ...any) {
 	d.log.Warn(msg, args...)
 }
 
-// handOffChanged tells Config.OnHandOff whether either direction now hands
-// its batches to the workers, when that changed.
+// handOffChanged wakes reportHandOff. The gauges call it from the data
+// path, so it only signals: Config.OnHandOff (espd's GOMAXPROCS change
+// stops the world) runs in reportHandOff's goroutine.
 func (d *Device) handOffChanged() {
-	if d.cfg.OnHandOff == nil {
-		return
+	select {
+	case d.handOffWake <- struct{}{}:
+	default: // a report is pending; it reads the latest state
 	}
-	d.modeMu.Lock()
-	defer d.modeMu.Unlock()
-	h := d.outOff.handOff.Load() || d.inOff.handOff.Load()
-	if h != d.handing {
-		d.handing = h
-		d.cfg.OnHandOff(h)
+}
+
+// handOffReportInterval is the least time between two Config.OnHandOff
+// calls: a rate hovering around HandOffBelow flips the gauges back and
+// forth, and each GOMAXPROCS change stops the world.
+const handOffReportInterval = 500 * time.Millisecond
+
+// reportHandOff tells Config.OnHandOff whether either direction hands its
+// batches off, when that changed, from a goroutine of its own and at most
+// every handOffReportInterval.
+func (d *Device) reportHandOff() {
+	defer d.wg.Done()
+	reported := false
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-d.handOffWake:
+		}
+		if h := d.outGauge.handing.Load() || d.inGauge.handing.Load(); h != reported {
+			reported = h
+			d.cfg.OnHandOff(h)
+		}
+		select {
+		case <-d.stop:
+			return
+		case <-time.After(handOffReportInterval):
+		}
 	}
 }

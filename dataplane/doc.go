@@ -7,22 +7,23 @@
 // does. Outbound, one goroutine reads a batch from the TUN (the TUN driver
 // splits TSO/USO super-packets into it), looks up each packet's policy
 // and state, and reserves the batch's sequence numbers once per state.
-// Inbound, one goroutine per outer socket reads a batch with recvmmsg
-// (UDP_GRO runs split into packets) and looks up each packet's state by
-// SPI. What happens next depends on Config.Workers.
+// Inbound, one goroutine per outer socket (conn.Receiver) reads a batch
+// and looks up each packet's state by SPI. What happens next depends on
+// Config.Workers: a reader either runs the batch to completion itself or
+// hands it off to the workers.
 //
 // With no workers each reader runs its batch to completion:
-// it encrypts and sends it (sendmmsg, UDP_SEGMENT for ESP-in-UDP), or
+// it encrypts it and sends it through the conn.Bind, or
 // checks the replay window, decrypts, checks the inner packets against
 // their state's selectors, records the sequence numbers in the window and
 // writes the batch to the TUN, which coalesces TCP and UDP segments (GRO).
 // A batch costs no goroutine handoff, and so no thread wakeup, on its way.
 //
-// With workers and Config.InlineAbove, each direction times its crypto
-// (offloader): batches whose crypto runs faster than InlineAbove are run to
-// completion by their reader as above, slower ones go to the workers, and a
-// reader goes back from the workers to running batches itself only when
-// none of the direction's batches is in flight, so that the order holds.
+// With workers and Config.HandOffBelow, each direction times its crypto
+// (handOffGauge): batches whose crypto runs slower than HandOffBelow are
+// handed off to the workers, faster ones are run to completion by their
+// reader as above, and a reader stops handing off only when none of the
+// direction's batches is in flight, so that the order holds.
 //
 // With n workers each direction has two bounded queues: the crypto queue,
 // served by the n workers of both directions, and the in-order queue,

@@ -22,7 +22,7 @@ func (d *Device) readOuter(r conn.Receiver) {
 	bs := min(d.cfg.Batch, d.pool.size)
 	prod := newProducer()
 	var w *inWriter
-	if d.readersRun {
+	if d.readersComplete {
 		w = &inWriter{}
 	}
 	for {
@@ -119,8 +119,8 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 	switch {
 	case live == 0:
 		d.pool.put(b)
-	case d.inline || !d.inOff.useWorkers(d.in): // run to completion
-		d.inOff.timeCrypto(b, decrypt)
+	case d.noWorkers || !d.inGauge.handsOff(d.in): // run to completion
+		d.inGauge.timeCrypto(b, decrypt)
 		b.release()
 		d.writeBatch(w, b)
 		d.pool.put(b)
@@ -260,7 +260,7 @@ func (d *Device) worker() {
 				out = nil
 				continue
 			}
-			d.outOff.timeCrypto(b, encrypt)
+			d.outGauge.timeCrypto(b, encrypt)
 			b.release()
 			b.mu.Unlock()
 		case b, ok := <-in:
@@ -268,7 +268,7 @@ func (d *Device) worker() {
 				in = nil
 				continue
 			}
-			d.inOff.timeCrypto(b, decrypt)
+			d.inGauge.timeCrypto(b, decrypt)
 			b.release()
 			b.mu.Unlock()
 		}

@@ -50,7 +50,7 @@ func (d *Device) readTUN() {
 	defer d.wg.Done()
 	defer d.out.producerDone()
 	r := &outReader{runs: make([]seqRun, 0, 16), prod: newProducer()}
-	if d.readersRun {
+	if d.readersComplete {
 		r.send = d.newOutSender()
 	}
 	r.pmtu.init(d)
@@ -146,9 +146,9 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 	switch {
 	case live == 0:
 		d.pool.put(b)
-	case d.inline || !d.outOff.useWorkers(d.out):
+	case d.noWorkers || !d.outGauge.handsOff(d.out):
 		r.reserve(b)
-		d.outOff.timeCrypto(b, encrypt)
+		d.outGauge.timeCrypto(b, encrypt)
 		b.release()
 		d.sendBatch(r.send, b)
 		d.pool.put(b)

@@ -29,15 +29,15 @@ func TestOrderUnderManyWorkers(t *testing.T) {
 	checkOrder(t, Config{Workers: 8, QueueLen: 1024}, nil)
 }
 
-// TestOrderAcrossInlineAndWorkers is TestOrderUnderManyWorkers with
-// Config.InlineAbove, whose threshold flips every five batches between a
+// TestOrderAcrossHandOff is TestOrderUnderManyWorkers with
+// Config.HandOffBelow, whose threshold flips every five batches between a
 // rate no cipher reaches and one every cipher beats, so that the readers
 // go back and forth between running batches themselves and handing them
 // to the workers while earlier batches are still on their way (half-way
 // through each fast phase the test lets them drain, which is when the
 // readers may take over again), and checks that Config.OnHandOff hears of
 // each change once.
-func TestOrderAcrossInlineAndWorkers(t *testing.T) {
+func TestOrderAcrossHandOff(t *testing.T) {
 	var (
 		mu    sync.Mutex
 		calls []bool
@@ -47,7 +47,7 @@ func TestOrderAcrossInlineAndWorkers(t *testing.T) {
 		calls = append(calls, h)
 		mu.Unlock()
 	}
-	cfg := Config{Workers: 8, QueueLen: 1024, InlineAbove: DefaultInlineAbove, OnHandOff: onHandOff}
+	cfg := Config{Workers: 8, QueueLen: 1024, HandOffBelow: DefaultHandOffBelow, OnHandOff: onHandOff}
 	st := checkOrder(t, cfg, func(h *harness, i, sent int) {
 		above := int64(1 << 40)
 		if i/5%2 == 0 {
@@ -58,21 +58,70 @@ func TestOrderAcrossInlineAndWorkers(t *testing.T) {
 				waitFor(t, "the packets sent so far back in the TUN", func() bool { return h.tun.count.Load() >= uint64(sent) })
 			}
 		}
-		h.d.outOff.inlineAbove.Store(above)
-		h.d.inOff.inlineAbove.Store(above)
+		h.d.outGauge.below.Store(above)
+		h.d.inGauge.below.Store(above)
 	})
 	if st.InlineBatches == 0 || st.HandedOff == 0 {
 		t.Errorf("%d batches inline, %d handed off: want both", st.InlineBatches, st.HandedOff)
 	}
+	// OnHandOff hears of the changes at most every
+	// handOffReportInterval, so not of each: only changes, alternating,
+	// the first a start, and in the end the state the gauges settled in.
 	mu.Lock()
 	defer mu.Unlock()
-	if len(calls) < 2 {
-		t.Fatalf("OnHandOff called %d times (%v), want both ways", len(calls), calls)
+	if len(calls) < 1 {
+		t.Fatalf("OnHandOff never called")
 	}
 	for i, h := range calls {
 		if h != (i%2 == 0) {
 			t.Fatalf("OnHandOff calls %v: want true, false, true, ... (only changes)", calls)
 		}
+	}
+}
+
+// TestHandOffReport: Config.OnHandOff is called from reportHandOff's
+// goroutine with each change of the gauges it finds, at most every
+// handOffReportInterval, and not at all for a change undone before it
+// looks.
+func TestHandOffReport(t *testing.T) {
+	calls := make(chan bool, 8)
+	d, err := New(Config{Workers: 2, HandOffBelow: 100, OnHandOff: func(h bool) { calls <- h }}, sa.NewDB(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.wg.Add(1)
+	go d.reportHandOff()
+	defer func() { close(d.stop); d.wg.Wait() }()
+	expect := func(want bool, within time.Duration) {
+		t.Helper()
+		select {
+		case h := <-calls:
+			if h != want {
+				t.Fatalf("OnHandOff(%v), want %v", h, want)
+			}
+		case <-time.After(within):
+			t.Fatalf("no OnHandOff(%v) within %v", want, within)
+		}
+	}
+	d.inGauge.handing.Store(true)
+	d.handOffChanged()
+	expect(true, time.Second)
+	start := time.Now()
+	d.inGauge.handing.Store(false)
+	d.handOffChanged()
+	expect(false, 2*handOffReportInterval)
+	if waited := time.Since(start); waited < handOffReportInterval/2 {
+		t.Errorf("second report after %v: not rate-limited", waited)
+	}
+	// A change undone before the reporter looks is not reported.
+	time.Sleep(handOffReportInterval + 100*time.Millisecond)
+	d.outGauge.handing.Store(true)
+	d.outGauge.handing.Store(false)
+	d.handOffChanged()
+	select {
+	case h := <-calls:
+		t.Errorf("OnHandOff(%v) for a change undone", h)
+	case <-time.After(200 * time.Millisecond):
 	}
 }
 

@@ -55,7 +55,7 @@ type Stats struct {
 
 	// InlineBatches counts the batches a reader ran to completion itself,
 	// HandedOff those it handed to the workers (Config.Workers,
-	// Config.InlineAbove).
+	// Config.HandOffBelow).
 	InlineBatches, HandedOff uint64
 }
 

@@ -10,9 +10,11 @@ import (
 // setProcs sets GOMAXPROCS: n if n > 0; otherwise, unless the GOMAXPROCS
 // environment variable decides, half the CPUs (at least one) whenever the
 // readers run their batches to completion: with --workers 0 always, and
-// with workers and --inline-above while no direction hands batches to the
-// workers (dp.OnHandOff switches to all the CPUs while one does, as the
-// workers then need them). A reader running to completion is about one
+// with workers and --hand-off-below while no direction hands batches off
+// to the workers (dp.OnHandOff switches to all the CPUs while one does, as
+// the workers then need them; the data plane calls it from a goroutine of
+// its own, at most every 500 ms, never from the per-batch path, since a
+// GOMAXPROCS change stops the world). A reader running to completion is about one
 // busy goroutine per direction, and the kernel's side of the traffic (TUN
 // and socket copies, softirqs) needs the other CPUs; with more Ps than busy
 // goroutines the runtime keeps waking spare threads that find nothing to
@@ -27,7 +29,7 @@ func setProcs(n int, dp *dataplane.Config) int {
 	case os.Getenv("GOMAXPROCS") != "":
 	case dp.Workers == 0:
 		runtime.GOMAXPROCS(half)
-	case dp.InlineAbove > 0 && half < all:
+	case dp.HandOffBelow > 0 && half < all:
 		runtime.GOMAXPROCS(half)
 		dp.OnHandOff = func(handOff bool) {
 			if handOff {

@@ -8,7 +8,7 @@ import (
 )
 
 // TestSetProcs checks the GOMAXPROCS rules: --procs wins; --workers 0 runs
-// on half the CPUs; workers with --inline-above start on half and go to
+// on half the CPUs; workers with --hand-off-below start on half and go to
 // all of them while a direction hands off; workers without it use all.
 func TestSetProcs(t *testing.T) {
 	all := runtime.GOMAXPROCS(0)
@@ -24,7 +24,7 @@ func TestSetProcs(t *testing.T) {
 		t.Errorf("--workers 0: GOMAXPROCS %d, want %d", got, half)
 	}
 	runtime.GOMAXPROCS(all)
-	cfg := &dataplane.Config{Workers: all, InlineAbove: dataplane.DefaultInlineAbove}
+	cfg := &dataplane.Config{Workers: all, HandOffBelow: dataplane.DefaultHandOffBelow}
 	got := setProcs(0, cfg)
 	if all == 1 {
 		if got != 1 || cfg.OnHandOff != nil {
@@ -33,7 +33,7 @@ func TestSetProcs(t *testing.T) {
 		return
 	}
 	if got != half || cfg.OnHandOff == nil {
-		t.Fatalf("workers with --inline-above: GOMAXPROCS %d (want %d), OnHandOff set %v", got, half, cfg.OnHandOff != nil)
+		t.Fatalf("workers with --hand-off-below: GOMAXPROCS %d (want %d), OnHandOff set %v", got, half, cfg.OnHandOff != nil)
 	}
 	cfg.OnHandOff(true)
 	if got := runtime.GOMAXPROCS(0); got != all {
@@ -45,7 +45,7 @@ func TestSetProcs(t *testing.T) {
 	}
 	runtime.GOMAXPROCS(all)
 	if got := setProcs(0, &dataplane.Config{Workers: all}); got != all {
-		t.Errorf("workers, --inline-above 0: GOMAXPROCS %d, want %d", got, all)
+		t.Errorf("workers, --hand-off-below 0: GOMAXPROCS %d, want %d", got, all)
 	}
 	t.Setenv("GOMAXPROCS", "1")
 	runtime.GOMAXPROCS(all)

@@ -12,43 +12,44 @@ import (
 // and per packet, not the cipher, sets the time.
 const minRateSample = 16 << 10
 
-// offloader decides, for one direction with workers and a Config.InlineAbove
-// rate, whether a reader runs a batch's crypto and I/O itself or hands the
-// batch to the workers and the in-order stage.
+// handOffGauge decides, for one direction with workers and a
+// Config.HandOffBelow rate, whether a reader hands a batch off to the
+// workers and the in-order stage or runs its crypto and I/O itself (runs
+// it to completion).
 //
 // Handing off pays where the crypto is slow: it spreads one flow's crypto
 // over the cores, as pcrypt does. Where it is fast (AES-GCM with AES-NI,
-// ChaCha20-Poly1305 with AVX2) the two handoffs per batch, the thread
-// wakeups and the batch's trip through other cores' caches cost more than
-// the crypto they spread (BENCHMARKS.md: 45% more CPU per byte on the
-// 2-core harness machine). So both the readers and the workers time the
-// crypto of the batches that carry at least minRateSample bytes; while the
-// measured rate is below InlineAbove batches go to the workers, and once it
-// is 25% above it readers run them again, but only when no batch of the
-// direction is queued or in the in-order stage, so that each state's
-// packets still leave in the order they arrived.
-type offloader struct {
-	inlineAbove atomic.Int64 // MB/s (bytes per microsecond); 0: always hand off (tests change it)
-	rate        atomic.Int64 // bytes per microsecond, moving average; 0: no sample yet
-	handOff     atomic.Bool
-	changed     func() // called after handOff changed (Device.handOffChanged)
+// ChaCha20-Poly1305 with AVX2) the two goroutine handoffs per batch, the
+// thread wakeups and the batch's trip through other cores' caches cost
+// more than the crypto they spread (BENCHMARKS.md: 45% more CPU per byte
+// on the 2-core harness machine). So both the readers and the workers time
+// the crypto of the batches that carry at least minRateSample bytes; while
+// the measured rate is below HandOffBelow the batches are handed off, and
+// once it is 25% above it the readers run them to completion again, but
+// only when no batch of the direction is queued or in the in-order stage,
+// so that each state's packets still leave in the order they arrived.
+type handOffGauge struct {
+	below   atomic.Int64 // MB/s (bytes per microsecond); 0: always hand off (tests change it)
+	rate    atomic.Int64 // bytes per microsecond, moving average; 0: no sample yet
+	handing atomic.Bool  // batches are being handed off
+	changed func()       // called after handing changed (Device.handOffChanged); must not block
 }
 
-// useWorkers reports whether the next batch goes to the workers. q's
+// handsOff reports whether the next batch goes to the workers. q's
 // batches in flight must be none for the answer to be false.
-func (o *offloader) useWorkers(q *queues) bool {
-	above := o.inlineAbove.Load()
-	if above <= 0 {
+func (o *handOffGauge) handsOff(q *queues) bool {
+	below := o.below.Load()
+	if below <= 0 {
 		return true
 	}
-	if !o.handOff.Load() {
+	if !o.handing.Load() {
 		return q.inFlight() > 0 // a batch handed off earlier is still on its way
 	}
 	r := o.rate.Load()
-	if r*4 < above*5 || q.inFlight() > 0 { // handOff is set only after a sample: r > 0
+	if r*4 < below*5 || q.inFlight() > 0 { // handing is set only after a sample: r > 0
 		return true
 	}
-	if o.handOff.CompareAndSwap(true, false) && o.changed != nil {
+	if o.handing.CompareAndSwap(true, false) && o.changed != nil {
 		o.changed()
 	}
 	return false
@@ -57,9 +58,9 @@ func (o *offloader) useWorkers(q *queues) bool {
 // record takes the crypto of bytes that took d into the rate and updates
 // the decision. Readers and workers call it concurrently: a lost update
 // only drops a sample.
-func (o *offloader) record(bytes int, d time.Duration) {
-	above := o.inlineAbove.Load()
-	if above <= 0 || bytes < minRateSample {
+func (o *handOffGauge) record(bytes int, d time.Duration) {
+	below := o.below.Load()
+	if below <= 0 || bytes < minRateSample {
 		return
 	}
 	us := d.Microseconds()
@@ -75,7 +76,7 @@ func (o *offloader) record(bytes int, d time.Duration) {
 	}
 	o.rate.Store(max(r, 1))
 	// The Load spares the CAS (a write of the shared line) on every sample.
-	if r < above && !o.handOff.Load() && o.handOff.CompareAndSwap(false, true) && o.changed != nil {
+	if r < below && !o.handing.Load() && o.handing.CompareAndSwap(false, true) && o.changed != nil {
 		o.changed()
 	}
 }
@@ -85,8 +86,8 @@ func (o *offloader) record(bytes int, d time.Duration) {
 // to be a sample. The step runs under crypto.DoSecret: the stack frames
 // and registers in which the ciphers held key material are erased before
 // the goroutine goes on (BENCHMARKS.md, "Erasing keys").
-func (o *offloader) timeCrypto(b *batch, step func(*batch)) {
-	if o.inlineAbove.Load() <= 0 {
+func (o *handOffGauge) timeCrypto(b *batch, step func(*batch)) {
+	if o.below.Load() <= 0 {
 		runSecret(step, b)
 		return
 	}

@@ -5,27 +5,27 @@ import (
 	"time"
 )
 
-// TestOffloaderDecisions walks an offloader through its states: inline
+// TestOffloaderDecisions walks an handOffGauge through its states: inline
 // without a sample, to the workers once the crypto is measured slower than
 // the threshold, back to inline only once it is 25% faster and nothing is
 // in flight; small batches are no sample; a threshold of 0 always hands
 // off.
 func TestOffloaderDecisions(t *testing.T) {
-	var o offloader
-	o.inlineAbove.Store(1000) // MB/s
+	var o handOffGauge
+	o.below.Store(1000) // MB/s
 	q := newQueues(4)
-	if o.useWorkers(q) {
+	if o.handsOff(q) {
 		t.Fatal("no sample yet: want inline")
 	}
 	o.record(1000, time.Millisecond) // too small to be a sample
-	if o.useWorkers(q) || o.rate.Load() != 0 {
+	if o.handsOff(q) || o.rate.Load() != 0 {
 		t.Fatalf("a 1000-byte batch was taken as a sample (rate %d)", o.rate.Load())
 	}
 	o.record(64<<10, 131*time.Microsecond) // 500 MB/s
 	if got := o.rate.Load(); got != 500 {
 		t.Fatalf("rate %d MB/s, want 500", got)
 	}
-	if !o.useWorkers(q) {
+	if !o.handsOff(q) {
 		t.Fatal("500 MB/s against 1000: want the workers")
 	}
 	for range 8 {
@@ -34,7 +34,7 @@ func TestOffloaderDecisions(t *testing.T) {
 	if got := o.rate.Load(); got >= 1250 || got < 1000 {
 		t.Fatalf("rate %d MB/s after eight samples of 1191, want within [1000, 1250)", got)
 	}
-	if !o.useWorkers(q) {
+	if !o.handsOff(q) {
 		t.Fatal("within the hysteresis band: want the workers still")
 	}
 	for range 20 {
@@ -42,19 +42,19 @@ func TestOffloaderDecisions(t *testing.T) {
 	}
 	q.pushed.Store(3)
 	q.done.Store(2)
-	if !o.useWorkers(q) {
+	if !o.handsOff(q) {
 		t.Fatal("a batch in flight: going inline now would overtake it")
 	}
 	q.done.Store(3)
-	if o.useWorkers(q) {
+	if o.handsOff(q) {
 		t.Fatalf("rate %d MB/s and nothing in flight: want inline", o.rate.Load())
 	}
-	if o.handOff.Load() {
+	if o.handing.Load() {
 		t.Fatal("handOff still set after going inline")
 	}
-	o.inlineAbove.Store(0)
-	if !o.useWorkers(q) {
-		t.Fatal("InlineAbove 0: want the workers always")
+	o.below.Store(0)
+	if !o.handsOff(q) {
+		t.Fatal("HandOffBelow 0: want the workers always")
 	}
 }
 
