@@ -159,7 +159,7 @@ func TestMetricsEndpoint(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, f := range []string{"espd_states", "espd_policies", "espd_packets_total", "espd_bytes_total", "espd_drops_total",
-				"espd_invalid_spi_total", "espd_dataplane_tun_rx_packets_total"} {
+				"espd_dataplane_invalid_spi_total", "espd_dataplane_tun_rx_packets_total"} {
 				if fams[f] == nil {
 					t.Errorf("no family %s", f)
 				}

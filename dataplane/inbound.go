@@ -130,11 +130,9 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 		if !d.in.push(b, prod) {
 			b.mu.Unlock()
 			l[cQueueDrops] += uint64(live)
-			d.db.CountGlobal(sa.GlobalQueueDrop, uint64(live))
 			d.pool.put(b)
 		}
 	}
-	d.countGlobal(&l)
 	l.flush(&d.stats)
 }
 

@@ -159,11 +159,9 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 		if !d.out.push(b, r.prod) {
 			b.mu.Unlock()
 			l[cQueueDrops] += uint64(live)
-			d.db.CountGlobal(sa.GlobalQueueDrop, uint64(live))
 			d.pool.put(b)
 		}
 	}
-	d.countGlobal(&l)
 	l.flush(&d.stats)
 }
 
@@ -355,22 +353,4 @@ func (d *Device) sendBatch(s *outSender, b *batch) {
 		}
 	}
 	l.flush(&d.stats)
-}
-
-// countGlobal mirrors the batch's drops that concern no state into the
-// sa.DB's global counters.
-func (d *Device) countGlobal(l *local) {
-	for _, m := range [...]struct {
-		c counter
-		g sa.GlobalReason
-	}{
-		{cInvalidSPI, sa.GlobalInvalidSPI},
-		{cMalformed, sa.GlobalMalformed},
-		{cPolicyDrops, sa.GlobalPolicyDrop},
-		{cNoSA, sa.GlobalNoState},
-	} {
-		if l[m.c] != 0 {
-			d.db.CountGlobal(m.g, l[m.c])
-		}
-	}
 }

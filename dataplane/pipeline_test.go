@@ -269,8 +269,8 @@ func TestDropsCounted(t *testing.T) {
 	if s := h.d.Stats(); s.CryptoDrops != 3 {
 		t.Errorf("CryptoDrops = %d, want 3 (2 replays, integrity)", s.CryptoDrops)
 	}
-	if g := h.db.Stats(); g.InvalidSPI != 1 || g.NoState != 1 || g.Acquires != 1 {
-		t.Errorf("sa.DB global counters %+v", g)
+	if s, g := h.d.Stats(), h.db.Stats(); s.InvalidSPI != 1 || s.NoSA != 1 || g.Acquires != 1 {
+		t.Errorf("InvalidSPI %d, NoSA %d, acquires %d; want 1 each", s.InvalidSPI, s.NoSA, g.Acquires)
 	}
 }
 
