@@ -27,10 +27,13 @@ import (
 // nothing per packet.
 //
 // By default it exports only series whose number does not depend on the
-// number of states: the totals over every state (removed ones included),
-// the DB-wide and data-plane counters, and the numbers of states and
-// policies: about 60 series in 8 KB, the same with 10 states or
-// 100,000. Per-state series (espd_sa_packets_total, espd_sa_bytes_total,
+// number of states: the SA database's (the totals over every state,
+// removed ones included, acquires, lost events, the numbers of states,
+// reservations and policies) and the data path's (espd_dataplane_*, from
+// dataplane.Stats): about 55 series in 8 KB, the same with 10 states or
+// 100,000. Each counter is exported once, from the one place that counts
+// it, and its help says what increments it (metrics_series_test.go
+// checks both, and that every series moves). Per-state series (espd_sa_packets_total, espd_sa_bytes_total,
 // espd_sa_drops_total) are opt-in: Options.MetricsPerSA (espd
 // --metrics-per-sa N) exports them for at most N states, the oldest
 // first, and espd_metrics_states_omitted counts the live states the limit
@@ -391,13 +394,13 @@ var dataplaneHelp = map[string]string{
 	"SendErrors":     "Outer packets the kernel refused to send.",
 	"TUNWriteErrors": "Writes to the TUN (of a batch of packets, or of one ICMP error) that failed.",
 	"ReadErrors":     "Reads from the TUN or the outer sockets that failed.",
-	"TUNReads":       "read(2) calls on the TUN that returned packets.",
+	"TUNReads":       "Successful read(2) calls on the TUN.",
 	"TUNSuperReads":  "TUN reads that returned a TSO/USO super-packet.",
-	"TUNWrites":      "Writes to the TUN.",
+	"TUNWrites":      "Successful writes (writev) to the TUN.",
 	"TUNSuperWrites": "TUN writes of a coalesced super-packet.",
 	"RecvCalls":      "recvmmsg calls on the outer sockets that returned datagrams.",
 	"RecvDatagrams":  "Datagrams those recvmmsg calls returned (a UDP_GRO datagram counts once).",
-	"SendCalls":      "sendmmsg calls on the outer sockets.",
+	"SendCalls":      "sendmmsg calls on the outer sockets that sent messages.",
 	"SendMessages":   "Messages those sendmmsg calls sent (a UDP_SEGMENT message counts once).",
 	"InlineBatches":  "Batches a reader ran to completion itself.",
 	"HandedOff":      "Batches a reader handed to the workers.",
