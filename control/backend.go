@@ -53,8 +53,9 @@ type Backend interface {
 	FlushPolicies() error
 	// AllocSPI reserves an unused inbound SPI in [lo, hi] (SPI_ALLOC).
 	AllocSPI(lo, hi uint32) (uint32, error)
-	// Stats returns the global counters (STATS).
-	Stats() (sa.GlobalStats, error)
+	// Stats returns the global counters (STATS): the SA database's and
+	// the data path's.
+	Stats() (GlobalStats, error)
 	// Subscribe starts an event stream buffering up to buffer events
 	// (SUBSCRIBE). SubscribeDB adapts sa.DB.Subscribe.
 	Subscribe(buffer int) (Subscription, error)

@@ -61,6 +61,6 @@ func (b dbBackend) FlushPolicies() error { b.db.FlushPolicies(); return nil }
 
 func (b dbBackend) AllocSPI(lo, hi uint32) (uint32, error) { return b.db.AllocSPI(lo, hi) }
 
-func (b dbBackend) Stats() (sa.GlobalStats, error) { return b.db.Stats(), nil }
+func (b dbBackend) Stats() (GlobalStats, error) { return GlobalStats{GlobalStats: b.db.Stats()}, nil }
 
 func (b dbBackend) Subscribe(buffer int) (Subscription, error) { return SubscribeDB(b.db, buffer), nil }

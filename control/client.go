@@ -439,7 +439,7 @@ func (c *Client) FlushPolicies(ctx context.Context) error {
 
 // Stats is the STATS reply: the global counters and each state's.
 type Stats struct {
-	Global sa.GlobalStats
+	Global GlobalStats
 	// SAs holds one entry per state; of their Config only SPI, Src, Dst,
 	// Dir and ReqID are filled in.
 	SAs []SAInfo

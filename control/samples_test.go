@@ -81,10 +81,10 @@ func sampleStats() sa.Stats {
 	return st
 }
 
-func sampleGlobal() sa.GlobalStats {
-	g := sa.GlobalStats{InvalidSPI: 1, Malformed: 2, PolicyDrops: 3, NoState: 4, QueueDrops: 5,
-		Acquires: 6, AcquiresSuppressed: 7, EventsDropped: 8, States: 9, Larval: 10, Policies: 11,
-		Packets: 12, Bytes: 13}
+func sampleGlobal() GlobalStats {
+	g := GlobalStats{InvalidSPI: 1, Malformed: 2, PolicyDrops: 3, NoState: 4, QueueDrops: 5,
+		GlobalStats: sa.GlobalStats{Acquires: 6, AcquiresSuppressed: 7, EventsDropped: 8, States: 9, Larval: 10, Policies: 11,
+			Packets: 12, Bytes: 13}}
 	for i := range g.Drops {
 		g.Drops[i] = uint64(200 + i)
 	}

@@ -31,8 +31,27 @@ const (
 	StDropOther      AttrType = 27
 )
 
-// Global counters (inside AttrGlobalStats). Attributes 16-27 are the drop
-// counters of every state summed, numbered as in SA_STATS.
+// GlobalStats is what GLOBAL_STATS carries: the SA database's counters
+// and the data path's drops that happen before a packet reaches a state,
+// each read from the one place that counts it.
+type GlobalStats struct {
+	// The SA database's counters and the sums over every state.
+	sa.GlobalStats
+	// The data path's drops (dataplane.Stats of the same names, NoSA for
+	// NoState), zero where a backend has no data path: packets whose SPI
+	// no live inbound state has (GS_INVALID_SPI); outer or TUN packets
+	// that cannot be parsed far enough to find their state or policy
+	// (GS_MALFORMED); outbound packets an outbound drop policy discarded
+	// (GS_POLICY_DROPS); outbound packets a protect policy matched while
+	// its reqid had no live state, each of which calls sa.DB.Acquire
+	// (GS_NO_STATE); packets dropped because the workers' queue was full
+	// (GS_QUEUE_DROPS).
+	InvalidSPI, Malformed, PolicyDrops, NoState, QueueDrops uint64
+}
+
+// Global counters (inside AttrGlobalStats). Attributes 1-5 are the data
+// path's, the others the SA database's; 16-27 are the drop counters of
+// every state summed, numbered as in SA_STATS.
 const (
 	GsInvalidSPI         AttrType = 1  // u64
 	GsMalformed          AttrType = 2  // u64
@@ -144,7 +163,7 @@ func readSAStats(r *reader) (sa.Stats, uint64) {
 	return st, top
 }
 
-func putGlobalStats(b *Builder, g sa.GlobalStats) {
+func putGlobalStats(b *Builder, g GlobalStats) {
 	b.Nest(AttrGlobalStats)
 	b.U64(GsInvalidSPI, g.InvalidSPI)
 	b.U64(GsMalformed, g.Malformed)
@@ -163,8 +182,8 @@ func putGlobalStats(b *Builder, g sa.GlobalStats) {
 	b.End()
 }
 
-func readGlobalStats(r *reader) sa.GlobalStats {
-	var g sa.GlobalStats
+func readGlobalStats(r *reader) GlobalStats {
+	var g GlobalStats
 	g.InvalidSPI, _ = r.u64(GsInvalidSPI)
 	g.Malformed, _ = r.u64(GsMalformed)
 	g.PolicyDrops, _ = r.u64(GsPolicyDrops)

@@ -106,8 +106,13 @@ func (d *Daemon) FlushPolicies() error {
 // AllocSPI reserves an unused inbound SPI.
 func (d *Daemon) AllocSPI(lo, hi uint32) (uint32, error) { return d.db.AllocSPI(lo, hi) }
 
-// Stats returns the global counters.
-func (d *Daemon) Stats() (sa.GlobalStats, error) { return d.db.Stats(), nil }
+// Stats returns the global counters: the SA database's, and the data
+// path's drops that concern no state, each from its one home.
+func (d *Daemon) Stats() (control.GlobalStats, error) {
+	st := d.dp.Stats()
+	return control.GlobalStats{GlobalStats: d.db.Stats(), InvalidSPI: st.InvalidSPI, Malformed: st.Malformed,
+		PolicyDrops: st.PolicyDrops, NoState: st.NoSA, QueueDrops: st.QueueDrops}, nil
+}
 
 // Subscribe starts an event stream.
 func (d *Daemon) Subscribe(buffer int) (control.Subscription, error) {

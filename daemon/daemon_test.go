@@ -217,7 +217,7 @@ func TestMetricsAndShutdown(t *testing.T) {
 	body := rec.Body.String()
 	for _, want := range []string{
 		"espd_packets_total 0", `espd_drops_total{reason="integrity"} 0`,
-		"espd_states 1", "espd_policies 1", "espd_invalid_spi_total 0", "espd_dataplane_tun_rx_packets_total",
+		"espd_states 1", "espd_policies 1", "espd_dataplane_invalid_spi_total 0", "espd_dataplane_tun_rx_packets_total",
 		"espd_dataplane_queue_drops_total",
 	} {
 		if !strings.Contains(body, want) {

@@ -27,10 +27,13 @@ import (
 // nothing per packet.
 //
 // By default it exports only series whose number does not depend on the
-// number of states: the totals over every state (removed ones included),
-// the DB-wide and data-plane counters, and the numbers of states and
-// policies: about 60 series in 8 KB, the same with 10 states or
-// 100,000. Per-state series (espd_sa_packets_total, espd_sa_bytes_total,
+// number of states: the SA database's (the totals over every state,
+// removed ones included, acquires, lost events, the numbers of states,
+// reservations and policies) and the data path's (espd_dataplane_*, from
+// dataplane.Stats): about 55 series in 8 KB, the same with 10 states or
+// 100,000. Each counter is exported once, from the one place that counts
+// it, and its help says what increments it (metrics_series_test.go
+// checks both, and that every series moves). Per-state series (espd_sa_packets_total, espd_sa_bytes_total,
 // espd_sa_drops_total) are opt-in: Options.MetricsPerSA (espd
 // --metrics-per-sa N) exports them for at most N states, the oldest
 // first, and espd_metrics_states_omitted counts the live states the limit
@@ -335,53 +338,110 @@ func appendLabelValue(b []byte, v string) []byte {
 }
 
 // collector exports the series whose number does not depend on the number
-// of states: totals, DB-wide and data-plane counters.
+// of states: the SA database's (sa.GlobalStats) and the data path's
+// (dataplane.Stats). Each counter is exported once, from the one place
+// that counts it.
 type collector struct {
 	db *sa.DB
 	dp func() dataplane.Stats
 }
 
+// The SA database's series (sa.DB.Stats).
 var (
-	descStates   = prometheus.NewDesc("espd_states", "Installed states (SAs).", nil, nil)
-	descPolicies = prometheus.NewDesc("espd_policies", "Installed policies.", nil, nil)
-	descPackets  = prometheus.NewDesc("espd_packets_total", "Packets carried by all states (removed states included).", nil, nil)
-	descBytes    = prometheus.NewDesc("espd_bytes_total", "Inner bytes carried by all states (removed states included).", nil, nil)
-	descDrops    = prometheus.NewDesc("espd_drops_total", "Packets of all states dropped, by reason (removed states included).", []string{"reason"}, nil)
-	descGlobal   = map[string]*prometheus.Desc{}
-	dpFields     = dataplaneFields()
+	descStates = prometheus.NewDesc("espd_states",
+		"States (SAs) installed now; SPI reservations are espd_spi_reservations.", nil, nil)
+	descReserved = prometheus.NewDesc("espd_spi_reservations",
+		"SPIs reserved by SPI_ALLOC (espctl spi alloc) that no state uses yet.", nil, nil)
+	descPolicies = prometheus.NewDesc("espd_policies", "Policies installed now.", nil, nil)
+	descPackets  = prometheus.NewDesc("espd_packets_total",
+		"Packets states carried (encapsulated and handed to the sockets, or decapsulated and handed to the TUN), summed over every state, removed ones included.", nil, nil)
+	descBytes = prometheus.NewDesc("espd_bytes_total",
+		"Inner bytes of the packets in espd_packets_total.", nil, nil)
+	descDrops = prometheus.NewDesc("espd_drops_total",
+		"Packets a state dropped, by reason, summed over every state, removed ones included (the data path's drops before a state is found are espd_dataplane_*).", []string{"reason"}, nil)
+	descAcquires = prometheus.NewDesc("espd_acquires_total",
+		"Acquire events published: an outbound packet matched a protect policy whose reqid had no live state, and the rate limit per policy and destination let the event through.", nil, nil)
+	descAcquiresSuppressed = prometheus.NewDesc("espd_acquires_suppressed_total",
+		"Acquire events the rate limit per policy and destination held back (espd_acquires_total plus this is espd_dataplane_no_sa_total).", nil, nil)
+	descEventsDropped = prometheus.NewDesc("espd_events_dropped_total",
+		"Events (expiries, acquires, NAT mapping changes) not delivered to a control subscriber because its buffer was full, one per event and subscriber.", nil, nil)
 )
 
-// dataplaneFields describes every counter of dataplane.Stats as
-// espd_dataplane_<name>_total.
-func dataplaneFields() []*prometheus.Desc {
+// dataplaneHelp says what increments each dataplane.Stats counter that is
+// exported, as espd_dataplane_<name>_total (snake case).
+var dataplaneHelp = map[string]string{
+	"TUNRxPackets":     "Packets read from the TUN (each packet of a super-packet counts).",
+	"TUNRxBytes":       "Bytes of the packets in espd_dataplane_tun_rx_packets_total.",
+	"TUNTxPackets":     "Packets handed to the TUN: decapsulated packets and the ICMP errors the data path writes.",
+	"TUNTxBytes":       "Bytes of the packets in espd_dataplane_tun_tx_packets_total.",
+	"RxPackets":        "Outer packets received from the sockets (ESP, ESP-in-UDP, NAT-keepalives, IKE, malformed).",
+	"RxBytes":          "ESP (or UDP payload) bytes of the outer packets received that could be read.",
+	"TxPackets":        "Outer packets handed to the sockets, each fragment and NAT-keepalive included.",
+	"TxBytes":          "Bytes of the packets in espd_dataplane_tx_packets_total, IP headers included.",
+	"NoPolicy":         "Outbound packets no outbound policy matches (dropped).",
+	"BypassInTUN":      "Outbound packets a bypass policy matches, dropped: bypass does not apply inside the TUN.",
+	"PolicyDrops":      "Outbound packets an outbound drop policy matches (dropped).",
+	"NoSA":             "Outbound packets a protect policy matches while its reqid has no live state (dropped; each asks for an acquire).",
+	"ICMPSent":         "ICMP fragmentation-needed or packet-too-big errors written to the TUN for packets too big for the path.",
+	"ICMPLimited":      "ICMP errors for packets too big for the path that the rate limit suppressed.",
+	"Fragments":        "Outer fragments sent (an outer packet split in k counts k).",
+	"InvalidSPI":       "Inbound ESP packets whose SPI no live inbound state has (dropped).",
+	"Malformed":        "Outer packets, or packets read from the TUN, that cannot be parsed far enough to find their state or policy (dropped).",
+	"KeepalivesRx":     "NAT-keepalives received (and dropped).",
+	"KeepalivesTx":     "NAT-keepalives sent.",
+	"IKE":              "Non-ESP (IKE) datagrams received on the encapsulation port.",
+	"QueueDrops":       "Packets dropped because the workers' queue was full.",
+	"SendErrors":       "Outer packets the kernel refused to send.",
+	"TUNWriteErrors":   "Writes to the TUN (of a batch of packets, or of one ICMP error) that failed.",
+	"ReadErrors":       "Reads from the TUN or the outer sockets that failed.",
+	"TUNReads":         "Successful read(2) calls on the TUN.",
+	"TUNSuperReads":    "TUN reads that returned a TSO/USO super-packet.",
+	"TUNWrites":        "Successful writes (writev) to the TUN.",
+	"TUNSuperWrites":   "TUN writes of a coalesced super-packet.",
+	"RecvCalls":        "recvmmsg calls on the outer sockets that returned datagrams.",
+	"RecvDatagrams":    "Datagrams those recvmmsg calls returned (a UDP_GRO datagram counts once).",
+	"SendCalls":        "sendmmsg calls on the outer sockets that sent messages.",
+	"SendMessages":     "Messages those sendmmsg calls sent (a UDP_SEGMENT message counts once).",
+	"CompletedBatches": "Batches a reader ran to completion itself.",
+	"HandedOff":        "Batches a reader handed to the workers.",
+}
+
+// dataplaneNotExported are the dataplane.Stats counters that count again,
+// without the state, drops the states count by reason: they would export
+// espd_drops_total a second time.
+var dataplaneNotExported = map[string]string{
+	"TooBig":       `espd_drops_total{reason="too-big"}`,
+	"SelectorDrop": `espd_drops_total{reason="selector"}`,
+	"CryptoDrops":  "espd_drops_total of the other reasons",
+}
+
+// dpSeries is one exported dataplane.Stats counter.
+type dpSeries struct {
+	field int // index in dataplane.Stats
+	desc  *prometheus.Desc
+}
+
+var dpFields = dataplaneFields()
+
+// dataplaneFields describes the exported counters of dataplane.Stats as
+// espd_dataplane_<name>_total. A counter without help (dataplaneHelp) is
+// exported with its field name as help; the tests fail on it.
+func dataplaneFields() []dpSeries {
 	t := reflect.TypeFor[dataplane.Stats]()
-	descs := make([]*prometheus.Desc, t.NumField())
-	for i := range descs {
+	var out []dpSeries
+	for i := range t.NumField() {
 		f := t.Field(i)
-		descs[i] = prometheus.NewDesc("espd_dataplane_"+snake(f.Name)+"_total", "Data plane counter "+f.Name+" (see dataplane.Stats).", nil, nil)
+		if _, skip := dataplaneNotExported[f.Name]; skip {
+			continue
+		}
+		help, ok := dataplaneHelp[f.Name]
+		if !ok {
+			help = "dataplane.Stats." + f.Name
+		}
+		out = append(out, dpSeries{i, prometheus.NewDesc("espd_dataplane_"+snake(f.Name)+"_total", help, nil, nil)})
 	}
-	return descs
+	return out
 }
-
-// globalDesc returns the descriptor of a sa.GlobalStats counter.
-func globalDesc(name, help string) *prometheus.Desc {
-	if d, ok := descGlobal[name]; ok {
-		return d
-	}
-	d := prometheus.NewDesc("espd_"+name+"_total", help, nil, nil)
-	descGlobal[name] = d
-	return d
-}
-
-var (
-	descInvalidSPI    = globalDesc("invalid_spi", "ESP packets whose SPI matches no state.")
-	descMalformed     = globalDesc("malformed", "Packets that could not be parsed.")
-	descPolicyDrops   = globalDesc("policy_drops", "Packets dropped by a policy (drop action, or no matching policy).")
-	descNoState       = globalDesc("no_state", "Packets of a protect policy without a state.")
-	descQueueDrops    = globalDesc("queue_drops", "Packets dropped because a queue was full.")
-	descAcquires      = globalDesc("acquires", "Acquire events fired.")
-	descEventsDropped = globalDesc("events_dropped", "Events lost to slow subscribers.")
-)
 
 // snake turns "TUNRxPackets" into "tun_rx_packets".
 func snake(s string) string {
@@ -398,36 +458,32 @@ func snake(s string) string {
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStates, descPolicies, descPackets, descBytes, descDrops} {
+	for _, d := range []*prometheus.Desc{descStates, descReserved, descPolicies, descPackets, descBytes, descDrops,
+		descAcquires, descAcquiresSuppressed, descEventsDropped} {
 		ch <- d
 	}
-	for _, d := range descGlobal {
-		ch <- d
-	}
-	for _, d := range dpFields {
-		ch <- d
+	for _, f := range dpFields {
+		ch <- f.desc
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	counter := prometheus.CounterValue
+	counter, gauge := prometheus.CounterValue, prometheus.GaugeValue
 	g := c.db.Stats()
-	ch <- prometheus.MustNewConstMetric(descStates, prometheus.GaugeValue, float64(g.States))
-	ch <- prometheus.MustNewConstMetric(descPolicies, prometheus.GaugeValue, float64(g.Policies))
+	ch <- prometheus.MustNewConstMetric(descStates, gauge, float64(g.States))
+	ch <- prometheus.MustNewConstMetric(descReserved, gauge, float64(g.Larval))
+	ch <- prometheus.MustNewConstMetric(descPolicies, gauge, float64(g.Policies))
 	ch <- prometheus.MustNewConstMetric(descPackets, counter, float64(g.Packets))
 	ch <- prometheus.MustNewConstMetric(descBytes, counter, float64(g.Bytes))
 	for r, n := range g.Drops {
 		ch <- prometheus.MustNewConstMetric(descDrops, counter, float64(n), sa.DropReason(r).String())
 	}
-	for d, v := range map[*prometheus.Desc]uint64{
-		descInvalidSPI: g.InvalidSPI, descMalformed: g.Malformed, descPolicyDrops: g.PolicyDrops,
-		descNoState: g.NoState, descQueueDrops: g.QueueDrops, descAcquires: g.Acquires, descEventsDropped: g.EventsDropped,
-	} {
-		ch <- prometheus.MustNewConstMetric(d, counter, float64(v))
-	}
+	ch <- prometheus.MustNewConstMetric(descAcquires, counter, float64(g.Acquires))
+	ch <- prometheus.MustNewConstMetric(descAcquiresSuppressed, counter, float64(g.AcquiresSuppressed))
+	ch <- prometheus.MustNewConstMetric(descEventsDropped, counter, float64(g.EventsDropped))
 	dv := reflect.ValueOf(c.dp())
-	for i, desc := range dpFields {
-		ch <- prometheus.MustNewConstMetric(desc, counter, float64(dv.Field(i).Uint()))
+	for _, f := range dpFields {
+		ch <- prometheus.MustNewConstMetric(f.desc, counter, float64(dv.Field(f.field).Uint()))
 	}
 }

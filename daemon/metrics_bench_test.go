@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"reflect"
 	"runtime"
 	rtmetrics "runtime/metrics"
 	"slices"
@@ -39,15 +38,10 @@ var (
 )
 
 func (c *legacyCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{legacyPackets, legacyBytes, legacyDrops, descStates, descPolicies, descDrops} {
+	for _, d := range []*prometheus.Desc{legacyPackets, legacyBytes, legacyDrops} {
 		ch <- d
 	}
-	for _, d := range descGlobal {
-		ch <- d
-	}
-	for _, d := range dpFields {
-		ch <- d
-	}
+	(&collector{db: c.db, dp: c.dp}).Describe(ch)
 }
 
 func (c *legacyCollector) Collect(ch chan<- prometheus.Metric) {
@@ -62,22 +56,9 @@ func (c *legacyCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(legacyDrops, counter, float64(n), append(labels, sa.DropReason(r).String())...)
 		}
 	}
-	g := c.db.Stats()
-	ch <- prometheus.MustNewConstMetric(descStates, prometheus.GaugeValue, float64(g.States))
-	ch <- prometheus.MustNewConstMetric(descPolicies, prometheus.GaugeValue, float64(g.Policies))
-	for r, n := range g.Drops {
-		ch <- prometheus.MustNewConstMetric(descDrops, counter, float64(n), sa.DropReason(r).String())
-	}
-	for d, v := range map[*prometheus.Desc]uint64{
-		descInvalidSPI: g.InvalidSPI, descMalformed: g.Malformed, descPolicyDrops: g.PolicyDrops,
-		descNoState: g.NoState, descQueueDrops: g.QueueDrops, descAcquires: g.Acquires, descEventsDropped: g.EventsDropped,
-	} {
-		ch <- prometheus.MustNewConstMetric(d, counter, float64(v))
-	}
-	dv := reflect.ValueOf(c.dp())
-	for i, desc := range dpFields {
-		ch <- prometheus.MustNewConstMetric(desc, counter, float64(dv.Field(i).Uint()))
-	}
+	// The series that do not depend on the number of states, as exported
+	// today.
+	(&collector{db: c.db, dp: c.dp}).Collect(ch)
 }
 
 // legacyHandler is the /metrics handler before (c140e03).

@@ -38,14 +38,19 @@ const metricsAddr = "127.0.0.1:9585"
 // an HTTP client that dials inside the namespace.
 func startWithMetrics(t *testing.T, perSA int) (*Daemon, *http.Client) {
 	t.Helper()
+	d, c, _ := startMetricsDaemon(t, Options{Dataplane: dataplane.Config{Keepalive: -1}, MetricsPerSA: perSA})
+	return d, c
+}
+
+// startMetricsDaemon is startWithMetrics with the given options (the
+// control socket and the metrics address are set here), and also returns
+// the namespace.
+func startMetricsDaemon(t *testing.T, opts Options) (*Daemon, *http.Client, *netnstest.NS) {
+	t.Helper()
 	ns := netnstest.New(t, "espd-metrics")
-	sock := filepath.Join(t.TempDir(), "espd.sock")
-	d, err := New(Options{
-		Dataplane:     dataplane.Config{Keepalive: -1},
-		Control:       control.ServerConfig{Path: sock},
-		MetricsListen: metricsAddr,
-		MetricsPerSA:  perSA,
-	})
+	opts.Control = control.ServerConfig{Path: filepath.Join(t.TempDir(), "espd.sock")}
+	opts.MetricsListen = metricsAddr
+	d, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +84,7 @@ func startWithMetrics(t *testing.T, perSA int) (*Daemon, *http.Client) {
 		c, err := dial(context.Background(), "tcp", metricsAddr)
 		if err == nil {
 			c.Close()
-			return d, client
+			return d, client, ns
 		}
 		select {
 		case err := <-done:
@@ -159,7 +164,7 @@ func TestMetricsEndpoint(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, f := range []string{"espd_states", "espd_policies", "espd_packets_total", "espd_bytes_total", "espd_drops_total",
-				"espd_invalid_spi_total", "espd_dataplane_tun_rx_packets_total"} {
+				"espd_dataplane_invalid_spi_total", "espd_dataplane_tun_rx_packets_total"} {
 				if fams[f] == nil {
 					t.Errorf("no family %s", f)
 				}

@@ -124,18 +124,16 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 		b.release()
 		d.writeBatch(w, b)
 		d.pool.put(b)
-		l[cInlineBatches]++
+		l[cCompletedBatches]++
 	default:
 		b.mu.Lock()
 		l[cHandedOff]++
 		if !d.in.push(b, prod) {
 			b.mu.Unlock()
 			l[cQueueDrops] += uint64(live)
-			d.db.CountGlobal(sa.GlobalQueueDrop, uint64(live))
 			d.pool.put(b)
 		}
 	}
-	d.countGlobal(&l)
 	l.flush(&d.stats)
 }
 

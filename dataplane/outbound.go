@@ -152,7 +152,7 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 		b.release()
 		d.sendBatch(r.send, b)
 		d.pool.put(b)
-		l[cInlineBatches]++
+		l[cCompletedBatches]++
 	default:
 		r.reserve(b)
 		b.mu.Lock()
@@ -160,11 +160,9 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 		if !d.out.push(b, r.prod) {
 			b.mu.Unlock()
 			l[cQueueDrops] += uint64(live)
-			d.db.CountGlobal(sa.GlobalQueueDrop, uint64(live))
 			d.pool.put(b)
 		}
 	}
-	d.countGlobal(&l)
 	l.flush(&d.stats)
 }
 
@@ -370,22 +368,4 @@ func fragmentOverhead(k int, v6 bool) int {
 		return (k-1)*packet.IPv6HeaderLen + k*8
 	}
 	return (k - 1) * packet.IPv4HeaderLen
-}
-
-// countGlobal mirrors the batch's drops that concern no state into the
-// sa.DB's global counters.
-func (d *Device) countGlobal(l *local) {
-	for _, m := range [...]struct {
-		c counter
-		g sa.GlobalReason
-	}{
-		{cInvalidSPI, sa.GlobalInvalidSPI},
-		{cMalformed, sa.GlobalMalformed},
-		{cPolicyDrops, sa.GlobalPolicyDrop},
-		{cNoSA, sa.GlobalNoState},
-	} {
-		if l[m.c] != 0 {
-			d.db.CountGlobal(m.g, l[m.c])
-		}
-	}
 }

@@ -61,8 +61,8 @@ func TestOrderAcrossHandOff(t *testing.T) {
 		h.d.outGauge.below.Store(above)
 		h.d.inGauge.below.Store(above)
 	})
-	if st.InlineBatches == 0 || st.HandedOff == 0 {
-		t.Errorf("%d batches inline, %d handed off: want both", st.InlineBatches, st.HandedOff)
+	if st.CompletedBatches == 0 || st.HandedOff == 0 {
+		t.Errorf("%d batches run to completion, %d handed off: want both", st.CompletedBatches, st.HandedOff)
 	}
 	// OnHandOff hears of the changes at most every
 	// handOffReportInterval, so not of each: only changes, alternating,
@@ -319,8 +319,8 @@ func TestDropsCounted(t *testing.T) {
 	if s := h.d.Stats(); s.CryptoDrops != 3 {
 		t.Errorf("CryptoDrops = %d, want 3 (2 replays, integrity)", s.CryptoDrops)
 	}
-	if g := h.db.Stats(); g.InvalidSPI != 1 || g.NoState != 1 || g.Acquires != 1 {
-		t.Errorf("sa.DB global counters %+v", g)
+	if s, g := h.d.Stats(), h.db.Stats(); s.InvalidSPI != 1 || s.NoSA != 1 || g.Acquires != 1 {
+		t.Errorf("InvalidSPI %d, NoSA %d, acquires %d; want 1 each", s.InvalidSPI, s.NoSA, g.Acquires)
 	}
 }
 

@@ -2,12 +2,18 @@ package dataplane
 
 import "sync/atomic"
 
-// Stats are a Device's global counters. Per-state counters (packets,
-// bytes, drops by reason) are in sa.SA.Stats.
+// Stats are a Device's own counters: the one home of what the data path
+// counts outside the states. What a state carries and drops (packets,
+// bytes, drops by reason) is counted on the state, sa.SA.Stats, and summed
+// over every state in sa.GlobalStats. TooBig, SelectorDrop and
+// CryptoDrops are the exception: they count again, without the state,
+// drops that the states count by reason, and are kept for the data path's
+// own tests; the metrics endpoint does not export them.
 type Stats struct {
-	// TUNRxPackets and TUNRxBytes count cleartext packets read from the
-	// TUN; TUNTxPackets and TUNTxBytes those handed to it (ICMP errors
-	// included).
+	// TUNRxPackets counts packets read from the TUN (each packet of a
+	// split super-packet counts), TUNRxBytes their bytes; TUNTxPackets
+	// counts packets handed to the TUN (decapsulated packets and the ICMP
+	// errors the data path writes), TUNTxBytes their bytes.
 	TUNRxPackets, TUNRxBytes uint64
 	TUNTxPackets, TUNTxBytes uint64
 	// RxPackets counts outer packets received and RxBytes their ESP (or
@@ -17,30 +23,30 @@ type Stats struct {
 	RxPackets, RxBytes uint64
 	TxPackets, TxBytes uint64
 
-	// Outbound drops.
+	// Outbound drops, before a state is found.
 	NoPolicy    uint64 // no outbound policy matches the packet
 	BypassInTUN uint64 // a bypass policy matches: bypass does not apply inside the TUN
-	PolicyDrops uint64 // a drop policy matches
-	NoSA        uint64 // a protect policy without a live state (an acquire was raised)
-	TooBig      uint64 // larger than the path allows with DF set (or IPv6)
+	PolicyDrops uint64 // an outbound drop policy matches (inbound policies are not checked)
+	NoSA        uint64 // a protect policy matches but its reqid has no live state; each one calls sa.DB.Acquire
+	TooBig      uint64 // larger than the path allows with DF set (or IPv6); also the state's sa.DropTooBig
 	ICMPSent    uint64 // fragmentation needed / packet too big written to the TUN
 	ICMPLimited uint64 // ICMP errors suppressed by the rate limit
 	Fragments   uint64 // outer fragments sent (an outer packet split in k counts k)
 
 	// Inbound drops and control traffic.
 	InvalidSPI   uint64 // no live inbound state has the SPI
-	Malformed    uint64 // outer or inner packet that cannot be parsed
+	Malformed    uint64 // outer packet (or, outbound, a TUN packet) that cannot be parsed far enough to find its state or policy
 	KeepalivesRx uint64 // NAT-keepalives received (and dropped)
 	KeepalivesTx uint64 // NAT-keepalives sent
 	IKE          uint64 // non-ESP-marked (IKE) datagrams on the encapsulation port
-	SelectorDrop uint64 // inner packet outside its state's selectors
-	CryptoDrops  uint64 // refused by a state: replay, integrity, padding, sequence exhausted, ... (per reason in its Stats)
+	SelectorDrop uint64 // inner packet outside its state's selectors; also the state's sa.DropSelector
+	CryptoDrops  uint64 // refused by a state: replay, integrity, padding, sequence exhausted, ...; also the state's drop by reason
 
 	// Both directions.
-	QueueDrops     uint64 // batches' packets dropped because a queue was full
+	QueueDrops     uint64 // packets of batches dropped because the workers' queue was full
 	SendErrors     uint64 // outer packets the kernel refused
-	TUNWriteErrors uint64 // failed TUN writes
-	ReadErrors     uint64 // failed TUN or socket reads
+	TUNWriteErrors uint64 // TUN writes (of a batch, or of one ICMP error) that failed
+	ReadErrors     uint64 // TUN or outer socket reads that failed
 
 	// System calls, to tell the batch sizes achieved: TUNRxPackets per
 	// TUNReads (read(2) of the TUN; TUNSuperReads of them returned a
@@ -53,10 +59,10 @@ type Stats struct {
 	TUNReads, TUNSuperReads, TUNWrites, TUNSuperWrites uint64
 	RecvCalls, RecvDatagrams, SendCalls, SendMessages  uint64
 
-	// InlineBatches counts the batches a reader ran to completion itself,
+	// CompletedBatches counts the batches a reader ran to completion itself,
 	// HandedOff those it handed to the workers (Config.Workers,
 	// Config.HandOffBelow).
-	InlineBatches, HandedOff uint64
+	CompletedBatches, HandedOff uint64
 }
 
 type counter int
@@ -89,7 +95,7 @@ const (
 	cSendErrors
 	cTUNWriteErrors
 	cReadErrors
-	cInlineBatches
+	cCompletedBatches
 	cHandedOff
 	numCounters
 )
@@ -123,6 +129,6 @@ func (c *counters) snapshot() Stats {
 		KeepalivesRx: g(cKeepalivesRx), KeepalivesTx: g(cKeepalivesTx), IKE: g(cIKE),
 		SelectorDrop: g(cSelectorDrop), CryptoDrops: g(cCryptoDrops), QueueDrops: g(cQueueDrops),
 		SendErrors: g(cSendErrors), TUNWriteErrors: g(cTUNWriteErrors), ReadErrors: g(cReadErrors),
-		InlineBatches: g(cInlineBatches), HandedOff: g(cHandedOff),
+		CompletedBatches: g(cCompletedBatches), HandedOff: g(cHandedOff),
 	}
 }

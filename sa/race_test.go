@@ -61,7 +61,6 @@ func TestConcurrentUse(t *testing.T) {
 					s.Account(16, 1600)
 				}
 				db.Acquire(Policy{Index: uint32(r.IntN(4)) * 8}, f)
-				db.CountGlobal(GlobalInvalidSPI, 1)
 			}
 		}()
 	}

@@ -57,7 +57,9 @@ func (b dbBackend) GetPolicy(s sa.Selector, d sa.Direction) (sa.Policy, error) {
 func (b dbBackend) ListPolicies() ([]sa.Policy, error)     { return b.db.Policies(), nil }
 func (b dbBackend) FlushPolicies() error                   { b.db.FlushPolicies(); return nil }
 func (b dbBackend) AllocSPI(lo, hi uint32) (uint32, error) { return b.db.AllocSPI(lo, hi) }
-func (b dbBackend) Stats() (sa.GlobalStats, error)         { return b.db.Stats(), nil }
+func (b dbBackend) Stats() (control.GlobalStats, error) {
+	return control.GlobalStats{GlobalStats: b.db.Stats()}, nil
+}
 func (b dbBackend) Subscribe(n int) (control.Subscription, error) {
 	return control.SubscribeDB(b.db, n), nil
 }

@@ -136,7 +136,7 @@ func TestPrintPolicyAndStats(t *testing.T) {
 		t.Errorf("policy:\n%q\nwant\n%q", b.String(), want)
 	}
 	b.Reset()
-	g := sa.GlobalStats{States: 2, Policies: 3, Packets: 10, Bytes: 100, InvalidSPI: 4, Acquires: 1}
+	g := control.GlobalStats{GlobalStats: sa.GlobalStats{States: 2, Policies: 3, Packets: 10, Bytes: 100, Acquires: 1}, InvalidSPI: 4}
 	g.Drops[sa.DropReplay] = 5
 	in := sampleInfo()
 	printStats(&b, control.Stats{Global: g, SAs: []control.SAInfo{in}})

@@ -1,0 +1,468 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/espd/espd/control"
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/dataplane"
+	"github.com/espd/espd/sa"
+	"github.com/espd/espd/tun"
+	"github.com/espd/espd/tun/netnstest"
+)
+
+// movedElsewhere lists the series TestMetricsSeries cannot drive through a
+// running daemon, each with the code that increments it and the test that
+// proves it moves there. The test checks that the file holds the test
+// function and names the counter.
+var movedElsewhere = map[string]struct {
+	counter   string // the code that increments the series
+	file      string // the proving test's file, from the module root
+	test      string // the proving test
+	reference string // what that test reads: the counter's field
+}{
+	"espd_dataplane_icmp_sent_total": {"dataplane/pmtu.go icmpSender.tooBig, for a packet too big for the path",
+		"dataplane/pmtu_test.go", "TestPathMTU", "ICMPSent"},
+	"espd_dataplane_icmp_limited_total": {"dataplane/pmtu.go icmpSender.tooBig, when the rate limit holds the error back",
+		"dataplane/pmtu_test.go", "TestICMPRateLimit", "ICMPLimited"},
+	"espd_dataplane_fragments_total": {"dataplane/outbound.go Device.sendBatch, for an outer packet split in fragments",
+		"dataplane/pmtu_test.go", "TestPathMTU", "Fragments"},
+	"espd_dataplane_queue_drops_total": {"dataplane/outbound.go classifyOut and inbound.go classifyIn, when the workers' queue is full",
+		"dataplane/pipeline_test.go", "TestQueueFullDropsWithoutBlocking", "QueueDrops"},
+	"espd_dataplane_handed_off_total": {"dataplane/outbound.go classifyOut and inbound.go classifyIn, for a batch handed to the workers",
+		"dataplane/pipeline_test.go", "TestOrderAcrossHandOff", "HandedOff"},
+	"espd_dataplane_tun_super_reads_total": {"tun's Read of a TSO/USO super-packet (tun.Stats.SuperReads, copied by dataplane.Device.Stats)",
+		"tun/offload_test.go", "TestCoalesceAndSplit", "SuperReads"},
+	"espd_dataplane_tun_super_writes_total": {"tun's Write of a coalesced super-packet (tun.Stats.SuperWrites, copied by dataplane.Device.Stats)",
+		"tun/offload_test.go", "TestCoalesceAndSplit", "SuperWrites"},
+}
+
+// unproven lists the series that nothing in the tests moves yet, with why;
+// TestMetricsSeries logs them. Keep it empty: a series belongs here only
+// until a test causes what it counts.
+var unproven = map[string]string{
+	"espd_dataplane_read_errors_total": "dataplane/outbound.go and inbound.go readers, when a TUN or outer socket read fails: " +
+		"no test makes a read fail (the dataplane fakes could; a TUN set down or deleted does not)",
+}
+
+// series is a scrape: the value of each series, by name and sorted labels.
+type series map[string]float64
+
+// TestMetricsSeries scrapes a running daemon, causes every event it counts
+// (traffic through its TUN and sockets in its namespace, control calls,
+// drops on its states), and scrapes again: every series must have moved,
+// or be in movedElsewhere (or, logged, in unproven). A series added
+// without anything that moves it fails here.
+func TestMetricsSeries(t *testing.T) {
+	d, client, ns := startMetricsDaemon(t, Options{
+		Dataplane:    dataplane.Config{Keepalive: 100 * time.Millisecond},
+		MetricsPerSA: 1,
+	})
+	scrapeHTTP := func(t *testing.T) string { return get(t, client) }
+	before := scrapeBody(t, scrapeHTTP)
+
+	// A peer daemon in its own namespace, across a veth pair; 198.18.5.0/24
+	// stays unreachable.
+	local, peer := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
+	peerNS := netnstest.New(t, "espd-peer")
+	netnstest.Veth(t, ns, "va", peerNS, "vb")
+	ns.IP(t, "addr", "add", "198.18.0.1/24", "dev", "va")
+	peerNS.IP(t, "addr", "add", "198.18.0.2/24", "dev", "vb")
+	pd := startPeer(t, peerNS)
+
+	db := d.DB()
+	sub := db.Subscribe(1) // never read: its second event is dropped
+	t.Cleanup(sub.Close)
+
+	policies := []sa.Policy{
+		// UDP to 198.19.1.0/24 is protected (reqid 1), other protocols
+		// reach the TUN (its route is per destination) without a policy.
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.1.0/24"), Proto: 17}, Dir: sa.DirOut, Action: sa.ActionProtect, ReqID: 1, Priority: 100},
+		// UDP to port 7 bypasses, before the protect policy.
+		{Selector: sa.Selector{Proto: 17, DstPorts: sa.PortRange{Lo: 7, Hi: 7}}, Dir: sa.DirOut, Action: sa.ActionBypass, Priority: 10},
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.2.0/24")}, Dir: sa.DirOut, Action: sa.ActionDrop, Priority: 100},
+		// Protected by a state whose peer is unreachable.
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.4.0/24")}, Dir: sa.DirOut, Action: sa.ActionProtect, ReqID: 2, Priority: 100},
+	}
+	for _, p := range policies {
+		if _, err := d.AddPolicy(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := d.AllocSPI(0x7000, 0x7fff); err != nil {
+		t.Fatal(err)
+	}
+
+	dp := func() dataplane.Stats { return d.dp.Stats() }
+	wait := func(what string, ok func(dataplane.Stats) bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !ok(dp()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 5 s: %+v", what, dp())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	send := func(network, to string, payload []byte) {
+		t.Helper()
+		err := ns.Do(func() error {
+			c, err := net.Dial(network, to)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write(payload)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("send to %s: %v", to, err)
+		}
+	}
+	payload := []byte("espd metrics series test")
+
+	// No state yet: an acquire, then one the rate limit holds back, then
+	// one for another destination, which the full subscriber loses.
+	send("udp", "198.19.1.5:9", payload)
+	wait("no SA", func(s dataplane.Stats) bool { return s.NoSA == 1 })
+	send("udp", "198.19.1.5:9", payload)
+	wait("no SA again", func(s dataplane.Stats) bool { return s.NoSA == 2 })
+	send("udp", "198.19.1.6:9", payload)
+	wait("no SA for another destination", func(s dataplane.Stats) bool { return s.NoSA == 3 })
+	if g := db.Stats(); g.Acquires != 2 || g.AcquiresSuppressed != 1 || g.EventsDropped != 1 {
+		t.Errorf("acquires %d, suppressed %d, events dropped %d; want 2, 1, 1", g.Acquires, g.AcquiresSuppressed, g.EventsDropped)
+	}
+	send("udp", "198.19.1.5:7", payload)
+	wait("bypass in the TUN", func(s dataplane.Stats) bool { return s.BypassInTUN == 1 })
+	send("udp", "198.19.2.5:9", payload)
+	wait("drop policy", func(s dataplane.Stats) bool { return s.PolicyDrops == 1 })
+	ns.Do(func() error { // a TCP SYN: no policy matches it
+		c, err := net.DialTimeout("tcp", "198.19.1.5:80", 50*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return nil
+	})
+	wait("no policy", func(s dataplane.Stats) bool { return s.NoPolicy >= 1 })
+
+	// States with the peer both ways (ESP-in-UDP), and one whose peer
+	// has no route. The peer protects UDP to 198.19.10.0/24 towards us.
+	suite, err := crypto.ParseSuite("aes128gcm16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := func(spi uint32, dir sa.Direction, reqid uint32, src, dst netip.Addr, encap uint16) sa.Config {
+		c := sa.Config{SPI: spi, Dir: dir, ReqID: reqid, Src: src, Dst: dst, Suite: suite,
+			EncapSrcPort: encap, EncapDstPort: encap, EncKey: make([]byte, suite.EncKeyLen())}
+		for i := range c.EncKey {
+			c.EncKey[i] = byte(i)
+		}
+		c.EncKey[0], c.EncKey[1] = byte(spi>>8), byte(spi)
+		if dir == sa.DirIn {
+			c.ReplayWindow = 64
+		}
+		return c
+	}
+	for _, c := range []sa.Config{
+		state(0x300, sa.DirOut, 1, local, peer, 4500),
+		state(0x400, sa.DirIn, 1, peer, local, 4500),
+		state(0x301, sa.DirOut, 2, local, netip.MustParseAddr("198.18.5.1"), 0),
+	} {
+		if err := d.AddSA(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []sa.Config{
+		state(0x300, sa.DirIn, 1, local, peer, 4500),
+		state(0x400, sa.DirOut, 1, peer, local, 4500),
+	} {
+		if err := pd.AddSA(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pd.AddPolicy(sa.Policy{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.10.0/24"), Proto: 17},
+		Dir: sa.DirOut, Action: sa.ActionProtect, ReqID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	send("udp", "198.19.1.5:9", payload)
+	wait("an outer packet sent", func(s dataplane.Stats) bool { return s.TxPackets >= 1 })
+	sendFromPeer := func() {
+		t.Helper()
+		if err := peerNS.Do(func() error {
+			c, err := net.Dial("udp", "198.19.10.5:9")
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write(payload)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sendFromPeer()
+	wait("the peer's packet in the TUN", func(s dataplane.Stats) bool { return s.TUNTxPackets >= 1 })
+	send("udp", "198.19.4.5:9", payload)
+	wait("a send error", func(s dataplane.Stats) bool { return s.SendErrors >= 1 })
+	wait("keepalives", func(s dataplane.Stats) bool { return s.KeepalivesTx >= 1 && s.KeepalivesRx >= 1 })
+
+	// Straight to the encapsulation port: IKE, an unknown SPI, and a
+	// datagram too short for ESP.
+	natt := netip.AddrPortFrom(local, 4500).String()
+	send("udp", natt, append(make([]byte, 4), make([]byte, 28)...))
+	send("udp", natt, append([]byte{0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 1}, payload...))
+	send("udp", natt, []byte{1, 2, 3})
+	wait("IKE, invalid SPI, malformed", func(s dataplane.Stats) bool {
+		return s.IKE == 1 && s.InvalidSPI == 1 && s.Malformed == 1
+	})
+
+	// The TUN down: the peer's next packet cannot be written to it.
+	ns.IP(t, "link", "set", tun.DefaultName, "down")
+	sendFromPeer()
+	wait("a failed TUN write", func(s dataplane.Stats) bool { return s.TUNWriteErrors >= 1 })
+
+	// Every reason a state drops for, on every state.
+	for _, s := range db.SAs() {
+		for r := range sa.NumDropReasons {
+			s.Drop(r, 1)
+		}
+	}
+
+	after := scrapeBody(t, scrapeHTTP)
+	var still []string
+	for key, v := range after {
+		name, _, _ := strings.Cut(key, "{")
+		if _, ok := movedElsewhere[name]; ok {
+			continue
+		}
+		if why, ok := unproven[name]; ok {
+			t.Logf("not proven to move: %s: %s", name, why)
+			continue
+		}
+		if old, ok := before[key]; (ok && old == v) || (!ok && v == 0) {
+			still = append(still, fmt.Sprintf("%s = %v", key, v))
+		}
+	}
+	slices.Sort(still)
+	for _, s := range still {
+		t.Errorf("did not move: %s (cause it here, or list it in movedElsewhere)", s)
+	}
+	for key := range before {
+		if _, ok := after[key]; !ok && !strings.HasPrefix(key, "espd_sa_") {
+			t.Errorf("series %s went away", key)
+		}
+	}
+	exported := map[string]bool{}
+	for key := range after {
+		name, _, _ := strings.Cut(key, "{")
+		exported[name] = true
+	}
+	checkMovedElsewhere(t, exported)
+	t.Logf("%d series; data path: %+v", len(after), dp())
+}
+
+// scrapeBody scrapes with get and returns the series.
+func scrapeBody(t *testing.T, get func(*testing.T) string) series {
+	t.Helper()
+	body := get(t)
+	checkExposition(t, body)
+	fams, err := parseText(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return familySeries(t, fams)
+}
+
+// familySeries flattens parsed families into series.
+func familySeries(t *testing.T, fams map[string]*dto.MetricFamily) series {
+	t.Helper()
+	out := series{}
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			labels := make([]string, 0, len(m.GetLabel()))
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			sort.Strings(labels)
+			key := name + "{" + strings.Join(labels, ",") + "}"
+			var v float64
+			switch f.GetType() {
+			case dto.MetricType_COUNTER:
+				v = m.GetCounter().GetValue()
+			case dto.MetricType_GAUGE:
+				v = m.GetGauge().GetValue()
+			default:
+				t.Errorf("%s: type %v", key, f.GetType())
+			}
+			if _, dup := out[key]; dup {
+				t.Errorf("duplicate series %s", key)
+			}
+			out[key] = v
+		}
+	}
+	return out
+}
+
+// checkMovedElsewhere checks movedElsewhere against what is exported and
+// against the tests it names.
+func checkMovedElsewhere(t *testing.T, exported map[string]bool) {
+	t.Helper()
+	for name := range unproven {
+		if !exported[name] {
+			t.Errorf("unproven lists %s, which is not exported", name)
+		}
+		if _, ok := movedElsewhere[name]; ok {
+			t.Errorf("%s is both in unproven and in movedElsewhere", name)
+		}
+	}
+	for name, e := range movedElsewhere {
+		if !exported[name] {
+			t.Errorf("movedElsewhere lists %s, which is not exported", name)
+		}
+		src, err := os.ReadFile(filepath.Join("..", e.file))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		if !strings.Contains(string(src), "func "+e.test+"(t *testing.T)") {
+			t.Errorf("%s: %s has no %s", name, e.file, e.test)
+		}
+		if !strings.Contains(string(src), "."+e.reference) {
+			t.Errorf("%s: %s does not read %s", name, e.file, e.reference)
+		}
+	}
+}
+
+// TestMetricsOneSeriesPerCounter gives every counter of dataplane.Stats a
+// distinct value and checks that each exported espd_dataplane_* series
+// carries exactly one of them, under its own name, and that no other
+// series carries any; the counters not exported are the ones that count
+// again what espd_drops_total counts by reason. Every exported counter
+// has its help text.
+func TestMetricsOneSeriesPerCounter(t *testing.T) {
+	var st dataplane.Stats
+	v := reflect.ValueOf(&st).Elem()
+	byValue := map[float64]string{}
+	for i := range v.NumField() {
+		val := uint64(1_000_000 + 1000*i)
+		v.Field(i).SetUint(val)
+		byValue[float64(val)] = v.Type().Field(i).Name
+	}
+	db, err := fillDB(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := scrape(t, newMetrics(db, func() dataplane.Stats { return st }, 0, nil))
+	fams, err := parseText(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := familySeries(t, fams)
+	seen := map[string]string{} // field -> series
+	for key, val := range got {
+		field, ok := byValue[val]
+		name, _, _ := strings.Cut(key, "{")
+		switch {
+		case !ok && strings.HasPrefix(name, "espd_dataplane_"):
+			t.Errorf("%s = %v: no dataplane.Stats counter has this value", key, val)
+		case !ok:
+		case name != "espd_dataplane_"+snake(field)+"_total":
+			t.Errorf("%s carries dataplane.Stats.%s", key, field)
+		case seen[field] != "":
+			t.Errorf("dataplane.Stats.%s exported twice: %s and %s", field, seen[field], key)
+		default:
+			seen[field] = key
+		}
+	}
+	for i := range v.NumField() {
+		f := v.Type().Field(i).Name
+		_, skip := dataplaneNotExported[f]
+		_, help := dataplaneHelp[f]
+		switch {
+		case skip && help:
+			t.Errorf("dataplane.Stats.%s is both exported and not", f)
+		case skip && seen[f] != "":
+			t.Errorf("dataplane.Stats.%s is exported as %s, though it counts %s again", f, seen[f], dataplaneNotExported[f])
+		case !skip && !help:
+			t.Errorf("dataplane.Stats.%s has no help text (dataplaneHelp) and no reason not to be exported", f)
+		case !skip && seen[f] == "":
+			t.Errorf("dataplane.Stats.%s is not exported", f)
+		}
+	}
+	for f := range dataplaneHelp {
+		if _, ok := v.Type().FieldByName(f); !ok {
+			t.Errorf("dataplaneHelp names %s, which dataplane.Stats does not have", f)
+		}
+	}
+	for f := range dataplaneNotExported {
+		if _, ok := v.Type().FieldByName(f); !ok {
+			t.Errorf("dataplaneNotExported names %s, which dataplane.Stats does not have", f)
+		}
+	}
+	for name, f := range fams {
+		if h := f.GetHelp(); h == "" || !strings.HasSuffix(h, ".") {
+			t.Errorf("%s: help %q is not a sentence", name, h)
+		}
+	}
+}
+
+// startPeer runs a daemon in ns, NAT-keepalives every
+// 100 ms, until the test ends.
+func startPeer(t *testing.T, ns *netnstest.NS) *Daemon {
+	t.Helper()
+	d, err := New(Options{
+		Dataplane:     dataplane.Config{Keepalive: 100 * time.Millisecond},
+		Control:       control.ServerConfig{Path: filepath.Join(t.TempDir(), "peer.sock")},
+		MetricsListen: metricsAddr, // in its own namespace
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ns.Do(func() error { return d.Run(ctx, nil) }) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("peer stopped with %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("peer did not stop within 10 s")
+		}
+	})
+	// Run has started the data path when the metrics endpoint listens.
+	deadline := time.Now().Add(10 * time.Second)
+	for ns.Do(func() error {
+		c, err := net.DialTimeout("tcp", metricsAddr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}) != nil {
+		select {
+		case err := <-done:
+			t.Fatalf("peer exited at start: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("peer not running within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return d
+}
