@@ -3,9 +3,12 @@ package dataplane
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -576,4 +579,37 @@ func TestIKEOnEncapPortGoesToBind(t *testing.T) {
 	if st := h.d.Stats(); st.IKE != 1 || h.tx.IKEStats().Received != 1 || h.tun.count.Load() != 0 {
 		t.Errorf("IKE %d, handed %d, TUN writes %d; want 1, 1, 0", st.IKE, h.tx.IKEStats().Received, h.tun.count.Load())
 	}
+}
+
+// failingReceiver fails its first reads with a transient error, then
+// blocks until closed, as a socket would.
+type failingReceiver struct {
+	fails     atomic.Int32
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+var errTransientRead = errors.New("transient read error")
+
+func (r *failingReceiver) Receive(msgs []conn.Message) (int, error) {
+	if r.fails.Add(-1) >= 0 {
+		return 0, errTransientRead
+	}
+	<-r.closed
+	return 0, os.ErrClosed
+}
+
+func (r *failingReceiver) Close() error {
+	r.closeOnce.Do(func() { close(r.closed) })
+	return nil
+}
+
+// TestReadErrorsCounted: a read that fails is counted in ReadErrors and
+// the reader goes on reading (after a pause), rather than stopping.
+func TestReadErrorsCounted(t *testing.T) {
+	rx := &failingReceiver{closed: make(chan struct{})}
+	rx.fails.Store(3)
+	h := newHarnessWith(t, Config{}, false, rx)
+	waitFor(t, "three read errors", func() bool { return h.d.Stats().ReadErrors == 3 })
+	waitFor(t, "the reader to read again after them", func() bool { return rx.fails.Load() < 0 })
 }
