@@ -1,0 +1,126 @@
+// Package docs holds espd's documentation; its test holds the code to the
+// import table of architecture.md.
+package docs
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/espd/espd"
+
+// layering reads the tables of architecture.md: for each package, the
+// espd packages it may import.
+func layering(t *testing.T) map[string]map[string]bool {
+	t.Helper()
+	f, err := os.Open("architecture.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	name := regexp.MustCompile("`([a-z0-9/]+)`")
+	rows := map[string]map[string]bool{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if !strings.HasPrefix(line, "|") || strings.HasPrefix(line, "| ---") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		var pkgs []string
+		for _, c := range cells[:len(cells)-1] {
+			if m := name.FindAllStringSubmatch(c, -1); m != nil {
+				for _, x := range m {
+					pkgs = append(pkgs, x[1])
+				}
+				break
+			}
+		}
+		if pkgs == nil {
+			continue // a header row
+		}
+		allowed := map[string]bool{}
+		for _, a := range strings.Split(cells[len(cells)-1], ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				allowed[a] = true
+			}
+		}
+		for _, p := range pkgs {
+			if rows[p] != nil {
+				t.Errorf("architecture.md: %s has two rows", p)
+			}
+			rows[p] = allowed
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+// imports returns, for each package of the module, the module's packages
+// that its non-test files import, from go list.
+func imports(t *testing.T) map[string][]string {
+	t.Helper()
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(gobin, "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", module+"/...")
+	cmd.Dir = ".."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	got := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg, ok := strings.CutPrefix(f[0], module+"/")
+		if !ok || pkg == "docs" {
+			continue
+		}
+		got[pkg] = []string{}
+		for _, imp := range f[1:] {
+			if dep, ok := strings.CutPrefix(imp, module+"/"); ok {
+				got[pkg] = append(got[pkg], dep)
+			}
+		}
+	}
+	return got
+}
+
+// TestLayering fails when a package imports an espd package that its row
+// of architecture.md does not name, or has no row.
+func TestLayering(t *testing.T) {
+	rows := layering(t)
+	if len(rows) < 10 {
+		t.Fatalf("architecture.md: only %d package rows found", len(rows))
+	}
+	got := imports(t)
+	if len(got) < 10 {
+		t.Fatalf("go list found only %d packages", len(got))
+	}
+	for pkg, deps := range got {
+		allowed, ok := rows[pkg]
+		if !ok {
+			t.Errorf("%s has no row in architecture.md's import tables", pkg)
+			continue
+		}
+		for _, dep := range deps {
+			if !allowed[dep] {
+				t.Errorf("%s imports %s, which its row in architecture.md does not allow", pkg, dep)
+			}
+		}
+	}
+	for pkg := range rows {
+		if _, ok := got[pkg]; !ok {
+			t.Errorf("architecture.md has a row for %s, which go list does not find", pkg)
+		}
+	}
+}
