@@ -28,6 +28,9 @@ type TUN interface {
 	// tun.MinWriteOffset. It is called from two goroutines at once (the
 	// inbound writer and the outbound reader's ICMP errors).
 	Write(bufs [][]byte, offset int) error
+	// Stats returns the device's system-call counters (zero on fakes
+	// that do not count).
+	Stats() tun.Stats
 	// Close makes blocked and later Reads fail.
 	Close() error
 }
@@ -73,8 +76,7 @@ type Device struct {
 	inGauge         handOffGauge
 	handOffWake     chan struct{} // the gauges' changes, for reportHandOff
 	stats           counters
-	tunStats        interface{ Stats() tun.Stats } // nil: the TUN does not count
-	live            atomic.Pointer[IO]             // io, once started, for Stats and Bind
+	live            atomic.Pointer[IO] // io, once started, for Stats and Bind
 	closing         atomic.Bool
 	started         bool
 	stop            chan struct{}
@@ -181,7 +183,6 @@ func (d *Device) StartWith(io IO) error {
 	}
 	d.started = true
 	d.io = io
-	d.tunStats, _ = io.TUN.(interface{ Stats() tun.Stats })
 	d.live.Store(&d.io)
 	d.pool = newPool(max(io.TUN.BatchSize(), d.cfg.Batch))
 	d.out = newQueues(d.cfg.QueueLen)
@@ -259,23 +260,21 @@ func (d *Device) Close() error {
 // Stats returns a snapshot of the global counters.
 func (d *Device) Stats() Stats {
 	st := d.stats.snapshot()
-	if d.tunStats != nil {
-		ts := d.tunStats.Stats()
-		st.TUNReads, st.TUNSuperReads, st.TUNWrites, st.TUNSuperWrites = ts.Reads, ts.SuperReads, ts.Writes, ts.SuperWrites
+	io := d.live.Load()
+	if io == nil {
+		return st
 	}
-	if b := d.bind(); b != nil {
-		cs := b.Stats()
-		st.RecvCalls, st.RecvDatagrams = cs.RecvCalls, cs.RecvDatagrams
-		st.SendCalls, st.SendMessages = cs.SendCalls, cs.SendMessages
-	}
+	ts := io.TUN.Stats()
+	st.TUNReads, st.TUNSuperReads, st.TUNWrites, st.TUNSuperWrites = ts.Reads, ts.SuperReads, ts.Writes, ts.SuperWrites
+	cs := io.Bind.Stats()
+	st.RecvCalls, st.RecvDatagrams = cs.RecvCalls, cs.RecvDatagrams
+	st.SendCalls, st.SendMessages = cs.SendCalls, cs.SendMessages
 	return st
 }
 
 // Bind returns the outer sockets the device runs on (after Start), for
 // the IKE hand-off (conn.IKE); nil before.
-func (d *Device) Bind() conn.Bind { return d.bind() }
-
-func (d *Device) bind() conn.Bind {
+func (d *Device) Bind() conn.Bind {
 	if io := d.live.Load(); io != nil {
 		return io.Bind
 	}

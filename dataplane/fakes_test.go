@@ -9,6 +9,7 @@ import (
 
 	"github.com/espd/espd/conn"
 	"github.com/espd/espd/packet"
+	"github.com/espd/espd/tun"
 )
 
 // fakeTUN is an in-memory TUN: tests push batches of packets into in and
@@ -31,7 +32,9 @@ func newFakeTUN(batch, mtu int) *fakeTUN {
 }
 
 func (t *fakeTUN) BatchSize() int { return t.batch }
-func (t *fakeTUN) MTU() int       { return t.mtu }
+
+func (t *fakeTUN) Stats() tun.Stats { return tun.Stats{} }
+func (t *fakeTUN) MTU() int         { return t.mtu }
 
 func (t *fakeTUN) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	select {
