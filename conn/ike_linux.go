@@ -269,13 +269,8 @@ func openIKESocket(fam int, port uint16, mark uint32) (*ikeSocket, error) {
 		opts = append(opts, sockopt{unix.IPPROTO_IP, unix.IP_PKTINFO, 1})
 		sa = &unix.SockaddrInet4{Port: int(port)}
 	}
-	if err := setsockopts(fd, what, opts...); err != nil {
-		unix.Close(fd)
+	if err := setAndBind(fd, what, sa, opts); err != nil {
 		return nil, err
-	}
-	if err := unix.Bind(fd, sa); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("conn: bind %s: %w", what, err)
 	}
 	f := os.NewFile(uintptr(fd), "ike-"+famName(fam))
 	c, err := net.FilePacketConn(f)

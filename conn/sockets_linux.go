@@ -161,6 +161,20 @@ func setsockopts(fd int, what string, opts ...sockopt) error {
 	return nil
 }
 
+// setAndBind sets opts on the socket fd and binds it to sa; on failure it
+// closes fd.
+func setAndBind(fd int, what string, sa unix.Sockaddr, opts []sockopt) error {
+	if err := setsockopts(fd, what, opts...); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("conn: bind %s: %w", what, err)
+	}
+	return nil
+}
+
 // receiver reads one outer socket.
 type receiver struct {
 	c    *mmsgConn
@@ -224,13 +238,8 @@ func openUDP(fam int, cfg SocketConfig, counts *ioCounts) (*receiver, error) {
 	if cfg.RecvBuffer > 0 {
 		opts = append(opts, sockopt{unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, cfg.RecvBuffer})
 	}
-	if err := setsockopts(fd, what, opts...); err != nil {
-		unix.Close(fd)
+	if err := setAndBind(fd, what, sa, opts); err != nil {
 		return nil, err
-	}
-	if err := unix.Bind(fd, sa); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("conn: bind %s: %w", what, err)
 	}
 	c, err := newMmsgConn(fd, "esp-udp-"+famName(fam), cfg.Batch)
 	if err != nil {

@@ -95,7 +95,8 @@ func TestSocketsRoundTrip(t *testing.T) {
 	esp := []byte{0, 0, 0x12, 0x34, 0, 0, 0, 1, 'e', 's', 'p', 'd', 1, 2, 3, 4}
 	a4, b4 := netip.MustParseAddr("198.18.1.1"), netip.MustParseAddr("198.18.1.2")
 	a6, b6 := netip.MustParseAddr("2001:db8:1::1"), netip.MustParseAddr("2001:db8:1::2")
-	for _, tc := range []struct {
+	// The four paths: raw ESP and ESP-in-UDP, IPv4 and IPv6.
+	paths := []struct {
 		name     string
 		src, dst netip.Addr
 		dport    uint16
@@ -105,7 +106,8 @@ func TestSocketsRoundTrip(t *testing.T) {
 		{"udp4", a4, b4, 4501, rb[1]},
 		{"raw6", a6, b6, 0, rb[2]},
 		{"udp6", a6, b6, 4501, rb[3]},
-	} {
+	}
+	for _, tc := range paths {
 		t.Run(tc.name, func(t *testing.T) {
 			const tos = 46<<2 | packet.ECNECT0
 			if n, err := sa.Send([]Packet{outPkt(tc.src, tc.dst, 4501, tc.dport, tos, esp)}); n != 1 || err != nil {
@@ -139,18 +141,8 @@ func TestSocketsRoundTrip(t *testing.T) {
 
 	// Larger than the path takes: the raw path sends fragments, which the
 	// peer's kernel reassembles before its socket sees the packet.
-	for _, tc := range []struct {
-		name     string
-		src, dst netip.Addr
-		dport    uint16
-		r        Receiver
-	}{
-		{"fragmented raw4", a4, b4, 0, rb[0]},
-		{"fragmented udp4", a4, b4, 4501, rb[1]},
-		{"fragmented raw6", a6, b6, 0, rb[2]},
-		{"fragmented udp6", a6, b6, 4501, rb[3]},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, tc := range paths {
+		t.Run("fragmented "+tc.name, func(t *testing.T) {
 			big := make([]byte, 3000)
 			for i := range big {
 				big[i] = byte(i * 13)
