@@ -20,7 +20,7 @@ import (
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/sa"
-	"github.com/espd/espd/tun/netnstest"
+	"github.com/espd/espd/testbed"
 )
 
 // parseText parses the Prometheus text format as Prometheus does.
@@ -38,7 +38,7 @@ const metricsAddr = "127.0.0.1:9585"
 // an HTTP client that dials inside the namespace.
 func startWithMetrics(t *testing.T, perSA int) (*Daemon, *http.Client) {
 	t.Helper()
-	ns := netnstest.New(t, "espd-metrics")
+	ns := testbed.NewNodeT(t, "metrics")
 	sock := filepath.Join(t.TempDir(), "espd.sock")
 	d, err := New(Options{
 		Dataplane:     dataplane.Config{Keepalive: -1},
