@@ -199,7 +199,7 @@ func TestGSOSplit(t *testing.T) {
 	dev := createIn(t, ns, tun.Config{Name: "esptest2"})
 	ns.MustIP(t, "addr", "add", "198.18.101.1/32", "dev", "lo")
 	ns.MustIP(t, "route", "add", "198.18.102.0/24", "dev", "esptest2", "src", "198.18.101.1")
-	ns.MustIP(t, "-6", "addr", "add", "2001:db8:101::1/128", "dev", "lo")
+	ns.MustIP(t, "-6", "addr", "add", "2001:db8:101::1/128", "dev", "lo", "nodad")
 	ns.MustIP(t, "-6", "route", "add", "2001:db8:102::/48", "dev", "esptest2", "src", "2001:db8:101::1")
 
 	for _, tc := range []struct {
