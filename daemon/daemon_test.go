@@ -127,6 +127,7 @@ func (r *running) hup(t *testing.T, config string, done func() bool) {
 	}
 	// Reload holds d.mu until it is done: wait for the last of it.
 	r.d.mu.Lock()
+	//lint:ignore SA2001 the empty section is the wait: Reload holds d.mu until it is done
 	r.d.mu.Unlock()
 }
 

@@ -48,7 +48,6 @@ type coalescer struct {
 	nopen  int
 	member []int // for each packet: its group, or -1 (written alone)
 	next   []int // for each packet: the next packet of its group, or -1
-	iovs   []unix.Iovec
 }
 
 // candidate classifies pkt: it returns the header length and whether the

@@ -75,12 +75,8 @@ const (
 	udpLen        = 4
 	udpCsum       = 6
 	tcpFlagFIN    = 0x01
-	tcpFlagSYN    = 0x02
-	tcpFlagRST    = 0x04
 	tcpFlagPSH    = 0x08
 	tcpFlagACK    = 0x10
-	tcpFlagURG    = 0x20
-	tcpFlagECE    = 0x40
 	tcpFlagCWR    = 0x80
 	ipv4HeaderLen = 20
 	ipv6HeaderLen = 40
