@@ -123,11 +123,3 @@ func UpdateChecksum16(check, old, new uint16) uint16 {
 	s := uint32(^check) + uint32(^old) + uint32(new)
 	return ^Fold(s)
 }
-
-// UpdateChecksum32 returns checksum check after a 32-bit word (two aligned
-// 16-bit words) of the covered data changed from old to new.
-func UpdateChecksum32(check uint16, old, new uint32) uint16 {
-	s := uint32(^check) + uint32(^uint16(old>>16)) + uint32(^uint16(old)) +
-		uint32(new>>16) + uint32(new&0xffff)
-	return ^Fold(s)
-}

@@ -100,17 +100,6 @@ func TestUpdateChecksum(t *testing.T) {
 		if Checksum(b, 0) != 0 {
 			t.Fatalf("16-bit update left an invalid checksum")
 		}
-		j := 4 * r.IntN(5)
-		if j == 8 {
-			continue
-		}
-		old32 := binary.BigEndian.Uint32(b[j:])
-		nw32 := r.Uint32()
-		binary.BigEndian.PutUint32(b[j:], nw32)
-		binary.BigEndian.PutUint16(b[10:], UpdateChecksum32(binary.BigEndian.Uint16(b[10:]), old32, nw32))
-		if Checksum(b, 0) != 0 {
-			t.Fatalf("32-bit update left an invalid checksum")
-		}
 	}
 }
 

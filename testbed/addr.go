@@ -68,11 +68,3 @@ func Pick[T any](f Family, v4, v6 T) T {
 	}
 	return v4
 }
-
-// FamilyOf returns the family of a.
-func FamilyOf(a netip.Addr) Family {
-	if a.Is4() || a.Is4In6() {
-		return IPv4
-	}
-	return IPv6
-}
