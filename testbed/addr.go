@@ -41,7 +41,6 @@ var (
 	LANBV4    = ServerV4.Masked()
 	LANBV6    = ServerV6.Masked()
 	TransitV4 = GwATransitV4.Masked()
-	TransitV6 = GwATransitV6.Masked()
 )
 
 // Family selects an IP version.
