@@ -6,7 +6,7 @@ require (
 	github.com/BurntSushi/toml v1.6.0
 	github.com/prometheus/client_golang v1.23.2
 	github.com/vishvananda/netlink v1.3.1
-	github.com/vishvananda/netns v0.0.5
+	github.com/vishvananda/netns v0.0.5 // indirect
 	// x/crypto stays at v0.51.0, the last release with the SSSE3 assembly of
 	// chacha20poly1305 (v0.52.0 deleted it, golang/go#69587): without it a
 	// CPU without AVX2 (the Atom and Celeron gateways espd is for) runs

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/espd/espd/packet"
-	"github.com/espd/espd/tun/netnstest"
+	"github.com/espd/espd/testbed"
 )
 
 const testMark = 0xe5d7
@@ -30,18 +30,18 @@ func outPkt(src, dst netip.Addr, sport, dport uint16, tos uint8, payload []byte)
 
 // twoNS connects namespaces a (198.18.1.1, 2001:db8:1::1) and b
 // (198.18.1.2, 2001:db8:1::2) with a veth pair.
-func twoNS(t *testing.T) (a, b *netnstest.NS) {
+func twoNS(t *testing.T) (a, b *testbed.Node) {
 	t.Helper()
-	a, b = netnstest.New(t, "dpa"), netnstest.New(t, "dpb")
-	netnstest.Veth(t, a, "va", b, "vb")
-	a.IP(t, "addr", "add", "198.18.1.1/24", "dev", "va")
-	b.IP(t, "addr", "add", "198.18.1.2/24", "dev", "vb")
-	a.IP(t, "-6", "addr", "add", "2001:db8:1::1/64", "dev", "va", "nodad")
-	b.IP(t, "-6", "addr", "add", "2001:db8:1::2/64", "dev", "vb", "nodad")
+	a, b = testbed.NewNodeT(t, "dpa"), testbed.NewNodeT(t, "dpb")
+	testbed.VethT(t, a, "va", b, "vb")
+	a.MustIP(t, "addr", "add", "198.18.1.1/24", "dev", "va")
+	b.MustIP(t, "addr", "add", "198.18.1.2/24", "dev", "vb")
+	a.MustIP(t, "-6", "addr", "add", "2001:db8:1::1/64", "dev", "va", "nodad")
+	b.MustIP(t, "-6", "addr", "add", "2001:db8:1::2/64", "dev", "vb", "nodad")
 	return a, b
 }
 
-func openIn(t *testing.T, ns *netnstest.NS, cfg SocketConfig) *Sockets {
+func openIn(t *testing.T, ns *testbed.Node, cfg SocketConfig) *Sockets {
 	t.Helper()
 	var s *Sockets
 	if err := ns.Do(func() (err error) { s, err = OpenSockets(cfg); return err }); err != nil {
@@ -83,8 +83,8 @@ func TestSocketsRoundTrip(t *testing.T) {
 	// In a, only marked packets may leave: everything else is routed to
 	// an unreachable route, so a send succeeds only if SO_MARK is set.
 	for _, fam := range []string{"-4", "-6"} {
-		a.IP(t, fam, "rule", "add", "pref", "100", "not", "fwmark", strconv.Itoa(testMark), "lookup", "100")
-		a.IP(t, fam, "route", "add", "unreachable", "default", "table", "100")
+		a.MustIP(t, fam, "rule", "add", "pref", "100", "not", "fwmark", strconv.Itoa(testMark), "lookup", "100")
+		a.MustIP(t, fam, "route", "add", "unreachable", "default", "table", "100")
 	}
 	sa := openIn(t, a, SocketConfig{Mark: testMark, EncapPort: 4501})
 	sb := openIn(t, b, SocketConfig{Mark: testMark, EncapPort: 4501})

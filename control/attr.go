@@ -201,6 +201,3 @@ func (b *Builder) Bytes() ([]byte, error) {
 	binary.BigEndian.PutUint32(b.buf[8:], uint32(len(b.buf)))
 	return b.buf, nil
 }
-
-// Len returns the number of bytes appended so far, header included.
-func (b *Builder) Len() int { return len(b.buf) }

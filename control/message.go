@@ -93,16 +93,6 @@ func Decode(b []byte) (*Message, error) {
 	return &Message{Version: h.Version, Type: h.Type, Flags: h.Flags, Seq: h.Seq, Attrs: attrs}, nil
 }
 
-// Encode encodes m. It fails when the message would exceed MaxMessageSize or
-// an attribute value does not fit in an attribute.
-func (m *Message) Encode() ([]byte, error) {
-	b := NewBuilder(m.Version, m.Type, m.Flags, m.Seq)
-	for _, a := range m.Attrs {
-		b.Raw(a.Type, a.Value)
-	}
-	return b.Bytes()
-}
-
 // ReadMessage reads one message from r into buf (grown as needed) and
 // decodes it. A message larger than MaxMessageSize is not read: the error
 // wraps ErrOversized and the header is returned so that the caller can skip

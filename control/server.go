@@ -117,15 +117,6 @@ type Server struct {
 	evicted  atomic.Uint64
 }
 
-// ServerStats counts what the server did.
-type ServerStats struct {
-	// Active is the number of connections being served.
-	Active int
-	// Accepted counts connections served; Refused those turned away
-	// (credentials); Evicted those closed to make room at MaxConns.
-	Accepted, Refused, Evicted uint64
-}
-
 // Listen creates the socket (and its directory) and returns a Server ready
 // to Serve. A stale socket file is replaced; one with a live server behind
 // it is an error.
@@ -220,11 +211,6 @@ func userInGroup(uid, gid uint32) bool {
 
 // Path returns the socket's path.
 func (s *Server) Path() string { return s.cfg.Path }
-
-// Stats returns the server's counters.
-func (s *Server) Stats() ServerStats {
-	return ServerStats{Active: int(s.active.Load()), Accepted: s.accepted.Load(), Refused: s.refused.Load(), Evicted: s.evicted.Load()}
-}
 
 // Serve accepts connections until Close. It returns nil after Close.
 func (s *Server) Serve() error {

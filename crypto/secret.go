@@ -67,12 +67,3 @@ func eraseLoop() {
 		time.Sleep(eraseInterval)
 	}
 }
-
-// EraseNow runs a garbage collection that erases every secret object
-// unreachable by now (the key schedules of transforms zeroed before the
-// call), and returns when it is done. Deleting an SA does not need it
-// (Zero requests a collection by itself); it is for code that must know
-// the erasure happened, such as shutdown and tests.
-func EraseNow() {
-	runtime.GC()
-}

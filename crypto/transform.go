@@ -76,12 +76,3 @@ var (
 
 // HeaderLen is the length of the ESP header: SPI and sequence number.
 const HeaderLen = 8
-
-// MaxIVSize is the largest IV any transform uses (AES-CBC).
-const MaxIVSize = 16
-
-// MaxICVSize is the largest ICV any transform uses (HMAC-SHA2-512-256).
-const MaxICVSize = 32
-
-// MaxBlockSize is the largest plaintext alignment any transform needs.
-const MaxBlockSize = 16

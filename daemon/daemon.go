@@ -92,9 +92,6 @@ func New(opts Options) (*Daemon, error) {
 	return d, nil
 }
 
-// DB returns the daemon's SA and policy databases.
-func (d *Daemon) DB() *sa.DB { return d.db }
-
 // Run starts the data plane, loads the configuration file, serves the
 // control socket (and metrics) and runs until ctx is done or reload
 // returns; then it shuts down: control socket closed, every state deleted

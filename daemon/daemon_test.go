@@ -14,13 +14,13 @@ import (
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/sa"
-	"github.com/espd/espd/tun/netnstest"
+	"github.com/espd/espd/testbed"
 )
 
 // running is a Daemon started inside a namespace of its own.
 type running struct {
 	d      *Daemon
-	ns     *netnstest.NS
+	ns     *testbed.Node
 	sock   string
 	cfg    string
 	reload chan struct{}
@@ -31,7 +31,7 @@ type running struct {
 // file contents ("" for none) and stops it when the test ends.
 func start(t *testing.T, config string) *running {
 	t.Helper()
-	ns := netnstest.New(t, "espd-daemon")
+	ns := testbed.NewNodeT(t, "daemon")
 	dir := t.TempDir()
 	r := &running{ns: ns, sock: filepath.Join(dir, "espd.sock"), reload: make(chan struct{}), done: make(chan error, 1)}
 	opts := Options{
@@ -62,7 +62,7 @@ func start(t *testing.T, config string) *running {
 		case <-time.After(10 * time.Second):
 			t.Error("daemon did not stop within 10 s")
 		}
-		if _, err := ns.TryIP("link", "show", "esp0"); err == nil {
+		if _, err := ns.IP(context.Background(), "link", "show", "esp0"); err == nil {
 			t.Error("the TUN device outlived the daemon")
 		}
 	})
@@ -96,7 +96,7 @@ func policyTOML(dst string) string {
 
 // routes lists the destinations routed into the TUN.
 func (r *running) routes(t *testing.T) string {
-	return r.ns.IP(t, "route", "show", "table", "all", "dev", "esp0")
+	return r.ns.MustIP(t, "route", "show", "table", "all", "dev", "esp0")
 }
 
 func (r *running) reloadWith(t *testing.T, config string) {
@@ -127,6 +127,7 @@ func (r *running) hup(t *testing.T, config string, done func() bool) {
 	}
 	// Reload holds d.mu until it is done: wait for the last of it.
 	r.d.mu.Lock()
+	//lint:ignore SA2001 the empty section is the wait: Reload holds d.mu until it is done
 	r.d.mu.Unlock()
 }
 

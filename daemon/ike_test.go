@@ -11,13 +11,13 @@ import (
 
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/dataplane"
-	"github.com/espd/espd/tun/netnstest"
+	"github.com/espd/espd/testbed"
 )
 
 // handoffPeer is a namespace next to the daemon's, with UDP sockets on the
 // IKE ports of 198.18.0.2 and 2001:db8::2.
 type handoffPeer struct {
-	ns               *netnstest.NS
+	ns               *testbed.Node
 	ike4, natt4      *net.UDPConn
 	ike6, natt6      *net.UDPConn
 	daemon4, daemon6 netip.Addr
@@ -28,15 +28,15 @@ type handoffPeer struct {
 // to a peer namespace over a veth pair (198.18.0.1 and .2).
 func startHandoff(t *testing.T) (*Daemon, string, *handoffPeer) {
 	t.Helper()
-	ns := netnstest.New(t, "espd-ike")
-	peer := netnstest.New(t, "espd-ikepeer")
-	netnstest.Veth(t, ns, "veth0", peer, "veth0")
-	ns.IP(t, "addr", "add", "198.18.0.1/24", "dev", "veth0")
-	ns.IP(t, "addr", "add", "2001:db8::1/64", "dev", "veth0", "nodad")
-	ns.IP(t, "link", "set", "veth0", "up")
-	peer.IP(t, "addr", "add", "198.18.0.2/24", "dev", "veth0")
-	peer.IP(t, "addr", "add", "2001:db8::2/64", "dev", "veth0", "nodad")
-	peer.IP(t, "link", "set", "veth0", "up")
+	ns := testbed.NewNodeT(t, "ike")
+	peer := testbed.NewNodeT(t, "ikepeer")
+	testbed.VethT(t, ns, "veth0", peer, "veth0")
+	ns.MustIP(t, "addr", "add", "198.18.0.1/24", "dev", "veth0")
+	ns.MustIP(t, "addr", "add", "2001:db8::1/64", "dev", "veth0", "nodad")
+	ns.MustIP(t, "link", "set", "veth0", "up")
+	peer.MustIP(t, "addr", "add", "198.18.0.2/24", "dev", "veth0")
+	peer.MustIP(t, "addr", "add", "2001:db8::2/64", "dev", "veth0", "nodad")
+	peer.MustIP(t, "link", "set", "veth0", "up")
 
 	sock := filepath.Join(t.TempDir(), "espd.sock")
 	d, err := New(Options{

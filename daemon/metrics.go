@@ -120,7 +120,7 @@ func (m *metrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h := w.Header()
-	h.Set("Content-Type", string(expfmt.FmtText))
+	h.Set("Content-Type", string(expfmt.NewFormat(expfmt.TypeTextPlain)))
 	h.Add("Vary", "Accept-Encoding")
 	var out io.Writer = w
 	gzipped := acceptsGzip(r.Header.Get("Accept-Encoding"))

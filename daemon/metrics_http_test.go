@@ -20,7 +20,7 @@ import (
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/sa"
-	"github.com/espd/espd/tun/netnstest"
+	"github.com/espd/espd/testbed"
 )
 
 // parseText parses the Prometheus text format as Prometheus does.
@@ -45,9 +45,9 @@ func startWithMetrics(t *testing.T, perSA int) (*Daemon, *http.Client) {
 // startMetricsDaemon is startWithMetrics with the given options (the
 // control socket and the metrics address are set here), and also returns
 // the namespace.
-func startMetricsDaemon(t *testing.T, opts Options) (*Daemon, *http.Client, *netnstest.NS) {
+func startMetricsDaemon(t *testing.T, opts Options) (*Daemon, *http.Client, *testbed.Node) {
 	t.Helper()
-	ns := netnstest.New(t, "espd-metrics")
+	ns := testbed.NewNodeT(t, "metrics")
 	opts.Control = control.ServerConfig{Path: filepath.Join(t.TempDir(), "espd.sock")}
 	opts.MetricsListen = metricsAddr
 	d, err := New(opts)

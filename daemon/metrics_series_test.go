@@ -20,8 +20,8 @@ import (
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/sa"
+	"github.com/espd/espd/testbed"
 	"github.com/espd/espd/tun"
-	"github.com/espd/espd/tun/netnstest"
 )
 
 // movedElsewhere lists the series TestMetricsSeries cannot drive through a
@@ -76,10 +76,10 @@ func TestMetricsSeries(t *testing.T) {
 	// A peer daemon in its own namespace, across a veth pair; 198.18.5.0/24
 	// stays unreachable.
 	local, peer := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
-	peerNS := netnstest.New(t, "espd-peer")
-	netnstest.Veth(t, ns, "va", peerNS, "vb")
-	ns.IP(t, "addr", "add", "198.18.0.1/24", "dev", "va")
-	peerNS.IP(t, "addr", "add", "198.18.0.2/24", "dev", "vb")
+	peerNS := testbed.NewNodeT(t, "peer")
+	testbed.VethT(t, ns, "va", peerNS, "vb")
+	ns.MustIP(t, "addr", "add", "198.18.0.1/24", "dev", "va")
+	peerNS.MustIP(t, "addr", "add", "198.18.0.2/24", "dev", "vb")
 	pd := startPeer(t, peerNS)
 
 	db := d.DB()
@@ -229,7 +229,7 @@ func TestMetricsSeries(t *testing.T) {
 	})
 
 	// The TUN down: the peer's next packet cannot be written to it.
-	ns.IP(t, "link", "set", tun.DefaultName, "down")
+	ns.MustIP(t, "link", "set", tun.DefaultName, "down")
 	sendFromPeer()
 	wait("a failed TUN write", func(s dataplane.Stats) bool { return s.TUNWriteErrors >= 1 })
 
@@ -420,7 +420,7 @@ func TestMetricsOneSeriesPerCounter(t *testing.T) {
 
 // startPeer runs a daemon in ns, NAT-keepalives every
 // 100 ms, until the test ends.
-func startPeer(t *testing.T, ns *netnstest.NS) *Daemon {
+func startPeer(t *testing.T, ns *testbed.Node) *Daemon {
 	t.Helper()
 	d, err := New(Options{
 		Dataplane:     dataplane.Config{Keepalive: 100 * time.Millisecond},

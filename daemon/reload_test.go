@@ -16,13 +16,13 @@ import (
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/sa"
-	"github.com/espd/espd/tun/netnstest"
+	"github.com/espd/espd/testbed"
 )
 
 // startWith is start with a state directory (espd --state-dir).
 func startWith(t *testing.T, config, stateDir string) *running {
 	t.Helper()
-	ns := netnstest.New(t, "espd-reload")
+	ns := testbed.NewNodeT(t, "reload")
 	dir := t.TempDir()
 	r := &running{ns: ns, sock: filepath.Join(dir, "espd.sock"), reload: make(chan struct{}), done: make(chan error, 1)}
 	r.cfg = filepath.Join(dir, "espd.toml")
@@ -106,7 +106,7 @@ func (r *running) snapshot(t *testing.T) string {
 		fmt.Fprintf(&b, "policy %d %v\n", p.Index, p)
 	}
 	for _, args := range [][]string{{"-4", "route", "show", "table", "all"}, {"-6", "route", "show", "table", "all"}, {"-4", "rule"}, {"-6", "rule"}} {
-		fmt.Fprintf(&b, "ip %v:\n%s", args, r.ns.IP(t, args...))
+		fmt.Fprintf(&b, "ip %v:\n%s", args, r.ns.MustIP(t, args...))
 	}
 	r.d.mu.Lock()
 	defer r.d.mu.Unlock()

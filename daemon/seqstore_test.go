@@ -15,7 +15,7 @@ import (
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/seqstore"
-	"github.com/espd/espd/tun/netnstest"
+	"github.com/espd/espd/testbed"
 )
 
 func TestOpenSeqStore(t *testing.T) {
@@ -90,7 +90,7 @@ func TestOpenSeqStore(t *testing.T) {
 // TestDaemonClosesSeqStore runs a daemon with a state directory and stops
 // it: the store is closed (its lock released) when Run returns.
 func TestDaemonClosesSeqStore(t *testing.T) {
-	ns := netnstest.New(t, "espd-seq")
+	ns := testbed.NewNodeT(t, "seq")
 	tmp := t.TempDir()
 	state := filepath.Join(tmp, "state")
 	d, err := New(Options{

@@ -10,9 +10,10 @@ import (
 )
 
 // BufferSize is the size of every packet buffer. It holds the largest
-// TUN packet (MTU up to BufferSize-esp.MaxHeadroom-esp.MaxTrailer) with its
-// ESP framing, an outer packet of a jumbo-frame path, and leaves the TUN
-// driver room to coalesce several segments into one on write.
+// TUN packet (MTU up to BufferSize-esp.MaxHeadroom-esp.MaxTrailer) with
+// its ESP framing, and an outer packet of a jumbo-frame path. Writes to
+// the TUN coalesce segments without room here: the writev points at each
+// packet in its own buffer (package tun).
 const BufferSize = 16 << 10
 
 // Defaults for Config.

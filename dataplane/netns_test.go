@@ -17,13 +17,13 @@ import (
 	"github.com/espd/espd/conn"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/sa"
+	"github.com/espd/espd/testbed"
 	"github.com/espd/espd/tun"
-	"github.com/espd/espd/tun/netnstest"
 )
 
 // gateway is one side of the namespace test: a namespace with a Device.
 type gateway struct {
-	ns       *netnstest.NS
+	ns       *testbed.Node
 	db       *sa.DB
 	d        *Device
 	outer4   netip.Addr
@@ -33,15 +33,15 @@ type gateway struct {
 	policies []sa.Policy
 }
 
-func newGateway(t *testing.T, ns *netnstest.NS, tunName string, outer4, outer6, inner4, inner6 string) *gateway {
+func newGateway(t *testing.T, ns *testbed.Node, tunName string, outer4, outer6, inner4, inner6 string) *gateway {
 	t.Helper()
 	g := &gateway{
 		ns: ns, db: sa.NewDB(),
 		outer4: netip.MustParseAddr(outer4), outer6: netip.MustParseAddr(outer6),
 		inner4: netip.MustParseAddr(inner4), inner6: netip.MustParseAddr(inner6),
 	}
-	ns.IP(t, "addr", "add", inner4+"/32", "dev", "lo")
-	ns.IP(t, "-6", "addr", "add", inner6+"/128", "dev", "lo")
+	ns.MustIP(t, "addr", "add", inner4+"/32", "dev", "lo")
+	ns.MustIP(t, "-6", "addr", "add", inner6+"/128", "dev", "lo", "nodad")
 	d, err := New(Config{TUN: tun.Config{Name: tunName}, Workers: 2, Table: 0xe5d3}, g.db, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -184,12 +184,12 @@ func (g *gateway) udpIn(t *testing.T, v6 bool) uint64 {
 // whole test range, B's outer address included, so its own ESP would loop
 // into the TUN if the fwmark rule did not keep it out.
 func TestTwoNamespaces(t *testing.T) {
-	nsA, nsB := netnstest.New(t, "dpA"), netnstest.New(t, "dpB")
-	netnstest.Veth(t, nsA, "va", nsB, "vb")
-	nsA.IP(t, "addr", "add", "198.18.1.1/24", "dev", "va")
-	nsB.IP(t, "addr", "add", "198.18.1.2/24", "dev", "vb")
-	nsA.IP(t, "-6", "addr", "add", "2001:db8:1::1/64", "dev", "va", "nodad")
-	nsB.IP(t, "-6", "addr", "add", "2001:db8:1::2/64", "dev", "vb", "nodad")
+	nsA, nsB := testbed.NewNodeT(t, "dpA"), testbed.NewNodeT(t, "dpB")
+	testbed.VethT(t, nsA, "va", nsB, "vb")
+	nsA.MustIP(t, "addr", "add", "198.18.1.1/24", "dev", "va")
+	nsB.MustIP(t, "addr", "add", "198.18.1.2/24", "dev", "vb")
+	nsA.MustIP(t, "-6", "addr", "add", "2001:db8:1::1/64", "dev", "va", "nodad")
+	nsB.MustIP(t, "-6", "addr", "add", "2001:db8:1::2/64", "dev", "vb", "nodad")
 
 	a := newGateway(t, nsA, "espa0", "198.18.1.1", "2001:db8:1::1", "198.19.10.1", "2001:db8:10::1")
 	b := newGateway(t, nsB, "espb0", "198.18.1.2", "2001:db8:1::2", "198.19.20.1", "2001:db8:20::1")
@@ -257,7 +257,7 @@ func TestTwoNamespaces(t *testing.T) {
 				t.Error(err)
 			}
 		}
-		if out := g.ns.IP(t, "route", "show", "table", "all", "proto", "229"); out != "" {
+		if out := g.ns.MustIP(t, "route", "show", "table", "all", "proto", "229"); out != "" {
 			t.Errorf("routes left in %s: %s", g.ns.Name, out)
 		}
 	}

@@ -267,8 +267,6 @@ func describe(inner, outer testbed.Family) string {
 	return fmt.Sprintf("%s-in-%s", inner, outer)
 }
 
-func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
-
 // socketDrops returns, for a gateway, the drops the kernel counted on the
 // raw ESP sockets (protocol 50) and on the UDP sockets of port 4500
 // (/proc/net/raw, raw6, udp, udp6): packets lost because espd did not read

@@ -42,7 +42,7 @@ type Decapsulator struct {
 // before it is recorded succeeds twice. Callers that open in parallel and
 // record in arrival order (as the kernel's pcrypt does) keep a fast worker
 // from pushing a slow worker's packets out of the window; the others call
-// Decapsulate. Open is safe for concurrent use.
+// Replay.Update right after Open. Open is safe for concurrent use.
 func (d *Decapsulator) Open(pkt []byte, outerTOS uint8) (inner []byte, seq uint64, err error) {
 	t := d.Transform
 	iv, icv, bs := t.IVSize(), t.ICVSize(), t.BlockSize()
@@ -118,25 +118,6 @@ func (d *Decapsulator) Open(pkt []byte, outerTOS uint8) (inner []byte, seq uint6
 // further.
 func Authentic(err error) bool {
 	return err == nil || err == ErrDummy || err == ErrECNDrop
-}
-
-// Decapsulate is Open followed, for an authentic packet, by Replay.Update:
-// it opens pkt and records its sequence number at once. ErrReplay from the
-// record means another caller recorded the same number first (or the
-// window moved past it during decryption); the packet is then refused.
-// Dummy and ECN-dropped packets are recorded too before ErrDummy or
-// ErrECNDrop is returned. Use it where packets need not be recorded in
-// arrival order; a pipeline that opens in parallel uses Open and records
-// in order (see Open).
-func (d *Decapsulator) Decapsulate(pkt []byte, outerTOS uint8) (inner []byte, seq uint64, err error) {
-	inner, seq, err = d.Open(pkt, outerTOS)
-	if !Authentic(err) || d.Replay == nil {
-		return inner, seq, err
-	}
-	if uerr := d.Replay.Update(seq); uerr != nil {
-		return nil, seq, uerr
-	}
-	return inner, seq, err
 }
 
 // decapECN returns the inner ECN field after decapsulation (RFC 6040

@@ -107,15 +107,6 @@ func padLen(p, bs int) int {
 	return (bs - (p+2)%bs) % bs
 }
 
-// Overhead returns how many bytes Encapsulate adds to an inner packet of
-// innerLen bytes: outer IP and UDP headers, ESP header, IV, TFC padding
-// (when the buffer has room for it), ESP padding, Pad Length, Next Header
-// and ICV.
-func (e *Encapsulator) Overhead(innerLen int) int {
-	p := max(innerLen, e.TFCPadTo)
-	return e.fixedOverhead() + p - innerLen + padLen(p, e.Transform.BlockSize()) + 2
-}
-
 // InnerMTU returns the largest inner packet whose encapsulation fits in
 // outerMTU bytes, or 0 if none does.
 func (e *Encapsulator) InnerMTU(outerMTU int) int {

@@ -38,9 +38,9 @@ const (
 	NextHeaderDummy = packet.ProtoNoNext // dummy packet (RFC 4303 section 2.6)
 )
 
-// Errors that Encapsulate, Open and Decapsulate return, one per reason, so
-// that the data path can count drops by reason. Open and Decapsulate also
-// pass crypto.ErrAuthentication through unchanged.
+// Errors that Encapsulate, Open and Replay.Update return, one per reason, so
+// that the data path can count drops by reason. Open also passes
+// crypto.ErrAuthentication through unchanged.
 var (
 	// ErrReplay means the sequence number is 0, older than the replay
 	// window, or already received.

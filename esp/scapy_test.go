@@ -222,9 +222,9 @@ func outerPayload(b []byte, o Outer) ([]byte, error) {
 		if proto != packet.ProtoUDP {
 			return nil, fmt.Errorf("protocol %d, want UDP", proto)
 		}
-		p, _, dp, err := StripUDP(rest)
-		if err != nil || dp != o.DstPort || ClassifyUDP(p) != UDPESP {
-			return nil, fmt.Errorf("UDP: port %d, %v, kind %v", dp, err, ClassifyUDP(p))
+		u, p, err := packet.ParseUDPHeader(rest)
+		if err != nil || u.DstPort != o.DstPort || ClassifyUDP(p) != UDPESP {
+			return nil, fmt.Errorf("UDP: port %d, %v, kind %v", u.DstPort, err, ClassifyUDP(p))
 		}
 		return p, nil
 	}

@@ -1,11 +1,5 @@
 package esp
 
-import (
-	"net/netip"
-
-	"github.com/espd/espd/packet"
-)
-
 // UDPKind classifies the payload of a datagram received on an ESP-in-UDP
 // port (RFC 3948 section 2).
 type UDPKind uint8
@@ -74,40 +68,4 @@ func PutKeepalive(b []byte) int {
 	}
 	b[0] = KeepaliveByte
 	return 1
-}
-
-// StripUDP returns the payload of the UDP datagram udp (header included)
-// as its length field delimits it, and its ports. It returns ErrMalformed
-// when the header is short or its length field wrong. The checksum is not
-// verified (the kernel does that for sockets).
-func StripUDP(udp []byte) (payload []byte, srcPort, dstPort uint16, err error) {
-	h, p, err := packet.ParseUDPHeader(udp)
-	if err != nil {
-		return nil, 0, 0, ErrMalformed
-	}
-	return p, h.SrcPort, h.DstPort, nil
-}
-
-// PrependUDP writes a UDP header in front of the payload buf[start:end],
-// at buf[start-8:], and returns the new start. The checksum is 0 when src
-// is IPv4 (RFC 3948 section 2.1) and computed over the IPv6 pseudo-header
-// otherwise. It returns ErrHeadroom when start < 8, ErrMalformed when
-// start:end is not a valid range and ErrTooBig past 65535 bytes.
-func PrependUDP(buf []byte, start, end int, srcPort, dstPort uint16, src, dst netip.Addr) (int, error) {
-	if start < packet.UDPHeaderLen {
-		return 0, ErrHeadroom
-	}
-	if end < start || end > len(buf) {
-		return 0, ErrMalformed
-	}
-	s := start - packet.UDPHeaderLen
-	if _, err := packet.PutUDPHeader(buf[s:], srcPort, dstPort, end-start); err != nil {
-		return 0, ErrTooBig
-	}
-	if !src.Is4() {
-		if err := packet.SetUDPChecksum(buf[s:end], src, dst); err != nil {
-			return 0, ErrOuter
-		}
-	}
-	return s, nil
 }

@@ -6,6 +6,9 @@ import (
 	"net/netip"
 )
 
+// littleEndian reports whether the machine loads words little-endian.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
 // Sum adds the bytes of b, as big-endian 16-bit words, to the partial
 // one's-complement sum initial and returns the new partial sum. A trailing
 // odd byte counts as the high byte of a word padded with zero, so every
@@ -14,12 +17,37 @@ import (
 func Sum(b []byte, initial uint32) uint32 {
 	ac := uint64(initial)
 	var c uint64
-	for len(b) >= 32 {
+	if len(b) >= 64 {
+		// 64 bytes per round with a carry chain, loaded in the machine's
+		// byte order: the one's-complement sum does not depend on byte
+		// order (RFC 1071 section 2(B)). Reversing the bytes of the 64-bit
+		// sum multiplies it by 2^8 modulo 0xffff, as swapping the bytes of
+		// each 16-bit word would, which brings it to network order.
+		var n uint64
+		for len(b) >= 64 {
+			n, c = bits.Add64(n, binary.NativeEndian.Uint64(b[0:8]), 0)
+			n, c = bits.Add64(n, binary.NativeEndian.Uint64(b[8:16]), c)
+			n, c = bits.Add64(n, binary.NativeEndian.Uint64(b[16:24]), c)
+			n, c = bits.Add64(n, binary.NativeEndian.Uint64(b[24:32]), c)
+			n, c = bits.Add64(n, binary.NativeEndian.Uint64(b[32:40]), c)
+			n, c = bits.Add64(n, binary.NativeEndian.Uint64(b[40:48]), c)
+			n, c = bits.Add64(n, binary.NativeEndian.Uint64(b[48:56]), c)
+			n, c = bits.Add64(n, binary.NativeEndian.Uint64(b[56:64]), c)
+			n += c // cannot carry again: n is at most 2^64-2 if c is 1
+			b = b[64:]
+		}
+		if littleEndian {
+			n = bits.ReverseBytes64(n)
+		}
+		ac, c = bits.Add64(ac, n, 0)
+		ac += c
+	}
+	if len(b) >= 32 {
 		ac, c = bits.Add64(ac, binary.BigEndian.Uint64(b), 0)
 		ac, c = bits.Add64(ac, binary.BigEndian.Uint64(b[8:]), c)
 		ac, c = bits.Add64(ac, binary.BigEndian.Uint64(b[16:]), c)
 		ac, c = bits.Add64(ac, binary.BigEndian.Uint64(b[24:]), c)
-		ac += c // cannot overflow: ac < 2^64-1 whenever c is 1
+		ac += c
 		b = b[32:]
 	}
 	for len(b) >= 8 {
@@ -93,13 +121,5 @@ func PseudoHeaderSum(proto uint8, src, dst netip.Addr, length int) uint32 {
 // HC' = ~(~HC + ~m + m').
 func UpdateChecksum16(check, old, new uint16) uint16 {
 	s := uint32(^check) + uint32(^old) + uint32(new)
-	return ^Fold(s)
-}
-
-// UpdateChecksum32 returns checksum check after a 32-bit word (two aligned
-// 16-bit words) of the covered data changed from old to new.
-func UpdateChecksum32(check uint16, old, new uint32) uint16 {
-	s := uint32(^check) + uint32(^uint16(old>>16)) + uint32(^uint16(old)) +
-		uint32(new>>16) + uint32(new&0xffff)
 	return ^Fold(s)
 }

@@ -19,7 +19,6 @@ const (
 	ProtoRouting  = 43  // IPv6 Routing header
 	ProtoFragment = 44  // IPv6 Fragment header
 	ProtoESP      = 50  // Encapsulating Security Payload
-	ProtoAH       = 51  // Authentication Header
 	ProtoICMPv6   = 58  // ICMP for IPv6
 	ProtoNoNext   = 59  // IPv6 No Next Header (ESP dummy packets)
 	ProtoDstOpts  = 60  // IPv6 Destination Options
@@ -29,9 +28,8 @@ const (
 
 // Fixed header lengths.
 const (
-	IPv4HeaderLen    = 20 // IPv4 header without options
-	IPv4MaxHeaderLen = 60 // IPv4 header with the most options
-	IPv6HeaderLen    = 40 // IPv6 fixed header
-	UDPHeaderLen     = 8  // UDP header
-	ICMPHeaderLen    = 8  // ICMP/ICMPv6 error message header
+	IPv4HeaderLen = 20 // IPv4 header without options
+	IPv6HeaderLen = 40 // IPv6 fixed header
+	UDPHeaderLen  = 8  // UDP header
+	ICMPHeaderLen = 8  // ICMP/ICMPv6 error message header
 )

@@ -173,22 +173,17 @@ func TestTOS(t *testing.T) {
 				t.Fatalf("IPv6 version/flow label clobbered: %#08x", binary.BigEndian.Uint32(p[0:4]))
 			}
 		}
-		SetTOS(p, 0)
-		SetDSCP(p, 46)
+		SetTOS(p, 46<<2)
 		SetECN(p, ECNECT0)
-		if d, _ := DSCP(p); d != 46 {
-			t.Fatalf("DSCP %d", d)
-		}
 		if e, _ := ECN(p); e != ECNECT0 {
 			t.Fatalf("ECN %d", e)
+		}
+		if tos, _ := TOS(p); tos != 46<<2|ECNECT0 {
+			t.Fatalf("TOS %#x after SetECN(ECT0)", tos)
 		}
 		SetECN(p, ECNCE)
 		if tos, _ := TOS(p); tos != 46<<2|3 {
 			t.Fatalf("TOS %#x after SetECN(CE)", tos)
-		}
-		SetDSCP(p, 10)
-		if tos, _ := TOS(p); tos != 10<<2|3 {
-			t.Fatalf("TOS %#x after SetDSCP(10)", tos)
 		}
 		if p[0]>>4 == 4 && refChecksum(p[:20]) != 0 {
 			t.Fatal("IPv4 checksum invalid")
@@ -198,7 +193,7 @@ func TestTOS(t *testing.T) {
 		if _, ok := TOS(bad); ok {
 			t.Errorf("TOS(% x) ok", bad)
 		}
-		if SetTOS(bad, 1) || SetDSCP(bad, 1) || SetECN(bad, 1) {
+		if SetTOS(bad, 1) || SetECN(bad, 1) {
 			t.Errorf("Set on % x ok", bad)
 		}
 	}

@@ -63,22 +63,10 @@ func SetTOS(pkt []byte, tos uint8) bool {
 	return false
 }
 
-// DSCP returns the Differentiated Services codepoint of pkt (0 to 63).
-func DSCP(pkt []byte) (uint8, bool) {
-	t, ok := TOS(pkt)
-	return t >> 2, ok
-}
-
 // ECN returns the ECN field of pkt (ECNNotECT, ECNECT1, ECNECT0 or ECNCE).
 func ECN(pkt []byte) (uint8, bool) {
 	t, ok := TOS(pkt)
 	return t & ECNMask, ok
-}
-
-// SetDSCP writes the DSCP of pkt, keeping its ECN field.
-func SetDSCP(pkt []byte, dscp uint8) bool {
-	t, ok := TOS(pkt)
-	return ok && SetTOS(pkt, dscp<<2|t&ECNMask)
 }
 
 // SetECN writes the ECN field of pkt, keeping its DSCP.

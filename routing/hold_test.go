@@ -21,34 +21,34 @@ import (
 // leaves in clear on out0.
 func (e *env) defaultRoutes(t *testing.T) {
 	t.Helper()
-	e.ns.IP(t, "route", "add", "default", "via", "198.18.0.2", "dev", "out0")
-	e.ns.IP(t, "-6", "route", "add", "default", "via", "2001:db8::2", "dev", "out0")
+	e.ns.MustIP(t, "route", "add", "default", "via", "198.18.0.2", "dev", "out0")
+	e.ns.MustIP(t, "-6", "route", "add", "default", "via", "2001:db8::2", "dev", "out0")
 }
 
 // table returns the lines of "ip route show table" for both families.
 func (e *env) table(t *testing.T) string {
 	t.Helper()
 	tbl := strconv.Itoa(table)
-	return e.ns.IP(t, "-4", "route", "show", "table", tbl) + e.ns.IP(t, "-6", "route", "show", "table", tbl)
+	return e.ns.MustIP(t, "-4", "route", "show", "table", tbl) + e.ns.MustIP(t, "-6", "route", "show", "table", tbl)
 }
 
 // ruleCount returns how many rules of the family look up the test table.
 func (e *env) ruleCount(t *testing.T, fam string) int {
 	t.Helper()
-	return strings.Count(e.ns.IP(t, fam, "rule", "show"), "lookup "+strconv.Itoa(table))
+	return strings.Count(e.ns.MustIP(t, fam, "rule", "show"), "lookup "+strconv.Itoa(table))
 }
 
 // killTUN deletes tun0, as the kernel does when espd dies (its routes go
 // with it), and makes a new tun0, as the next espd does.
 func (e *env) killTUN(t *testing.T) {
 	t.Helper()
-	e.ns.IP(t, "link", "del", "tun0")
+	e.ns.MustIP(t, "link", "del", "tun0")
 }
 
 func (e *env) newTUN(t *testing.T) {
 	t.Helper()
-	e.ns.IP(t, "tuntap", "add", "mode", "tun", "name", "tun0")
-	e.ns.IP(t, "link", "set", "tun0", "up")
+	e.ns.MustIP(t, "tuntap", "add", "mode", "tun", "name", "tun0")
+	e.ns.MustIP(t, "link", "set", "tun0", "up")
 	err := e.ns.Do(func() error {
 		l, err := netlink.LinkByName("tun0")
 		if err == nil {
@@ -218,8 +218,8 @@ func (m *monitor) mark(t *testing.T, e *env, from string) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		e.ns.IP(t, "rule", "add", "pref", "100", "from", from, "lookup", "100")
-		e.ns.IP(t, "rule", "del", "pref", "100", "from", from, "lookup", "100")
+		e.ns.MustIP(t, "rule", "add", "pref", "100", "from", from, "lookup", "100")
+		e.ns.MustIP(t, "rule", "del", "pref", "100", "from", from, "lookup", "100")
 		for {
 			select {
 			case line := <-m.seen:
@@ -335,7 +335,7 @@ func TestAdoptedHoldNotOpenedByBypass(t *testing.T) {
 	e := newEnv(t)
 	e.defaultRoutes(t)
 	tbl := strconv.Itoa(table)
-	e.ns.IP(t, "route", "add", "blackhole", "198.18.45.0/24", "table", tbl, "proto", "229", "metric", strconv.Itoa(routing.HoldMetric))
+	e.ns.MustIP(t, "route", "add", "blackhole", "198.18.45.0/24", "table", tbl, "proto", "229", "metric", strconv.Itoa(routing.HoldMetric))
 	r := e.router(t, routing.Config{})
 	const p = "198.18.45.0/24"
 	mustAdd(t, r, p, routing.Throw)
@@ -359,13 +359,13 @@ func TestNewTidiesLeftovers(t *testing.T) {
 	e.defaultRoutes(t)
 	tbl := strconv.Itoa(table)
 	pref := strconv.Itoa(routing.DefaultPriority)
-	e.ns.IP(t, "rule", "add", "pref", pref, "not", "fwmark", "0xe5d0/0xffffffff", "lookup", tbl)
-	e.ns.IP(t, "-6", "rule", "add", "pref", pref, "not", "fwmark", "0xe5d0/0xffffffff", "lookup", tbl)
-	e.ns.IP(t, "route", "add", "198.18.80.0/24", "dev", "out0", "table", tbl, "proto", "229")
-	e.ns.IP(t, "-6", "route", "add", "2001:db8:80::/48", "dev", "out0", "table", tbl, "proto", "229")
-	e.ns.IP(t, "route", "add", "blackhole", "198.18.82.0/24", "table", tbl, "proto", "229", "metric", "7")
-	e.ns.IP(t, "route", "add", "unreachable", "198.18.83.0/24", "table", tbl, "proto", "229")
-	e.ns.IP(t, "route", "add", "throw", "198.18.81.0/24", "table", tbl, "proto", "static") // not ours
+	e.ns.MustIP(t, "rule", "add", "pref", pref, "not", "fwmark", "0xe5d0/0xffffffff", "lookup", tbl)
+	e.ns.MustIP(t, "-6", "rule", "add", "pref", pref, "not", "fwmark", "0xe5d0/0xffffffff", "lookup", tbl)
+	e.ns.MustIP(t, "route", "add", "198.18.80.0/24", "dev", "out0", "table", tbl, "proto", "229")
+	e.ns.MustIP(t, "-6", "route", "add", "2001:db8:80::/48", "dev", "out0", "table", tbl, "proto", "229")
+	e.ns.MustIP(t, "route", "add", "blackhole", "198.18.82.0/24", "table", tbl, "proto", "229", "metric", "7")
+	e.ns.MustIP(t, "route", "add", "unreachable", "198.18.83.0/24", "table", tbl, "proto", "229")
+	e.ns.MustIP(t, "route", "add", "throw", "198.18.81.0/24", "table", tbl, "proto", "static") // not ours
 	r := e.router(t, routing.Config{})
 	for _, fam := range []string{"-4", "-6"} {
 		if n := e.ruleCount(t, fam); n != 1 {
@@ -439,10 +439,10 @@ func TestCloseWithoutHoldsRemovesEverything(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if out := e.ns.IP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
+	if out := e.ns.MustIP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
 		t.Errorf("routes left:\n%s", out)
 	}
-	if out := e.ns.IP(t, "-6", "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
+	if out := e.ns.MustIP(t, "-6", "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
 		t.Errorf("IPv6 routes left:\n%s", out)
 	}
 	for _, fam := range []string{"-4", "-6"} {
@@ -459,7 +459,7 @@ func TestCleanup(t *testing.T) {
 	e := newEnv(t)
 	e.defaultRoutes(t)
 	tbl := strconv.Itoa(table)
-	e.ns.IP(t, "route", "add", "throw", "198.18.81.0/24", "table", tbl, "proto", "static") // not ours
+	e.ns.MustIP(t, "route", "add", "throw", "198.18.81.0/24", "table", tbl, "proto", "static") // not ours
 	r := e.router(t, routing.Config{})
 	mustAdd(t, r, "0.0.0.0/0", routing.Tunnel)
 	mustAdd(t, r, "::/0", routing.Tunnel)
@@ -498,10 +498,10 @@ func TestCleanup(t *testing.T) {
 	if len(removed) != 5 {
 		t.Errorf("Cleanup removed %d things, want 5:\n%s", len(removed), got)
 	}
-	if out := e.ns.IP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
+	if out := e.ns.MustIP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
 		t.Errorf("routes left:\n%s", out)
 	}
-	if out := e.ns.IP(t, "-6", "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
+	if out := e.ns.MustIP(t, "-6", "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
 		t.Errorf("IPv6 routes left:\n%s", out)
 	}
 	for _, fam := range []string{"-4", "-6"} {

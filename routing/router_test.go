@@ -1,6 +1,7 @@
 package routing_test
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"strconv"
@@ -10,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/espd/espd/routing"
-	"github.com/espd/espd/tun/netnstest"
+	"github.com/espd/espd/testbed"
 )
 
 const table = 0xe5d1
@@ -19,20 +20,20 @@ const table = 0xe5d1
 // and a veth "out0" (198.18.0.1/16, 2001:db8::1/64, MTU 1480) for the outer
 // interface the main table routes to.
 type env struct {
-	ns    *netnstest.NS
+	ns    *testbed.Node
 	index int
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	ns := netnstest.New(t, "rt")
-	ns.IP(t, "tuntap", "add", "mode", "tun", "name", "tun0")
-	ns.IP(t, "link", "set", "tun0", "up")
-	ns.IP(t, "link", "add", "name", "out0", "mtu", "1480", "type", "veth", "peer", "name", "peer0")
-	ns.IP(t, "link", "set", "peer0", "up")
-	ns.IP(t, "link", "set", "out0", "up")
-	ns.IP(t, "addr", "add", "198.18.0.1/16", "dev", "out0")
-	ns.IP(t, "-6", "addr", "add", "2001:db8::1/64", "dev", "out0", "nodad")
+	ns := testbed.NewNodeT(t, "rt")
+	ns.MustIP(t, "tuntap", "add", "mode", "tun", "name", "tun0")
+	ns.MustIP(t, "link", "set", "tun0", "up")
+	ns.MustIP(t, "link", "add", "name", "out0", "mtu", "1480", "type", "veth", "peer", "name", "peer0")
+	ns.MustIP(t, "link", "set", "peer0", "up")
+	ns.MustIP(t, "link", "set", "out0", "up")
+	ns.MustIP(t, "addr", "add", "198.18.0.1/16", "dev", "out0")
+	ns.MustIP(t, "-6", "addr", "add", "2001:db8::1/64", "dev", "out0", "nodad")
 	e := &env{ns: ns}
 	err := ns.Do(func() error {
 		l, err := netlink.LinkByName("tun0")
@@ -72,7 +73,7 @@ func (e *env) dev(t *testing.T, dst string, mark uint32) string {
 	if mark != 0 {
 		args = append(args, "mark", strconv.FormatUint(uint64(mark), 10))
 	}
-	out, err := e.ns.TryIP(args...)
+	out, err := e.ns.IP(context.Background(), args...)
 	if err != nil {
 		// A blackhole route answers EINVAL, no route ENETUNREACH.
 		if strings.Contains(out, "Invalid argument") {
@@ -110,7 +111,7 @@ func TestRulesAndRPFilter(t *testing.T) {
 		t.Fatalf("table %d mark %#x", r.Table(), r.Mark())
 	}
 	for _, fam := range []string{"-4", "-6"} {
-		out := e.ns.IP(t, fam, "rule", "show")
+		out := e.ns.MustIP(t, fam, "rule", "show")
 		want := "4242:\tnot from all fwmark 0x100/0xf00 lookup " + strconv.Itoa(table)
 		if !strings.Contains(out, want) {
 			t.Errorf("%s rules lack %q:\n%s", fam, want, out)
@@ -129,7 +130,7 @@ func TestRulesAndRPFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, fam := range []string{"-4", "-6"} {
-		if out := e.ns.IP(t, fam, "rule", "show"); strings.Contains(out, "4242:") {
+		if out := e.ns.MustIP(t, fam, "rule", "show"); strings.Contains(out, "4242:") {
 			t.Errorf("%s rule left after Close:\n%s", fam, out)
 		}
 	}
@@ -163,7 +164,7 @@ func TestDefaultRouteDoesNotCatchMarked(t *testing.T) {
 	if err != nil || mtu != 1480 {
 		t.Errorf("PathMTU = %d, %v; want 1480", mtu, err)
 	}
-	e.ns.IP(t, "route", "add", "198.18.9.0/24", "dev", "out0", "mtu", "1300")
+	e.ns.MustIP(t, "route", "add", "198.18.9.0/24", "dev", "out0", "mtu", "1300")
 	mtu, err = r.PathMTU(netip.MustParseAddr("198.18.9.9"))
 	if err != nil || mtu != 1300 {
 		t.Errorf("PathMTU via route mtu = %d, %v; want 1300", mtu, err)
@@ -189,7 +190,7 @@ func TestThrowFallsBackToMain(t *testing.T) {
 			t.Errorf("%s via %s, want %s", dst, got, want)
 		}
 	}
-	out := e.ns.IP(t, "route", "show", "table", strconv.Itoa(table))
+	out := e.ns.MustIP(t, "route", "show", "table", strconv.Itoa(table))
 	if !strings.Contains(out, "throw 198.18.0.0/24 proto 229") {
 		t.Errorf("table lacks the throw route:\n%s", out)
 	}
@@ -221,7 +222,7 @@ func TestRefcountAndSharedPrefix(t *testing.T) {
 	if err := r.RemoveRoute(netip.MustParsePrefix(p), routing.Throw); err == nil {
 		t.Error("removing an unreferenced route succeeded")
 	}
-	if out := e.ns.IP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
+	if out := e.ns.MustIP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
 		t.Errorf("routes left:\n%s", out)
 	}
 	if len(r.Routes()) != 0 {
@@ -242,7 +243,7 @@ func TestNewFailureLeavesNothing(t *testing.T) {
 		t.Fatal("New succeeded with a link name that does not exist")
 	}
 	for _, fam := range []string{"-4", "-6"} {
-		if out := e.ns.IP(t, fam, "rule", "show"); strings.Contains(out, "lookup "+strconv.Itoa(table)) {
+		if out := e.ns.MustIP(t, fam, "rule", "show"); strings.Contains(out, "lookup "+strconv.Itoa(table)) {
 			t.Errorf("%s rule left after failed New:\n%s", fam, out)
 		}
 	}
@@ -264,7 +265,7 @@ func TestNoIPv6(t *testing.T) {
 	if err := r.AddRoute(netip.MustParsePrefix("2001:db8::/32"), routing.Tunnel); err == nil {
 		t.Error("IPv6 prefix accepted with NoIPv6")
 	}
-	if out := e.ns.IP(t, "-6", "rule", "show"); strings.Contains(out, "lookup "+strconv.Itoa(table)) {
+	if out := e.ns.MustIP(t, "-6", "rule", "show"); strings.Contains(out, "lookup "+strconv.Itoa(table)) {
 		t.Errorf("IPv6 rule added with NoIPv6:\n%s", out)
 	}
 }

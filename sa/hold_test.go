@@ -45,8 +45,10 @@ func TestHoldRelease(t *testing.T) {
 		}
 		s.Release()
 	}
-	if !s.Hold() || !s.Hold() {
-		t.Fatal("Hold of a live state failed")
+	for range 2 { // two holds at once, released below
+		if !s.Hold() {
+			t.Fatal("Hold of a live state failed")
+		}
 	}
 	if z.zeros.Load() != 0 {
 		t.Fatal("a live state's transform was zeroed")

@@ -55,8 +55,11 @@ func TestAddSARoundTrip(t *testing.T) {
 			if rx.LookupInbound(spi) != is {
 				t.Fatalf("LookupInbound(0x%x) did not find the inbound state", spi)
 			}
-			inner, seq, err := dec.Decapsulate(espPkt, 0)
+			inner, seq, err := dec.Open(espPkt, 0)
 			if err != nil {
+				t.Fatal(err)
+			}
+			if err := dec.Replay.Update(seq); err != nil {
 				t.Fatal(err)
 			}
 			if seq != 1 || string(inner) != string(want) {

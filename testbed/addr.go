@@ -41,7 +41,6 @@ var (
 	LANBV4    = ServerV4.Masked()
 	LANBV6    = ServerV6.Masked()
 	TransitV4 = GwATransitV4.Masked()
-	TransitV6 = GwATransitV6.Masked()
 )
 
 // Family selects an IP version.
@@ -67,12 +66,4 @@ func Pick[T any](f Family, v4, v6 T) T {
 		return v6
 	}
 	return v4
-}
-
-// FamilyOf returns the family of a.
-func FamilyOf(a netip.Addr) Family {
-	if a.Is4() || a.Is4In6() {
-		return IPv4
-	}
-	return IPv6
 }

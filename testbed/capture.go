@@ -1,7 +1,6 @@
 package testbed
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -180,20 +179,6 @@ func (c *Capture) Stop() (*CaptureResult, error) {
 		return res, fmt.Errorf("testbed: capture statistics: %w", serr)
 	}
 	return res, nil
-}
-
-// CaptureFor captures on ifname in the namespace for d (or until ctx ends)
-// and returns the result.
-func (n *Node) CaptureFor(ctx context.Context, ifname string, d time.Duration, o CaptureOptions) (*CaptureResult, error) {
-	c, err := n.StartCapture(ifname, o)
-	if err != nil {
-		return nil, err
-	}
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
-	return c.Stop()
 }
 
 // Counts returns how many frames fall in each class.

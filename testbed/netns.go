@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -62,6 +63,45 @@ func addNamespace(name string) (*Node, error) {
 		return nil, err
 	}
 	return n, nil
+}
+
+// NewNodeT creates a namespace of its own for one test of a kernel-facing
+// package (tun, routing, daemon, dataplane), named
+// <DefaultPrefix>-<role>-<pid>-<n> (role without '-', so that RemoveStale
+// can parse the name) with only its loopback, up. t.Cleanup stops the
+// processes started in it and removes it, also when the test fails. It
+// skips the test, with the reason, when Available reports an error or there
+// is no /dev/net/tun, and fails it when the namespace cannot be made.
+func NewNodeT(tb testing.TB, role string) *Node {
+	tb.Helper()
+	if err := Available(); err != nil {
+		tb.Skip(err)
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		tb.Skip("testbed: needs /dev/net/tun: ", err)
+	}
+	name := fmt.Sprintf("%s-%s-%d-%d", DefaultPrefix, role, os.Getpid(), nameSeq.Add(1))
+	n, err := addNamespace(name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n.Role = role
+	tb.Cleanup(func() {
+		if err := errors.Join(n.stopAll(), deleteNamespace(name)); err != nil {
+			tb.Error(err)
+		}
+	})
+	return n
+}
+
+// VethT creates a veth pair between a (end an) and b (end bn) and brings
+// both ends up, failing the test on error. The pair disappears with either
+// namespace.
+func VethT(tb testing.TB, a *Node, an string, b *Node, bn string) {
+	tb.Helper()
+	a.MustIP(tb, "link", "add", "name", an, "type", "veth", "peer", "name", bn, "netns", b.Name)
+	a.MustIP(tb, "link", "set", an, "up")
+	b.MustIP(tb, "link", "set", bn, "up")
 }
 
 // deleteNamespace removes the named namespace. Links in it disappear with
@@ -116,6 +156,17 @@ func (n *Node) IP(ctx context.Context, args ...string) (string, error) {
 		return out, fmt.Errorf("ip -n %s %s: %w: %s", n.Name, strings.Join(args, " "), err, strings.TrimSpace(out))
 	}
 	return out, nil
+}
+
+// MustIP runs "ip -n <namespace> args..." as IP does, with
+// DefaultRunTimeout, and fails the test on error. It returns the output.
+func (n *Node) MustIP(tb testing.TB, args ...string) string {
+	tb.Helper()
+	out, err := n.IP(context.Background(), args...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out
 }
 
 // Sysctl writes value to /proc/sys/<key> inside the namespace; key uses

@@ -18,7 +18,6 @@ import (
 type UDPReceiver struct {
 	conn    *net.UDPConn
 	packets atomic.Uint64
-	bytes   atomic.Uint64
 	mu      sync.Mutex
 	sizes   []int
 	done    chan struct{}
@@ -56,7 +55,6 @@ func (r *UDPReceiver) loop() {
 			continue // ICMP errors surface as read errors; keep counting
 		}
 		r.packets.Add(1)
-		r.bytes.Add(uint64(k))
 		r.mu.Lock()
 		if len(r.sizes) < maxRecordedSizes {
 			r.sizes = append(r.sizes, k)
@@ -72,9 +70,6 @@ func (r *UDPReceiver) Addr() netip.AddrPort {
 
 // Packets returns how many datagrams arrived.
 func (r *UDPReceiver) Packets() uint64 { return r.packets.Load() }
-
-// Bytes returns how many payload bytes arrived.
-func (r *UDPReceiver) Bytes() uint64 { return r.bytes.Load() }
 
 // Sizes returns the payload sizes of the first datagrams, in order of
 // arrival.

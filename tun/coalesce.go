@@ -5,6 +5,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/espd/espd/packet"
 )
 
 // Write coalesces: consecutive TCP segments of a flow (and, with USO,
@@ -46,7 +48,6 @@ type coalescer struct {
 	nopen  int
 	member []int // for each packet: its group, or -1 (written alone)
 	next   []int // for each packet: the next packet of its group, or -1
-	iovs   []unix.Iovec
 }
 
 // candidate classifies pkt: it returns the header length and whether the
@@ -90,7 +91,7 @@ func (c *coalescer) candidate(pkt []byte) (hl int, tcp, ok bool) {
 	if ipl == ipv6HeaderLen {
 		addrs = pkt[8:40]
 	}
-	if checksum(t, pseudoHeader(addrs, proto, len(t))) != 0xffff {
+	if packet.Checksum(t, pseudoHeaderSum(addrs, proto, len(t))) != 0 {
 		return 0, false, false
 	}
 	return hl, tcp, true
@@ -244,7 +245,7 @@ func superHeader(b []byte, g *group) {
 	if ipl == ipv4HeaderLen {
 		binary.BigEndian.PutUint16(pkt[2:], uint16(total))
 		pkt[10], pkt[11] = 0, 0
-		binary.BigEndian.PutUint16(pkt[10:], ^checksum(pkt[:ipv4HeaderLen], 0))
+		binary.BigEndian.PutUint16(pkt[10:], packet.Checksum(pkt[:ipv4HeaderLen], 0))
 		addrs = pkt[12:20]
 		h.gsoType = unix.VIRTIO_NET_HDR_GSO_TCPV4
 	} else {
@@ -265,7 +266,7 @@ func superHeader(b []byte, g *group) {
 		h.csumOffst = udpCsum
 		binary.BigEndian.PutUint16(t[udpLen:], uint16(total-ipl))
 	}
-	binary.BigEndian.PutUint16(t[h.csumOffst:], pseudoHeader(addrs, proto, total-ipl))
+	binary.BigEndian.PutUint16(t[h.csumOffst:], packet.Fold(pseudoHeaderSum(addrs, proto, total-ipl)))
 	h.encode(b)
 }
 

@@ -3,6 +3,8 @@ package tun
 import (
 	"encoding/binary"
 	"testing"
+
+	"github.com/espd/espd/packet"
 )
 
 // FuzzCoalesce feeds arbitrary packets (what a peer may put inside ESP)
@@ -15,11 +17,11 @@ func FuzzCoalesce(f *testing.F) {
 		binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
 		p[8], p[9] = 64, 6
 		copy(p[12:20], []byte{198, 18, 1, 2, 198, 18, 2, 2})
-		binary.BigEndian.PutUint16(p[10:], ^checksum(p[:20], 0))
+		binary.BigEndian.PutUint16(p[10:], packet.Checksum(p[:20], 0))
 		t := p[20:]
 		binary.BigEndian.PutUint32(t[4:], seq)
 		t[12], t[13] = 5<<4, tcpFlagACK
-		binary.BigEndian.PutUint16(t[16:], ^checksum(t, pseudoHeader(p[12:20], 6, len(t))))
+		binary.BigEndian.PutUint16(t[16:], packet.Checksum(t, pseudoHeaderSum(p[12:20], 6, len(t))))
 		return p
 	}
 	f.Add(seg(1, 100), seg(101, 100), seg(201, 50), 3)

@@ -1,16 +1,23 @@
 // Package tun opens the TUN device through which espd exchanges cleartext
-// packets with the kernel.
+// packets with the kernel, and reads and writes it in batches.
 //
-// It wraps golang.zx2c4.com/wireguard/tun, wireguard-go's TUN driver, rather
-// than github.com/songgao/water. Both open /dev/net/tun, but water reads and
-// writes one packet per system call and knows nothing of offloads, so a TCP
-// stream through it costs two syscalls per MTU-sized segment. The wireguard
-// driver opens the device with IFF_VNET_HDR and enables TSO/USO and checksum
-// offload: the kernel hands it TCP/UDP super-packets of up to 64 KiB that it
-// splits into MTU-sized packets on Read (GSO), and on Write it coalesces
-// consecutive segments of the same flow back into one super-packet (GRO).
-// Read and Write take vectors of buffers, which is exactly the batch shape
-// espd's pipeline moves between its stages.
+// wireguard-go's TUN driver (golang.zx2c4.com/wireguard/tun) creates the
+// device, with IFF_VNET_HDR, and reports its link events; espd does the rest
+// itself. It turns on checksum and TCP segmentation offload (and UDP
+// segmentation where the kernel has it, Linux 6.2) and reads and writes the
+// descriptor with raw non-blocking system calls, not through the driver. The
+// kernel hands Read TCP/UDP super-packets of up to 64 KiB, which Read splits
+// into MTU-sized packets over as many calls as the callers' buffers need,
+// losing none (vnet.go). Write coalesces consecutive segments of a flow into
+// one super-packet, written with one writev whose vectors point at the
+// packets where they lie: nothing is copied, and a super-packet does not need
+// to fit in a caller's buffer (coalesce.go). Only a device without
+// IFF_VNET_HDR is read and written through the driver, a packet at a time.
+//
+// A library that reads and writes one packet per system call and knows no
+// offloads (github.com/songgao/water) would cost a TCP stream two system
+// calls per MTU-sized segment. Read and Write take vectors of buffers,
+// exactly the batch shape espd's pipeline moves between its stages.
 package tun
 
 import (
@@ -79,7 +86,6 @@ type Device struct {
 	co      coalescer
 	iovs    []unix.Iovec
 	saved   [vnetHdrLen + 60 + 60]byte // the head of a super-packet, to undo
-	wn      int
 	werr    error
 	writeFn func(uintptr) bool
 

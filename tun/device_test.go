@@ -1,6 +1,7 @@
 package tun_test
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"net"
@@ -13,8 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/espd/espd/testbed"
 	"github.com/espd/espd/tun"
-	"github.com/espd/espd/tun/netnstest"
 )
 
 // sum16 is the Internet checksum of b, folded, not complemented, seeded
@@ -54,7 +55,7 @@ func udp4(src, dst netip.Addr, sport, dport uint16, ttl uint8, payload []byte) [
 	return p
 }
 
-func createIn(t *testing.T, ns *netnstest.NS, cfg tun.Config) *tun.Device {
+func createIn(t *testing.T, ns *testbed.Node, cfg tun.Config) *tun.Device {
 	t.Helper()
 	var dev *tun.Device
 	err := ns.Do(func() (err error) {
@@ -119,7 +120,7 @@ func readUntil(t *testing.T, dev *tun.Device, match func([]byte) bool) [][]byte 
 }
 
 func TestCreateUpAndMTU(t *testing.T) {
-	ns := netnstest.New(t, "tun")
+	ns := testbed.NewNodeT(t, "tun")
 	dev := createIn(t, ns, tun.Config{Name: "esptest0", MTU: 1380})
 	if dev.Name() != "esptest0" || dev.MTU() != 1380 || dev.Index() <= 0 {
 		t.Fatalf("name %q mtu %d index %d", dev.Name(), dev.MTU(), dev.Index())
@@ -127,7 +128,7 @@ func TestCreateUpAndMTU(t *testing.T) {
 	if dev.BatchSize() < 2 {
 		t.Errorf("BatchSize %d: the driver did not enable IFF_VNET_HDR offloads", dev.BatchSize())
 	}
-	out := ns.IP(t, "-o", "link", "show", "esptest0")
+	out := ns.MustIP(t, "-o", "link", "show", "esptest0")
 	for _, want := range []string{"mtu 1380", ",UP"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("link %q lacks %q", out, want)
@@ -139,7 +140,7 @@ func TestCreateUpAndMTU(t *testing.T) {
 	if err := dev.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ns.TryIP("link", "show", "esptest0"); err == nil {
+	if _, err := ns.IP(context.Background(), "link", "show", "esptest0"); err == nil {
 		t.Error("interface still exists after Close")
 	}
 	if err := dev.Write([][]byte{make([]byte, 100)}, 16); !errors.Is(err, os.ErrClosed) {
@@ -148,7 +149,7 @@ func TestCreateUpAndMTU(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
-	ns := netnstest.New(t, "tun")
+	ns := testbed.NewNodeT(t, "tun")
 	dev := createIn(t, ns, tun.Config{})
 	if dev.Name() != tun.DefaultName || dev.MTU() != tun.DefaultMTU {
 		t.Fatalf("defaults: %q %d", dev.Name(), dev.MTU())
@@ -164,13 +165,13 @@ func TestDefaults(t *testing.T) {
 // TestForwardBack writes a packet into the TUN whose destination the
 // namespace routes back into the TUN, and reads the forwarded packet.
 func TestForwardBack(t *testing.T) {
-	ns := netnstest.New(t, "tun")
+	ns := testbed.NewNodeT(t, "tun")
 	dev := createIn(t, ns, tun.Config{Name: "esptest1"})
 	if err := ns.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
 		t.Fatal(err)
 	}
-	ns.IP(t, "route", "add", "198.18.99.0/24", "dev", "esptest1")
-	ns.IP(t, "route", "add", "198.18.100.0/24", "dev", "esptest1")
+	ns.MustIP(t, "route", "add", "198.18.99.0/24", "dev", "esptest1")
+	ns.MustIP(t, "route", "add", "198.18.100.0/24", "dev", "esptest1")
 
 	src, dst := netip.MustParseAddr("198.18.99.2"), netip.MustParseAddr("198.18.100.5")
 	pkt := udp4(src, dst, 40000, 9, 17, []byte("espd tun test"))
@@ -194,12 +195,12 @@ func TestForwardBack(t *testing.T) {
 // in the namespace through a route into the TUN and expects Read to return
 // its segments as separate packets in one batch.
 func TestGSOSplit(t *testing.T) {
-	ns := netnstest.New(t, "tun")
+	ns := testbed.NewNodeT(t, "tun")
 	dev := createIn(t, ns, tun.Config{Name: "esptest2"})
-	ns.IP(t, "addr", "add", "198.18.101.1/32", "dev", "lo")
-	ns.IP(t, "route", "add", "198.18.102.0/24", "dev", "esptest2", "src", "198.18.101.1")
-	ns.IP(t, "-6", "addr", "add", "2001:db8:101::1/128", "dev", "lo")
-	ns.IP(t, "-6", "route", "add", "2001:db8:102::/48", "dev", "esptest2", "src", "2001:db8:101::1")
+	ns.MustIP(t, "addr", "add", "198.18.101.1/32", "dev", "lo")
+	ns.MustIP(t, "route", "add", "198.18.102.0/24", "dev", "esptest2", "src", "198.18.101.1")
+	ns.MustIP(t, "-6", "addr", "add", "2001:db8:101::1/128", "dev", "lo", "nodad")
+	ns.MustIP(t, "-6", "route", "add", "2001:db8:102::/48", "dev", "esptest2", "src", "2001:db8:101::1")
 
 	for _, tc := range []struct {
 		network, dst string

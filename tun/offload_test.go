@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/espd/espd/testbed"
 	"github.com/espd/espd/tun"
-	"github.com/espd/espd/tun/netnstest"
 )
 
 // tcpPkt builds an IPv4 or IPv6 TCP segment with valid checksums and a
@@ -77,17 +77,17 @@ func l4Valid(p []byte) bool {
 // also when a small MSS makes it longer than a Read's batch. A segment
 // with a bad checksum and a FIN are written alone, in their place.
 func TestCoalesceAndSplit(t *testing.T) {
-	ns := netnstest.New(t, "tun")
+	ns := testbed.NewNodeT(t, "tun")
 	dev := createIn(t, ns, tun.Config{Name: "esptest3"})
 	for _, k := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
 		if err := ns.Sysctl(k, "1"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ns.IP(t, "route", "add", "198.18.103.0/24", "dev", "esptest3")
-	ns.IP(t, "route", "add", "198.18.104.0/24", "dev", "esptest3")
-	ns.IP(t, "-6", "route", "add", "2001:db8:103::/48", "dev", "esptest3")
-	ns.IP(t, "-6", "route", "add", "2001:db8:104::/48", "dev", "esptest3")
+	ns.MustIP(t, "route", "add", "198.18.103.0/24", "dev", "esptest3")
+	ns.MustIP(t, "route", "add", "198.18.104.0/24", "dev", "esptest3")
+	ns.MustIP(t, "-6", "route", "add", "2001:db8:103::/48", "dev", "esptest3")
+	ns.MustIP(t, "-6", "route", "add", "2001:db8:104::/48", "dev", "esptest3")
 
 	for _, tc := range []struct {
 		name     string
@@ -240,13 +240,13 @@ func readN(t *testing.T, dev *tun.Device, n int, match func([]byte) bool) [][]by
 // the TUN one by one (datagrams of different flows) and expects one Read
 // to return all that are queued, not one per call.
 func TestReadBatchesSmallPackets(t *testing.T) {
-	ns := netnstest.New(t, "tun")
+	ns := testbed.NewNodeT(t, "tun")
 	dev := createIn(t, ns, tun.Config{Name: "esptest4"})
 	if err := ns.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
 		t.Fatal(err)
 	}
-	ns.IP(t, "route", "add", "198.18.105.0/24", "dev", "esptest4")
-	ns.IP(t, "route", "add", "198.18.106.0/24", "dev", "esptest4")
+	ns.MustIP(t, "route", "add", "198.18.105.0/24", "dev", "esptest4")
+	ns.MustIP(t, "route", "add", "198.18.106.0/24", "dev", "esptest4")
 	src, dst := netip.MustParseAddr("198.18.105.2"), netip.MustParseAddr("198.18.106.2")
 	const n = 8
 	var bufs [][]byte

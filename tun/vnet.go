@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/espd/espd/packet"
 )
 
 // The TUN device runs with IFF_VNET_HDR: every packet read or written is
@@ -73,16 +75,20 @@ const (
 	udpLen        = 4
 	udpCsum       = 6
 	tcpFlagFIN    = 0x01
-	tcpFlagSYN    = 0x02
-	tcpFlagRST    = 0x04
 	tcpFlagPSH    = 0x08
 	tcpFlagACK    = 0x10
-	tcpFlagURG    = 0x20
-	tcpFlagECE    = 0x40
 	tcpFlagCWR    = 0x80
 	ipv4HeaderLen = 20
 	ipv6HeaderLen = 40
 )
+
+// pseudoHeaderSum returns the partial sum (packet.Sum) of the TCP/UDP
+// pseudo-header of an IPv4 or IPv6 packet whose addresses, as they lie in
+// its header, are addrs (8 or 32 bytes) and whose transport part is length
+// bytes long.
+func pseudoHeaderSum(addrs []byte, proto uint8, length int) uint32 {
+	return packet.Sum(addrs, uint32(proto)+uint32(length))
+}
 
 var errVnet = errors.New("tun: malformed virtio-net header or super-packet")
 
@@ -125,7 +131,7 @@ func (s *splitter) start(in []byte, buf []byte, size *int) (int, error) {
 			// The field holds the pseudo-header's sum (CHECKSUM_PARTIAL).
 			initial := binary.BigEndian.Uint16(pkt[at:])
 			pkt[at], pkt[at+1] = 0, 0
-			c := ^checksum(pkt[h.csumStart:], initial)
+			c := packet.Checksum(pkt[h.csumStart:], uint32(initial))
 			if c == 0 {
 				c = 0xffff
 			}
@@ -227,7 +233,7 @@ func (s *splitter) split(bufs [][]byte, sizes []int, offset int) (int, error) {
 			binary.BigEndian.PutUint16(out[2:], uint16(total))
 			binary.BigEndian.PutUint16(out[4:], s.id+uint16(s.seg))
 			out[10], out[11] = 0, 0
-			binary.BigEndian.PutUint16(out[10:], ^checksum(out[:cs], 0))
+			binary.BigEndian.PutUint16(out[10:], packet.Checksum(out[:cs], 0))
 		}
 		t := out[cs:]
 		if s.tcp {
@@ -242,7 +248,7 @@ func (s *splitter) split(bufs [][]byte, sizes []int, offset int) (int, error) {
 			binary.BigEndian.PutUint16(t[udpLen:], uint16(len(t)))
 		}
 		out[csumAt], out[csumAt+1] = 0, 0
-		c := ^checksum(t, pseudoHeader(addrs, proto, len(t)))
+		c := packet.Checksum(t, pseudoHeaderSum(addrs, proto, len(t)))
 		if c == 0 && !s.tcp {
 			c = 0xffff
 		}

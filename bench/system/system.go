@@ -42,12 +42,6 @@ type Env struct {
 	Logf func(format string, args ...any)
 }
 
-func (e *Env) logf(format string, args ...any) {
-	if e.Logf != nil {
-		e.Logf(format, args...)
-	}
-}
-
 // dir returns (creating it) the system's working directory.
 func (e *Env) dir(name string) (string, error) {
 	d := filepath.Join(e.Dir, name)

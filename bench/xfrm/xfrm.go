@@ -258,25 +258,3 @@ func (h NodeHandle) XfrmStateFlush(proto netlink.Proto) error {
 func (h NodeHandle) XfrmPolicyFlush() error {
 	return h.do(func() error { return netlink.XfrmPolicyFlush() })
 }
-
-// XfrmStateList lists the states of a family (netlink.FAMILY_ALL for all).
-func (h NodeHandle) XfrmStateList(family int) ([]netlink.XfrmState, error) {
-	var out []netlink.XfrmState
-	err := h.do(func() error {
-		var err error
-		out, err = netlink.XfrmStateList(family)
-		return err
-	})
-	return out, err
-}
-
-// XfrmPolicyList lists the policies of a family.
-func (h NodeHandle) XfrmPolicyList(family int) ([]netlink.XfrmPolicy, error) {
-	var out []netlink.XfrmPolicy
-	err := h.do(func() error {
-		var err error
-		out, err = netlink.XfrmPolicyList(family)
-		return err
-	})
-	return out, err
-}

@@ -76,17 +76,6 @@ func parsePolicyDir(s string) (sa.Direction, error) {
 	return d, nil
 }
 
-// parseBool parses a boolean flag value.
-func parseBool(what, s string) (bool, error) {
-	switch strings.ToLower(s) {
-	case "1", "true", "yes", "on":
-		return true, nil
-	case "0", "false", "no", "off":
-		return false, nil
-	}
-	return false, fmt.Errorf("%s %q: want on or off", what, s)
-}
-
 // parseSelector parses "src=PREFIX,dst=PREFIX,proto=P,sport=R,dport=R"
 // (every key optional).
 func parseSelector(s string) (sa.Selector, error) {
