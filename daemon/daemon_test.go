@@ -24,7 +24,7 @@ type running struct {
 	sock   string
 	cfg    string
 	reload chan struct{}
-	done   chan error
+	run    *daemonRun
 }
 
 // start runs a daemon in a fresh namespace with the given configuration
@@ -33,7 +33,7 @@ func start(t *testing.T, config string) *running {
 	t.Helper()
 	ns := testbed.NewNodeT(t, "daemon")
 	dir := t.TempDir()
-	r := &running{ns: ns, sock: filepath.Join(dir, "espd.sock"), reload: make(chan struct{}), done: make(chan error, 1)}
+	r := &running{ns: ns, sock: filepath.Join(dir, "espd.sock"), reload: make(chan struct{})}
 	opts := Options{
 		Dataplane: dataplane.Config{Keepalive: -1},
 		Control:   control.ServerConfig{Path: r.sock},
@@ -50,31 +50,19 @@ func start(t *testing.T, config string) *running {
 		t.Fatal(err)
 	}
 	r.d = d
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { r.done <- ns.Do(func() error { return d.Run(ctx, r.reload) }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-r.done:
-			if err != nil {
-				t.Errorf("daemon stopped with %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("daemon did not stop within 10 s")
-		}
+	t.Cleanup(func() { // runs after runIn's, which stops the daemon
 		if _, err := ns.IP(context.Background(), "link", "show", "esp0"); err == nil {
 			t.Error("the TUN device outlived the daemon")
 		}
 	})
+	r.run = runIn(t, ns, d, r.reload)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := os.Stat(r.sock); err == nil {
 			return r
 		}
-		select {
-		case err := <-r.done:
+		if gone, err := r.run.exited(); gone {
 			t.Fatalf("daemon exited at start: %v", err)
-		default:
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("control socket did not appear within 10 s")

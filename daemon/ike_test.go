@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"bytes"
-	"context"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -47,20 +46,7 @@ func startHandoff(t *testing.T) (*Daemon, string, *handoffPeer) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ns.Do(func() error { return d.Run(ctx, nil) }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("daemon stopped with %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("daemon did not stop within 10 s")
-		}
-	})
+	run := runIn(t, ns, d, nil)
 	hp := &handoffPeer{ns: peer,
 		daemon4: netip.MustParseAddr("198.18.0.1"), daemon6: netip.MustParseAddr("2001:db8::1"),
 		peer4: netip.MustParseAddr("198.18.0.2"), peer6: netip.MustParseAddr("2001:db8::2")}
@@ -87,10 +73,8 @@ func startHandoff(t *testing.T) (*Daemon, string, *handoffPeer) {
 			c.Close()
 			break
 		}
-		select {
-		case err := <-done:
+		if gone, err := run.exited(); gone {
 			t.Fatalf("daemon exited at start: %v", err)
-		default:
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("control socket did not appear")

@@ -54,20 +54,7 @@ func startMetricsDaemon(t *testing.T, opts Options) (*Daemon, *http.Client, *tes
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ns.Do(func() error { return d.Run(ctx, nil) }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("daemon stopped with %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("daemon did not stop within 10 s")
-		}
-	})
+	run := runIn(t, ns, d, nil)
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var c net.Conn
 		err := ns.Do(func() error {
@@ -86,10 +73,8 @@ func startMetricsDaemon(t *testing.T, opts Options) (*Daemon, *http.Client, *tes
 			c.Close()
 			return d, client, ns
 		}
-		select {
-		case err := <-done:
+		if gone, err := run.exited(); gone {
 			t.Fatalf("daemon exited at start: %v", err)
-		default:
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("metrics endpoint not listening within 10 s: %v", err)

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -430,20 +429,7 @@ func startPeer(t *testing.T, ns *testbed.Node) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ns.Do(func() error { return d.Run(ctx, nil) }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("peer stopped with %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("peer did not stop within 10 s")
-		}
-	})
+	run := runIn(t, ns, d, nil)
 	// Run has started the data path when the metrics endpoint listens.
 	deadline := time.Now().Add(10 * time.Second)
 	for ns.Do(func() error {
@@ -453,10 +439,8 @@ func startPeer(t *testing.T, ns *testbed.Node) *Daemon {
 		}
 		return err
 	}) != nil {
-		select {
-		case err := <-done:
+		if gone, err := run.exited(); gone {
 			t.Fatalf("peer exited at start: %v", err)
-		default:
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("peer not running within 10 s")

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -24,7 +23,7 @@ func startWith(t *testing.T, config, stateDir string) *running {
 	t.Helper()
 	ns := testbed.NewNodeT(t, "reload")
 	dir := t.TempDir()
-	r := &running{ns: ns, sock: filepath.Join(dir, "espd.sock"), reload: make(chan struct{}), done: make(chan error, 1)}
+	r := &running{ns: ns, sock: filepath.Join(dir, "espd.sock"), reload: make(chan struct{})}
 	r.cfg = filepath.Join(dir, "espd.toml")
 	if err := os.WriteFile(r.cfg, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
@@ -39,26 +38,12 @@ func startWith(t *testing.T, config, stateDir string) *running {
 		t.Fatal(err)
 	}
 	r.d = d
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { r.done <- ns.Do(func() error { return d.Run(ctx, r.reload) }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-r.done:
-			if err != nil {
-				t.Errorf("daemon stopped with %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("daemon did not stop within 10 s")
-		}
-	})
+	r.run = runIn(t, ns, d, r.reload)
 	if !pollFor(10*time.Second, func() bool { _, err := os.Stat(r.sock); return err == nil }) {
-		select {
-		case err := <-r.done:
+		if gone, err := r.run.exited(); gone {
 			t.Fatalf("daemon exited at start: %v", err)
-		default:
-			t.Fatal("control socket did not appear within 10 s")
 		}
+		t.Fatal("control socket did not appear within 10 s")
 	}
 	return r
 }
