@@ -8,11 +8,9 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/espd/espd/bench/load"
@@ -93,23 +91,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	defer cl.run()
 
 	// Ctrl-C (and SIGTERM, SIGHUP) tears everything down and exits.
-	sigc := make(chan os.Signal, 1)
-	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	quit := make(chan struct{})
-	defer func() { signal.Stop(sigc); close(quit) }()
-	go func() {
-		select {
-		case sig := <-sigc:
-			fmt.Fprintf(stderr, "\nbench: %v: tearing down\n", sig)
-			cancel()
-			cl.run()
-			if err := testbed.CloseAll(); err != nil {
-				fmt.Fprintln(stderr, "bench:", err)
-			}
-			os.Exit(130)
-		case <-quit:
-		}
-	}()
+	defer testbed.HandleSignals(func(sig os.Signal) {
+		fmt.Fprintf(stderr, "\nbench: %v: tearing down\n", sig)
+		cancel()
+		cl.run()
+	})()
 
 	if removed, err := testbed.RemoveStale(namespacePrefix); err != nil {
 		return err

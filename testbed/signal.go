@@ -46,17 +46,22 @@ func CloseAll() error {
 	return first
 }
 
-// HandleSignals makes SIGINT, SIGTERM and SIGHUP close every open topology
-// (stopping its processes) and then exit the program with status 130. A
-// harness calls it once at start; the returned function undoes it.
-func HandleSignals() (stop func()) {
+// HandleSignals makes SIGINT, SIGTERM and SIGHUP run onSignal (if not
+// nil: the harness's own teardown), close every open topology (stopping
+// its processes) and then exit the program with status 130. A harness
+// calls it once at start; the returned function undoes it.
+func HandleSignals(onSignal func(os.Signal)) (stop func()) {
 	c := make(chan os.Signal, 1)
 	signal.Notify(c, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	quit := make(chan struct{})
 	go func() {
 		select {
 		case sig := <-c:
-			fmt.Fprintf(os.Stderr, "testbed: %v: removing the test bed\n", sig)
+			if onSignal != nil {
+				onSignal(sig)
+			} else {
+				fmt.Fprintf(os.Stderr, "testbed: %v: removing the test bed\n", sig)
+			}
 			if err := CloseAll(); err != nil {
 				fmt.Fprintln(os.Stderr, err)
 			}

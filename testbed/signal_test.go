@@ -21,7 +21,7 @@ func TestSignalHelper(t *testing.T) {
 	if os.Getenv("ETB_SIGNAL_HELPER") == "" {
 		return
 	}
-	HandleSignals()
+	HandleSignals(nil)
 	top, err := New(Options{Prefix: "etbsig"})
 	if err != nil {
 		t.Fatal(err)
