@@ -24,7 +24,7 @@ type testServer struct {
 
 func startServer(t *testing.T, cfg ServerConfig) *testServer {
 	t.Helper()
-	db := sa.NewDBWithOptions(sa.Options{AcquireInterval: -1})
+	db := sa.NewDB(sa.Options{AcquireInterval: -1})
 	if cfg.Path == "" {
 		cfg.Path = filepath.Join(t.TempDir(), "run", "espd.sock")
 	}
@@ -352,7 +352,7 @@ func (b slowBackend) ListSAs() ([]SAInfo, error) {
 // busy returns the context's error; its late reply is discarded and the
 // connection keeps working.
 func TestClientDeadline(t *testing.T) {
-	b := slowBackend{dbBackend{sa.NewDB()}, make(chan struct{})}
+	b := slowBackend{dbBackend{sa.NewDB(sa.Options{})}, make(chan struct{})}
 	s, err := Listen(b, ServerConfig{Path: filepath.Join(t.TempDir(), "espd.sock")})
 	if err != nil {
 		t.Fatal(err)

@@ -125,7 +125,7 @@ func TestIdleConnectionsCannotLockOut(t *testing.T) {
 // while another is there, and one waiting between messages before one in
 // the middle of a message.
 func TestEvictionOrder(t *testing.T) {
-	b := &ikeBackend{dbBackend: dbBackend{sa.NewDB()}, sent: make(chan sockets.IKEPacket, 16)}
+	b := &ikeBackend{dbBackend: dbBackend{sa.NewDB(sa.Options{})}, sent: make(chan sockets.IKEPacket, 16)}
 	path := filepath.Join(t.TempDir(), "espd.sock")
 	s, err := Listen(b, ServerConfig{Path: path, MaxConns: 4, IdleTimeout: -1, MessageTimeout: 20 * time.Second, Logf: t.Logf})
 	if err != nil {
@@ -221,7 +221,7 @@ func TestIdleTimeoutDefaults(t *testing.T) {
 	if ts.cfg.IdleTimeout != DefaultIdleTimeout || DefaultIdleTimeout <= 0 {
 		t.Fatalf("default idle timeout %v", ts.cfg.IdleTimeout)
 	}
-	b := &ikeBackend{dbBackend: dbBackend{sa.NewDB()}, sent: make(chan sockets.IKEPacket, 16)}
+	b := &ikeBackend{dbBackend: dbBackend{sa.NewDB(sa.Options{})}, sent: make(chan sockets.IKEPacket, 16)}
 	path := filepath.Join(t.TempDir(), "espd.sock")
 	s, err := Listen(b, ServerConfig{Path: path, IdleTimeout: 200 * time.Millisecond, Logf: t.Logf})
 	if err != nil {

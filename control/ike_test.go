@@ -82,7 +82,7 @@ func (s *fakeIKESession) deliver(t *testing.T, p sockets.IKEPacket) {
 
 func startIKEServer(t *testing.T) (*ikeBackend, string) {
 	t.Helper()
-	b := &ikeBackend{dbBackend: dbBackend{sa.NewDB()}, sent: make(chan sockets.IKEPacket, 16)}
+	b := &ikeBackend{dbBackend: dbBackend{sa.NewDB(sa.Options{})}, sent: make(chan sockets.IKEPacket, 16)}
 	path := filepath.Join(t.TempDir(), "espd.sock")
 	s, err := Listen(b, ServerConfig{Path: path, Logf: t.Logf})
 	if err != nil {

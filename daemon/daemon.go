@@ -81,7 +81,7 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	db := sa.NewDBWithOptions(sa.Options{Seq: seq, SeqError: seqErrorLogger(log)})
+	db := sa.NewDB(sa.Options{Seq: seq, SeqError: seqErrorLogger(log)})
 	dp, err := dataplane.New(opts.Dataplane, db, log.With("component", "dataplane"))
 	if err != nil {
 		closeSeq()

@@ -47,7 +47,7 @@ func fillDB(n int) (*sa.DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	db := sa.NewDB()
+	db := sa.NewDB(sa.Options{})
 	local, remote := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
 	key := make([]byte, suite.EncKeyLen())
 	for i := range n {

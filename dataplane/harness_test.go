@@ -41,7 +41,7 @@ func newHarness(t testing.TB, cfg Config, loop bool) *harness {
 // receiver instead of the wire's.
 func newHarnessWith(t testing.TB, cfg Config, loop bool, rx conn.Receiver) *harness {
 	t.Helper()
-	h := &harness{t: t, db: sa.NewDBWithOptions(sa.Options{Loopback: true}), tun: newFakeTUN(64, 1400), wire: newWire(1024)}
+	h := &harness{t: t, db: sa.NewDB(sa.Options{Loopback: true}), tun: newFakeTUN(64, 1400), wire: newWire(1024)}
 	h.tx = &fakeSender{record: true}
 	if loop {
 		h.tx.wire = h.wire

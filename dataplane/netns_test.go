@@ -36,7 +36,7 @@ type gateway struct {
 func newGateway(t *testing.T, ns *testbed.Node, tunName string, outer4, outer6, inner4, inner6 string) *gateway {
 	t.Helper()
 	g := &gateway{
-		ns: ns, db: sa.NewDB(),
+		ns: ns, db: sa.NewDB(sa.Options{}),
 		outer4: netip.MustParseAddr(outer4), outer6: netip.MustParseAddr(outer6),
 		inner4: netip.MustParseAddr(inner4), inner6: netip.MustParseAddr(inner6),
 	}

@@ -88,7 +88,7 @@ func TestOrderAcrossHandOff(t *testing.T) {
 // looks.
 func TestHandOffReport(t *testing.T) {
 	calls := make(chan bool, 8)
-	d, err := New(Config{Workers: 2, HandOffBelow: 100, OnHandOff: func(h bool) { calls <- h }}, sa.NewDB(), nil)
+	d, err := New(Config{Workers: 2, HandOffBelow: 100, OnHandOff: func(h bool) { calls <- h }}, sa.NewDB(sa.Options{}), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,7 +490,7 @@ func (r *fakeRouter) PathMTU(netip.Addr) (int, error) { return 1300, nil }
 func (r *fakeRouter) Close() error                    { r.closed = true; return nil }
 
 func TestPolicyRoutes(t *testing.T) {
-	db := sa.NewDB()
+	db := sa.NewDB(sa.Options{})
 	d, err := New(Config{}, db, nil)
 	if err != nil {
 		t.Fatal(err)

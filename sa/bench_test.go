@@ -43,7 +43,7 @@ func benchFlows(n int) []packet.Flow {
 func BenchmarkLookupPolicy(b *testing.B) {
 	for _, n := range []int{10, 10000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			db := NewDB()
+			db := NewDB(Options{})
 			for _, p := range benchPolicies(n) {
 				if _, err := db.AddPolicy(p); err != nil {
 					b.Fatal(err)
@@ -62,7 +62,7 @@ func BenchmarkLookupPolicy(b *testing.B) {
 	// The worst shape for tuple space search: random prefix lengths of
 	// both families make hundreds of tuples.
 	b.Run("10000-random", func(b *testing.B) {
-		db := NewDB()
+		db := NewDB(Options{})
 		r := rand.New(rand.NewPCG(2, 2))
 		for db.spdb.policyCount() < 10000 {
 			db.AddPolicy(randPolicy(r))
@@ -81,7 +81,7 @@ func BenchmarkLookupPolicy(b *testing.B) {
 }
 
 func benchDB(b *testing.B, n int) *DB {
-	db := NewDB()
+	db := NewDB(Options{})
 	for i := range uint32(n) {
 		c := testConfig(0x10000+i, DirIn, i)
 		c.EncKey = testKey(c.Suite.EncKeyLen())
@@ -161,7 +161,7 @@ func BenchmarkAddPolicy10000(b *testing.B) {
 	ps := benchPolicies(10000)
 	b.ResetTimer()
 	for range b.N {
-		db := NewDB()
+		db := NewDB(Options{})
 		for _, p := range ps {
 			if _, err := db.AddPolicy(p); err != nil {
 				b.Fatal(err)
@@ -176,7 +176,7 @@ func BenchmarkAddPolicy10000(b *testing.B) {
 func BenchmarkDataPathBatch(b *testing.B) {
 	// A block that a tight loop cannot outrun before the background
 	// extension is scheduled (see BenchmarkReserveSeq).
-	db := NewDBWithOptions(Options{SeqBlock: 1 << 40})
+	db := NewDB(Options{SeqBlock: 1 << 40})
 	s := mustAdd(b, db, testConfig(0x100, DirOut, 1))
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -200,7 +200,7 @@ func BenchmarkDataPathBatch(b *testing.B) {
 // tens of microseconds in crypto between two reservations).
 func BenchmarkReserveSeq(b *testing.B) {
 	newState := func() *SA {
-		s := mustAdd(b, NewDBWithOptions(Options{SeqBlock: 1 << 40}), testConfig(0x100, DirOut, 1))
+		s := mustAdd(b, NewDB(Options{SeqBlock: 1 << 40}), testConfig(0x100, DirOut, 1))
 		s.seqMax = 1<<64 - 1 // never exhausted, however long it runs
 		return s
 	}

@@ -79,11 +79,9 @@ type DB struct {
 	stats globalCounters
 }
 
-// NewDB returns an empty database with default options.
-func NewDB() *DB { return NewDBWithOptions(Options{}) }
-
-// NewDBWithOptions returns an empty database tuned by o.
-func NewDBWithOptions(o Options) *DB {
+// NewDB returns an empty database tuned by o (the zero Options: espd's
+// defaults).
+func NewDB(o Options) *DB {
 	o.setDefaults()
 	db := &DB{opts: o}
 	// A second before now, so that mono() is never 0 ("never") for real

@@ -26,7 +26,7 @@ func TestDefaultConfig(t *testing.T) {
 // esp.MaxReplayWindow are refused, by Validate and by AddSA and UpdateSA,
 // and that an explicit window of 0 is accepted.
 func TestValidateReserved(t *testing.T) {
-	db := NewDBWithOptions(Options{AcquireInterval: -1})
+	db := NewDB(Options{AcquireInterval: -1})
 	for _, spi := range []uint32{0, 1, 2, 100, 255} {
 		c := testConfig(spi, DirIn, 1)
 		for name, err := range map[string]error{"Validate": c.Validate(), "AddSA": addErr(db, c)} {

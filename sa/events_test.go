@@ -99,7 +99,7 @@ func TestAcquireRateLimit(t *testing.T) {
 
 func TestAcquireUnlimited(t *testing.T) {
 	clock := newFakeClock()
-	db := NewDBWithOptions(Options{Now: clock.Now, AcquireInterval: -1})
+	db := NewDB(Options{Now: clock.Now, AcquireInterval: -1})
 	f := flow("198.18.0.10", "198.19.0.10", 6, 5000, 80)
 	for range 3 {
 		if !db.Acquire(Policy{Index: 8}, f) {

@@ -40,7 +40,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 func newTestDB(t *testing.T) (*DB, *fakeClock) {
 	t.Helper()
 	c := newFakeClock()
-	return NewDBWithOptions(Options{Now: c.Now}), c
+	return NewDB(Options{Now: c.Now}), c
 }
 
 // keyPattern is what test keys are made of: easy to spot in any text,

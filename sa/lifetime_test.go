@@ -144,7 +144,7 @@ func TestUpdateSALowersLimit(t *testing.T) {
 // TestRun drives Run with a short real tick and a fake clock.
 func TestRun(t *testing.T) {
 	clock := newFakeClock()
-	db := NewDBWithOptions(Options{Now: clock.Now, TickInterval: time.Millisecond})
+	db := NewDB(Options{Now: clock.Now, TickInterval: time.Millisecond})
 	sub := db.Subscribe(4)
 	c := testConfig(0x2500, DirIn, 1)
 	c.Hard.AddTime = time.Minute

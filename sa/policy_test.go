@@ -10,7 +10,7 @@ import (
 )
 
 func TestAddPolicyIndexAndDuplicate(t *testing.T) {
-	db := NewDB()
+	db := NewDB(Options{})
 	p := Policy{Selector: Selector{Src: pfx("198.18.0.0/24"), Dst: pfx("198.19.0.0/24")}, Dir: DirOut, ReqID: 7}
 	got, err := db.AddPolicy(p)
 	if err != nil {
@@ -83,7 +83,7 @@ func TestAddPolicyIndexAndDuplicate(t *testing.T) {
 }
 
 func TestPolicyValidate(t *testing.T) {
-	db := NewDB()
+	db := NewDB(Options{})
 	bad := []Policy{
 		{Dir: 3},
 		{Action: 9},
@@ -98,7 +98,7 @@ func TestPolicyValidate(t *testing.T) {
 }
 
 func TestLookupPolicyOrder(t *testing.T) {
-	db := NewDB()
+	db := NewDB(Options{})
 	add := func(p Policy) Policy {
 		t.Helper()
 		p.Dir = DirOut
@@ -231,7 +231,7 @@ func randFlow(r *rand.Rand) packet.Flow {
 func TestLookupPolicyMatchesLinear(t *testing.T) {
 	for seed := range uint64(8) {
 		r := rand.New(rand.NewPCG(seed, 99))
-		db := NewDB()
+		db := NewDB(Options{})
 		checked, hits := 0, 0
 		for round := range 60 {
 			dels := 2 // of 10 operations
@@ -297,7 +297,7 @@ func (db *DB) entriesForTest() []*policyEntry {
 }
 
 func TestLookupPolicyNoAlloc(t *testing.T) {
-	db := NewDB()
+	db := NewDB(Options{})
 	r := rand.New(rand.NewPCG(5, 5))
 	for range 500 {
 		db.AddPolicy(randPolicy(r))

@@ -15,7 +15,7 @@ import (
 // subscribers. Run with -race. Bounded by count.
 func TestConcurrentUse(t *testing.T) {
 	clock := newFakeClock()
-	db := NewDBWithOptions(Options{Now: clock.Now})
+	db := NewDB(Options{Now: clock.Now})
 	sub := db.Subscribe(64)
 	var subWG sync.WaitGroup
 	subWG.Add(1)

@@ -104,7 +104,7 @@ func (m *testStore) set(f func()) {
 func newStoreDB(t testing.TB, st SeqStore, block uint64) *DB {
 	t.Helper()
 	c := newFakeClock()
-	return NewDBWithOptions(Options{Now: c.Now, Seq: st, SeqBlock: block})
+	return NewDB(Options{Now: c.Now, Seq: st, SeqBlock: block})
 }
 
 func fpOf(c Config) crypto.Fingerprint { return crypto.KeyFingerprint(c.EncKey, c.IntegKey) }
@@ -193,7 +193,7 @@ func TestSeqReAddContinues(t *testing.T) {
 	mustReserve(t, s, 1, 43)
 
 	// Through the in-memory default store too.
-	mem := NewDB()
+	mem := NewDB(Options{})
 	s = mustAdd(t, mem, c)
 	mustReserve(t, s, 7, 1)
 	if err := mem.DeleteSA(0x5100, remote); err != nil {
@@ -324,7 +324,7 @@ func TestDuplicateKeyRefused(t *testing.T) {
 		}
 	}
 	// Options.Loopback lets exactly an inbound twin with the same SPI in.
-	db := NewDBWithOptions(Options{Loopback: true})
+	db := NewDB(Options{Loopback: true})
 	out := testConfig(0x5410, DirOut, 1)
 	mustAdd(t, db, out)
 	in := testConfig(0x5410, DirIn, 1)
@@ -739,7 +739,7 @@ func TestReserveSeqStoreFails(t *testing.T) {
 	st := newTestStore()
 	var reported atomic.Int32
 	c := newFakeClock()
-	db := NewDBWithOptions(Options{Now: c.Now, Seq: st, SeqBlock: 16, SeqError: func(err error) {
+	db := NewDB(Options{Now: c.Now, Seq: st, SeqBlock: 16, SeqError: func(err error) {
 		if strings.Contains(err.Error(), "injected") {
 			reported.Add(1)
 		}
@@ -817,7 +817,7 @@ func TestSealRacesReserve(t *testing.T) {
 // TestReserveSeqNoAllocs: the data path's ReserveSeq does not allocate,
 // across an extension of the reservation too.
 func TestReserveSeqNoAllocs(t *testing.T) {
-	db := NewDB()
+	db := NewDB(Options{})
 	s := mustAdd(t, db, testConfig(0x5e00, DirOut, 1))
 	if n := testing.AllocsPerRun(10000, func() {
 		if _, g := s.ReserveSeq(64); g == 0 {

@@ -72,7 +72,7 @@ type daemon struct {
 
 func startDaemon(t *testing.T) *daemon {
 	t.Helper()
-	db := sa.NewDBWithOptions(sa.Options{AcquireInterval: -1})
+	db := sa.NewDB(sa.Options{AcquireInterval: -1})
 	sock := filepath.Join(t.TempDir(), "espd.sock")
 	s, err := control.Listen(dbBackend{db}, control.ServerConfig{Path: sock})
 	if err != nil {
