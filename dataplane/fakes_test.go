@@ -120,6 +120,7 @@ type fakeSender struct {
 	failAll bool
 
 	recv []conn.Receiver
+	ips  [][]byte // Send's scratch, under mu
 
 	ikeMu      sync.Mutex
 	ikeHandler conn.IKEHandler
@@ -132,14 +133,16 @@ var _ conn.Bind = (*fakeSender)(nil)
 
 var errFakeClosed = errors.New("fake sender closed")
 
-// wireForm returns the IP packets the kernel's raw path sends for p.
-func wireForm(p *conn.Packet) ([][]byte, error) {
+// wireForm appends to ips the IP packets the kernel's raw path sends for
+// p: the packet with its outer header written in place, or (allocated)
+// its fragments.
+func wireForm(ips [][]byte, p *conn.Packet) ([][]byte, error) {
 	full, err := conn.PutOuter(p)
 	if err != nil {
-		return nil, err
+		return ips, err
 	}
 	if p.FragmentAbove <= 0 || len(full) <= p.FragmentAbove {
-		return [][]byte{append([]byte(nil), full...)}, nil
+		return append(ips, full), nil
 	}
 	frags := make([][]byte, len(full)/8+2)
 	for i := range frags {
@@ -151,9 +154,11 @@ func wireForm(p *conn.Packet) ([][]byte, error) {
 	} else {
 		n, err = packet.FragmentIPv4(frags, full, p.FragmentAbove)
 	}
-	return frags[:n], err
+	return append(ips, frags[:n]...), err
 }
 
+// Send turns pkts into IP packets and records or forwards copies of them;
+// without fragments and recording it allocates nothing.
 func (s *fakeSender) Send(pkts []conn.Packet) (int, error) {
 	if s.gate != nil {
 		<-s.gate
@@ -161,18 +166,20 @@ func (s *fakeSender) Send(pkts []conn.Packet) (int, error) {
 	if s.closed.Load() || s.failAll {
 		return 0, errFakeClosed
 	}
-	var ips [][]byte
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ips := s.ips[:0]
+	var err error
 	for i := range pkts {
-		w, err := wireForm(&pkts[i])
-		if err != nil {
-			return len(ips), err
+		if ips, err = wireForm(ips, &pkts[i]); err != nil {
+			break
 		}
-		ips = append(ips, w...)
 	}
+	s.ips = ips
 	if s.record {
-		s.mu.Lock()
-		s.sent = append(s.sent, ips...)
-		s.mu.Unlock()
+		for _, p := range ips {
+			s.sent = append(s.sent, append([]byte(nil), p...))
+		}
 	}
 	if s.wire != nil {
 		for k, p := range ips {
@@ -186,11 +193,12 @@ func (s *fakeSender) Send(pkts []conn.Packet) (int, error) {
 			s.wire.full <- i
 		}
 	}
+	clear(s.ips)
 	s.count.Add(uint64(len(ips)))
 	if s.notify != nil {
 		s.notify <- len(ips)
 	}
-	return len(ips), nil
+	return len(ips), err
 }
 
 func (s *fakeSender) Receivers() []conn.Receiver { return s.recv }
