@@ -1,13 +1,13 @@
-//go:build goexperiment.runtimesecret
+//go:build goexperiment.runtimesecret && linux && (amd64 || arm64)
 
 package crypto
 
 import "runtime/secret"
 
-// SecretErasure reports whether this binary was built with
-// GOEXPERIMENT=runtimesecret, so that DoSecret erases what it leaves
-// behind (on linux/amd64 and linux/arm64; elsewhere runtime/secret only
-// calls f).
+// SecretErasure reports whether DoSecret erases what it leaves behind:
+// this binary was built with GOEXPERIMENT=runtimesecret for linux/amd64
+// or linux/arm64, the platforms where runtime/secret erases (elsewhere it
+// only calls f, and secret_plain.go applies).
 const SecretErasure = true
 
 // DoSecret runs f, which handles key material, so that nothing of it
