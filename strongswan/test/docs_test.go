@@ -250,3 +250,63 @@ func TestDocsIPv6SiteToSite(t *testing.T) {
 		}
 	}
 }
+
+// ix2207Peer is gateway B's side of the docs' IPv4 example.
+const ix2207Peer = `connections {
+    ix2207 {
+        version = 2
+        local_addrs = 198.18.0.2
+        remote_addrs = 198.18.0.1
+        proposals = aes128-sha256-modp2048
+        local {
+            auth = psk
+            id = ix2207.example.com
+        }
+        remote {
+            auth = psk
+            id = debian.example.com
+        }
+        children {
+            lan {
+                local_ts = 198.18.2.0/24
+                remote_ts = 198.18.1.0/24
+                esp_proposals = aes128gcm16
+            }
+        }
+    }
+}
+secrets {
+    ike-ix2207 {
+        id-1 = debian.example.com
+        id-2 = ix2207.example.com
+        secret = "presharedkey"
+    }
+}
+`
+
+// TestDocsIPv4SiteToSite runs the docs' IPv4 site-to-site example (the
+// IX2207 setup) as written on gateway A, whose addresses and LAN it uses,
+// against its mirror image on B, and sends traffic through it.
+func TestDocsIPv4SiteToSite(t *testing.T) {
+	requireStrongSwan(t)
+	conf := docExample(t, "### Site to site, PSK, IPv4")
+	for _, want := range []string{"local_addrs = " + testbed.GwATransitV4.Addr().String(),
+		"remote_addrs = " + testbed.GwBTransitV4.Addr().String(),
+		"local_ts = " + testbed.LANAV4.String(), "remote_ts = " + testbed.LANBV4.String()} {
+		if !strings.Contains(conf, want) {
+			t.Fatalf("the docs' IPv4 example lacks %q; update the test:\n%s", want, conf)
+		}
+	}
+	p := newPair(t, pairOptions{A: charonOptions{DebianTimers: true}, B: charonOptions{DebianTimers: true}})
+	p.b.load(ix2207Peer)
+	p.a.load(conf) // start_action = start: A initiates
+	p.a.waitChild("lan", 20*time.Second)
+	p.b.waitChild("lan", 10*time.Second)
+	if out := p.a.mustEspctl("sa", "list"); strings.Count(out, "alg aes128gcm16 ") != 2 {
+		t.Fatalf("A: espd's states do not use aes128gcm16:\n%s", out)
+	}
+	transfer(t, p.topo.Client, p.topo.Server, testbed.IPv4, 4<<20, 0)
+	if n := p.a.charonLogCount("no address found to reach"); n > 0 {
+		t.Errorf("A: charon logged \"no address found to reach\" %d times", n)
+	}
+}
