@@ -191,7 +191,32 @@ uint32_t espd_parse_error(const uint8_t *body, size_t len, char *msg,
 	return code;
 }
 
-int espd_dial(const char *path, int timeout_ms, char *err, size_t errlen)
+/* describe the server from its HELLO reply's attributes */
+static void describe_server(const uint8_t *body, size_t len, char *server,
+							size_t serverlen)
+{
+	espd_iter_t it;
+	espd_attr_t a;
+	char software[64] = "unknown software";
+	uint32_t version = 0;
+
+	espd_iter_init(&it, body, len);
+	while (espd_iter_next(&it, &a))
+	{
+		if (a.type == ESPD_A_SOFTWARE)
+		{
+			espd_attr_str(&a, software, sizeof(software));
+		}
+		else if (a.type == ESPD_A_VERSION)
+		{
+			espd_attr_u32(&a, &version);
+		}
+	}
+	snprintf(server, serverlen, "%s, control protocol %u", software, version);
+}
+
+int espd_dial(const char *path, int timeout_ms, char *err, size_t errlen,
+			  char *server, size_t serverlen)
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
 	uint8_t *buf;
@@ -250,6 +275,11 @@ int espd_dial(const char *path, int timeout_ms, char *err, size_t errlen)
 		}
 		if (h.type == ESPD_MSG_HELLO && (h.flags & ESPD_F_REPLY))
 		{
+			if (server && serverlen)
+			{
+				describe_server(buf + ESPD_HDR_LEN, h.length - ESPD_HDR_LEN,
+								server, serverlen);
+			}
 			free(buf);
 			return fd;
 		}
@@ -405,7 +435,7 @@ int espd_conn_request(espd_conn_t *c, espd_msg_t *req, espd_reply_cb_t cb,
 		fresh = FALSE;
 		if (c->fd < 0)
 		{
-			c->fd = espd_dial(c->path, c->timeout_ms, err, errlen);
+			c->fd = espd_dial(c->path, c->timeout_ms, err, errlen, NULL, 0);
 			if (c->fd < 0)
 			{
 				result = c->fd;

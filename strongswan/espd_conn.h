@@ -65,9 +65,12 @@ void espd_conn_destroy(espd_conn_t *c);
 
 /**
  * Connect to path and exchange HELLO (version 1), each step bounded by
- * timeout_ms. Returns the socket or -errno; err describes a failure.
+ * timeout_ms. Returns the socket or -errno; err describes a failure. If
+ * server is not NULL it receives what espd's HELLO reply says about it,
+ * e.g. "espd, control protocol 1".
  */
-int espd_dial(const char *path, int timeout_ms, char *err, size_t errlen);
+int espd_dial(const char *path, int timeout_ms, char *err, size_t errlen,
+			  char *server, size_t serverlen);
 
 /**
  * Write all of buf within timeout_ms. Returns 0 or -errno.

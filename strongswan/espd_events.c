@@ -303,7 +303,7 @@ static int subscribe(private_espd_events_t *this, char *err, size_t errlen)
 
 static void *run(private_espd_events_t *this)
 {
-	char err[512];
+	char err[512], server[128];
 	espd_hdr_t h;
 	bool was_connected = FALSE, old, lost;
 	time_t last_log = 0;
@@ -317,7 +317,7 @@ static void *run(private_espd_events_t *this)
 	{
 		err[0] = 0;
 		this->fd = espd_dial(espd_settings.socket, espd_settings.timeout_ms,
-							 err, sizeof(err));
+							 err, sizeof(err), server, sizeof(server));
 		if (this->fd >= 0 && subscribe(this, err, sizeof(err)) != 0)
 		{
 			close_fd(this);
@@ -332,14 +332,14 @@ static void *run(private_espd_events_t *this)
 					 "espd is back", err);
 			}
 			nap(backoff);
-			backoff = min(backoff * 2, 1000);
+			backoff = min(backoff * 2, 250);
 			continue;
 		}
 		backoff = 100;
 		last_log = 0;
-		DBG1(DBG_KNL, "espd: %s espd at %s, receiving its events",
+		DBG1(DBG_KNL, "espd: %s espd at %s (%s), receiving its events",
 			 was_connected ? "reconnected to" : "connected to",
-			 espd_settings.socket);
+			 espd_settings.socket, server);
 		/* the SAs charon installed may have died with a previous espd */
 		this->ipsec->reconcile(this->ipsec);
 		was_connected = TRUE;

@@ -21,6 +21,7 @@
 #include <daemon.h>
 #include <collections/hashtable.h>
 #include <collections/linked_list.h>
+#include <processing/jobs/callback_job.h>
 #include <threading/mutex.h>
 
 typedef struct private_espd_kernel_ipsec_t private_espd_kernel_ipsec_t;
@@ -64,6 +65,14 @@ struct private_espd_kernel_ipsec_t {
 	 * SPI allocation range
 	 */
 	uint32_t spi_min, spi_max;
+
+	/**
+	 * Address families (bit 0: IPv4, bit 1: IPv6) for which charon's
+	 * socket-default opened its IKE port and its NAT-T port (guarded by
+	 * mutex), and whether the check that compares them is scheduled
+	 */
+	u_int ike_families, natt_families;
+	bool natt_check;
 };
 
 /**
@@ -1204,10 +1213,77 @@ METHOD(kernel_ipsec_t, flush_policies, status_t,
 			SUCCESS : FAILED;
 }
 
+/** bit of an address family in ike_families and natt_families */
+static u_int family_bit(int family)
+{
+	return family == AF_INET ? 1 : family == AF_INET6 ? 2 : 0;
+}
+
+/**
+ * Without the IKE hand-off socket-default opens charon's IKE port and then
+ * its NAT-T port for each address family. If it got the first and not the
+ * second, say what is most likely wrong: espd holds the NAT-T port as its
+ * ESP-in-UDP port (its default), and IKE will hang.
+ */
+static job_requeue_t check_natt(private_espd_kernel_ipsec_t *this)
+{
+	uint16_t natt = lib->settings->get_int(lib->settings, "%s.port_nat_t",
+										   CHARON_NATT_PORT, lib->ns);
+	u_int missing;
+
+	this->mutex->lock(this->mutex);
+	missing = this->ike_families & ~this->natt_families;
+	this->mutex->unlock(this->mutex);
+	if (missing)
+	{
+		DBG1(DBG_KNL, "espd: charon could not open its NAT-T port UDP %u "
+			 "(%s%s%s): without the IKE hand-off that port is charon's, and "
+			 "espd's ESP-in-UDP port (espd --udp-port, 4500 by default) must "
+			 "be another one; is espd holding UDP %u? Run espd with "
+			 "--udp-port 4501 (see docs/strongswan.md), or use the hand-off",
+			 natt, missing & 1 ? "IPv4" : "", missing == 3 ? " and " : "",
+			 missing & 2 ? "IPv6" : "", natt);
+	}
+	return JOB_REQUEUE_NONE;
+}
+
 METHOD(kernel_ipsec_t, bypass_socket, bool,
 	private_espd_kernel_ipsec_t *this, int fd, int family)
 {
 	int mark = espd_settings.mark;
+	struct sockaddr_storage ss;
+	socklen_t sslen = sizeof(ss);
+	uint16_t port = 0, ike;
+	bool schedule = FALSE;
+
+	if (getsockname(fd, (struct sockaddr*)&ss, &sslen) == 0)
+	{
+		if (ss.ss_family == AF_INET)
+		{
+			port = ntohs(((struct sockaddr_in*)&ss)->sin_port);
+		}
+		else if (ss.ss_family == AF_INET6)
+		{
+			port = ntohs(((struct sockaddr_in6*)&ss)->sin6_port);
+		}
+	}
+	ike = lib->settings->get_int(lib->settings, "%s.port", CHARON_UDP_PORT,
+								 lib->ns);
+	if (port && port == ike)
+	{
+		this->mutex->lock(this->mutex);
+		this->ike_families |= family_bit(family);
+		schedule = !this->natt_check;
+		this->natt_check = TRUE;
+		this->mutex->unlock(this->mutex);
+	}
+	if (schedule)
+	{
+		/* socket-default opens the NAT-T sockets right after this one */
+		lib->scheduler->schedule_job_ms(lib->scheduler, (job_t*)
+				callback_job_create((callback_job_cb_t)check_natt, this,
+									NULL, NULL), 1000);
+	}
 
 	/* espd's routing rule sends unmarked traffic through its table, whose
 	 * routes lead into the TUN; IKE must not */
@@ -1223,6 +1299,9 @@ METHOD(kernel_ipsec_t, bypass_socket, bool,
 METHOD(kernel_ipsec_t, enable_udp_decap, bool,
 	private_espd_kernel_ipsec_t *this, int fd, int family, uint16_t port)
 {
+	this->mutex->lock(this->mutex);
+	this->natt_families |= family_bit(family);
+	this->mutex->unlock(this->mutex);
 	DBG1(DBG_KNL, "espd: ESP-in-UDP on charon's own port %u cannot reach "
 		 "espd; for NAT traversal run espd with --ike-handoff and set "
 		 "charon.plugins.espd.ike_handoff = yes", port);

@@ -67,6 +67,43 @@ METHOD(plugin_t, destroy, void,
 	free(this);
 }
 
+/**
+ * Make kernel-netlink's own route lookups skip espd's routing table.
+ *
+ * espd routes the remote traffic selectors into its TUN from a table that
+ * every packet without espd's mark consults first. A remote subnet that
+ * covers the peer's IKE address (or the local one) then makes charon's
+ * route lookups for IKE answer "through the TUN": no source address, MOBIKE
+ * moving the IKE_SA to another address family and back. kernel-netlink's
+ * fwmark option, inverted, marks its route lookups with espd's mark (which
+ * espd's rule excludes) and gives its own table's rule the same exclusion.
+ * Plugin constructors run before any plugin feature is loaded, so the
+ * default set here is in place when kernel-netlink reads it; an explicit
+ * setting wins.
+ */
+static void exclude_espd_routes(void)
+{
+	char want[16], *have;
+
+	snprintf(want, sizeof(want), "!0x%x", espd_settings.mark);
+	if (lib->settings->set_default_str(lib->settings,
+						"%s.plugins.kernel-netlink.fwmark", want, lib->ns))
+	{
+		DBG1(DBG_KNL, "espd: charon's route lookups skip espd's routes "
+			 "(kernel-netlink fwmark = %s)", want);
+		return;
+	}
+	have = lib->settings->get_str(lib->settings,
+						"%s.plugins.kernel-netlink.fwmark", "", lib->ns);
+	if (!streq(have, want))
+	{
+		DBG1(DBG_KNL, "espd: kernel-netlink's fwmark is %s, not %s: charon's "
+			 "route lookups may go through espd's TUN (no address found, "
+			 "MOBIKE flapping) if a remote subnet covers an IKE address",
+			 have, want);
+	}
+}
+
 /*
  * Described in header.
  */
@@ -94,9 +131,11 @@ plugin_t *espd_plugin_create()
 	{
 		espd_settings.timeout_ms = 100;
 	}
-	DBG1(DBG_KNL, "espd: ESP goes through espd at %s (IKE hand-off %s, "
-		 "mark 0x%x)", espd_settings.socket,
-		 espd_settings.ike_handoff ? "on" : "off", espd_settings.mark);
+	exclude_espd_routes();
+	DBG1(DBG_KNL, "espd: plugin built for strongSwan %s; ESP goes through "
+		 "espd at %s (IKE hand-off %s, mark 0x%x)", VERSION,
+		 espd_settings.socket, espd_settings.ike_handoff ? "on" : "off",
+		 espd_settings.mark);
 
 	INIT(this,
 		.public = {

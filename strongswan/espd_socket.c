@@ -17,10 +17,28 @@
 #include <unistd.h>
 
 #include <daemon.h>
+#include <collections/linked_list.h>
 #include <threading/mutex.h>
 #include <threading/thread.h>
 
+/**
+ * IKE packets held while espd is away: at most this many, none older than
+ * HELD_MAX_AGE seconds (charon retransmits more often than that while it
+ * still cares about an exchange).
+ */
+#define HELD_MAX 32
+#define HELD_MAX_AGE 90
+
 typedef struct private_espd_socket_t private_espd_socket_t;
+
+/**
+ * An IKE packet charon sent while there was no hand-off connection.
+ */
+typedef struct {
+	packet_t *packet;
+	/** monotonic second charon last sent it */
+	time_t sent;
+} held_t;
 
 /**
  * Private data.
@@ -63,7 +81,19 @@ struct private_espd_socket_t {
 	 * Monotonic time of the last "not connected" logs
 	 */
 	time_t recv_log, send_log;
+
+	/**
+	 * held_t: IKE packets charon sent while espd was away, oldest first,
+	 * sent as soon as the hand-off is registered again (guarded by mutex)
+	 */
+	linked_list_t *held;
 };
+
+static void held_destroy(held_t *h)
+{
+	h->packet->destroy(h->packet);
+	free(h);
+}
 
 static void put_host(espd_msg_t *m, uint16_t type, host_t *h)
 {
@@ -91,7 +121,8 @@ static int do_register(private_espd_socket_t *this, char *err, size_t errlen)
 	uint16_t port, natt;
 	int fd, r;
 
-	fd = espd_dial(espd_settings.socket, espd_settings.timeout_ms, err, errlen);
+	fd = espd_dial(espd_settings.socket, espd_settings.timeout_ms, err, errlen,
+				   NULL, 0);
 	if (fd < 0)
 	{
 		return fd;
@@ -216,6 +247,8 @@ static packet_t *parse_packet(const uint8_t *body, size_t len)
 	return pkt;
 }
 
+static void send_held(private_espd_socket_t *this);
+
 METHOD(socket_t, receive, status_t,
 	private_espd_socket_t *this, packet_t **out)
 {
@@ -255,6 +288,7 @@ METHOD(socket_t, receive, status_t,
 			this->recv_log = this->send_log = 0;
 			DBG1(DBG_NET, "espd: receiving IKE on UDP ports %u and %u from "
 				 "espd at %s", this->port, this->natt, espd_settings.socket);
+			send_held(this);
 		}
 		old = thread_cancelability(TRUE);
 		r = espd_read_msg(fd, this->buf, &h, -1, espd_settings.timeout_ms);
@@ -304,8 +338,52 @@ METHOD(socket_t, receive, status_t,
 	}
 }
 
-METHOD(socket_t, sender, status_t,
-	private_espd_socket_t *this, packet_t *packet)
+/**
+ * Hold a copy of packet until the hand-off is back: charon's pending
+ * exchanges (a MOBIKE update, a DPD, the CHILD_SA replacements behind them)
+ * then continue at once instead of at charon's next retransmit, which with
+ * the default settings can be half a minute away. A retransmit replaces the
+ * copy it repeats. this->mutex held.
+ */
+static void hold_locked(private_espd_socket_t *this, packet_t *packet)
+{
+	enumerator_t *enumerator;
+	chunk_t data = packet->get_data(packet), other;
+	host_t *dst = packet->get_destination(packet);
+	held_t *h;
+
+	enumerator = this->held->create_enumerator(this->held);
+	while (enumerator->enumerate(enumerator, &h))
+	{
+		other = h->packet->get_data(h->packet);
+		if (chunk_equals(data, other) &&
+			dst->equals(dst, h->packet->get_destination(h->packet)))
+		{
+			this->held->remove_at(this->held, enumerator);
+			held_destroy(h);
+			break;
+		}
+	}
+	enumerator->destroy(enumerator);
+	if (this->held->get_count(this->held) >= HELD_MAX &&
+		this->held->remove_first(this->held, (void**)&h) == SUCCESS)
+	{
+		held_destroy(h);
+	}
+	INIT(h,
+		.packet = packet->clone(packet),
+		.sent = time_monotonic(NULL),
+	);
+	this->held->insert_last(this->held, h);
+}
+
+/**
+ * Send packet over the hand-off connection. Returns 0, -ENOTCONN without a
+ * connection, -EMSGSIZE if it does not fit a message or -errno of a failed
+ * write (the connection is then shut down and the receiving thread
+ * reconnects). this->mutex held.
+ */
+static int send_locked(private_espd_socket_t *this, packet_t *packet)
 {
 	host_t *src = packet->get_source(packet);
 	host_t *dst = packet->get_destination(packet);
@@ -314,13 +392,17 @@ METHOD(socket_t, sender, status_t,
 	espd_msg_t m;
 	int r;
 
+	if (this->fd < 0)
+	{
+		return -ENOTCONN;
+	}
 	if (!sport)
 	{
 		sport = this->port;
 	}
 	if (!espd_msg_init(&m, ESPD_MSG_IKE_PACKET, 0))
 	{
-		return FAILED;
+		return -ENOMEM;
 	}
 	if (!src->is_anyaddr(src))
 	{
@@ -329,20 +411,6 @@ METHOD(socket_t, sender, status_t,
 	put_host(&m, ESPD_A_DST, dst);
 	espd_msg_pair(&m, ESPD_A_IKE_PORTS, sport, dst->get_port(dst));
 	espd_msg_put(&m, ESPD_A_IKE_DATA, data.ptr, data.len);
-
-	this->mutex->lock(this->mutex);
-	if (this->fd < 0)
-	{
-		this->mutex->unlock(this->mutex);
-		espd_msg_free(&m);
-		if (!this->send_log || time_monotonic(NULL) - this->send_log >= 60)
-		{
-			this->send_log = time_monotonic(NULL);
-			DBG1(DBG_NET, "espd: cannot send IKE to %#H: no IKE hand-off "
-				 "connection to espd", dst);
-		}
-		return FAILED;
-	}
 	if (++this->seq == 0)
 	{
 		this->seq = 1;
@@ -353,11 +421,8 @@ METHOD(socket_t, sender, status_t,
 	m.buf[15] = this->seq;
 	if (!espd_msg_finish(&m))
 	{
-		this->mutex->unlock(this->mutex);
 		espd_msg_free(&m);
-		DBG1(DBG_NET, "espd: IKE packet of %zu bytes does not fit a message",
-			 data.len);
-		return FAILED;
+		return -EMSGSIZE;
 	}
 	r = espd_write_all(this->fd, m.buf, m.len, espd_settings.timeout_ms);
 	if (r < 0)
@@ -365,16 +430,92 @@ METHOD(socket_t, sender, status_t,
 		/* the receiving thread notices and reconnects */
 		shutdown(this->fd, SHUT_RDWR);
 	}
-	this->mutex->unlock(this->mutex);
 	espd_msg_free(&m);
-	if (r < 0)
+	return r;
+}
+
+/**
+ * Send what was held while espd was away; called once the hand-off is
+ * registered again.
+ */
+static void send_held(private_espd_socket_t *this)
+{
+	held_t *h;
+	time_t now = time_monotonic(NULL);
+	u_int sent = 0, stale = 0;
+	int r;
+
+	this->mutex->lock(this->mutex);
+	while (this->held->remove_first(this->held, (void**)&h) == SUCCESS)
 	{
-		DBG1(DBG_NET, "espd: sending IKE to %#H through espd failed: %s", dst,
-			 strerror(-r));
-		return FAILED;
+		if (now - h->sent > HELD_MAX_AGE)
+		{
+			stale++;
+			held_destroy(h);
+			continue;
+		}
+		r = send_locked(this, h->packet);
+		if (r < 0 && r != -EMSGSIZE && r != -ENOMEM)
+		{
+			/* the connection is gone again: keep it for the next one */
+			this->held->insert_first(this->held, h);
+			break;
+		}
+		if (r == 0)
+		{
+			sent++;
+		}
+		held_destroy(h);
 	}
-	DBG3(DBG_NET, "espd: sent packet from %#H to %#H", src, dst);
-	return SUCCESS;
+	this->mutex->unlock(this->mutex);
+	if (sent || stale)
+	{
+		DBG1(DBG_NET, "espd: sent %u IKE packets charon sent while espd was "
+			 "away (%u older than %d s dropped)", sent, stale, HELD_MAX_AGE);
+	}
+}
+
+METHOD(socket_t, sender, status_t,
+	private_espd_socket_t *this, packet_t *packet)
+{
+	host_t *dst = packet->get_destination(packet);
+	bool log = FALSE;
+	int r;
+
+	this->mutex->lock(this->mutex);
+	r = send_locked(this, packet);
+	if (r == -ENOTCONN || (r < 0 && r != -EMSGSIZE && r != -ENOMEM))
+	{
+		hold_locked(this, packet);
+		if (!this->send_log || time_monotonic(NULL) - this->send_log >= 60)
+		{
+			this->send_log = time_monotonic(NULL);
+			log = TRUE;
+		}
+	}
+	this->mutex->unlock(this->mutex);
+	switch (r)
+	{
+		case 0:
+			DBG3(DBG_NET, "espd: sent packet to %#H", dst);
+			return SUCCESS;
+		case -EMSGSIZE:
+			DBG1(DBG_NET, "espd: IKE packet of %zu bytes does not fit a "
+				 "message", packet->get_data(packet).len);
+			return FAILED;
+		case -ENOMEM:
+			return FAILED;
+		default:
+			if (log)
+			{
+				DBG1(DBG_NET, "espd: cannot send IKE to %#H now (%s); "
+					 "holding it and sending it as soon as espd is back",
+					 dst, r == -ENOTCONN ? "no IKE hand-off connection to "
+					 "espd" : strerror(-r));
+			}
+			/* sent later: charon's retransmit timer runs as usual */
+			return SUCCESS;
+	}
 }
 
 METHOD(socket_t, get_port, uint16_t,
@@ -396,6 +537,7 @@ METHOD(socket_t, destroy, void,
 	{
 		close(this->fd);
 	}
+	this->held->destroy_function(this->held, (void*)held_destroy);
 	this->mutex->destroy(this->mutex);
 	free(this->buf);
 	free(this);
@@ -418,6 +560,7 @@ socket_t *espd_socket_create()
 		},
 		.fd = -1,
 		.mutex = mutex_create(MUTEX_TYPE_DEFAULT),
+		.held = linked_list_create(),
 		.buf = malloc(ESPD_MAX_MSG),
 		.port = lib->settings->get_int(lib->settings, "%s.port",
 									   CHARON_UDP_PORT, lib->ns),

@@ -116,6 +116,10 @@ type charonOptions struct {
 	NoHandoff bool
 	// Log adds filelog levels, e.g. "chd = 4".
 	Log string
+	// DebianTimers keeps charon's default retransmit settings (4 s, base
+	// 1.8, 5 tries, as Debian ships them) instead of the tests' shorter
+	// ones.
+	DebianTimers bool
 }
 
 // charonConf returns the gateway's strongswan.conf.
@@ -135,7 +139,9 @@ func (g *gateway) charonConf(o charonOptions) string {
 		fmt.Fprintf(&b, "  load = %s espd kernel-netlink\n", crypto)
 		fmt.Fprintf(&b, "  install_routes = no\n")
 	}
-	fmt.Fprintf(&b, "  retransmit_timeout = 1.0\n  retransmit_base = 1.4\n  retransmit_tries = 4\n")
+	if !o.DebianTimers {
+		fmt.Fprintf(&b, "  retransmit_timeout = 1.0\n  retransmit_base = 1.4\n  retransmit_tries = 4\n")
+	}
 	fmt.Fprintf(&b, "  filelog {\n    stderr {\n      time_format = %%T\n      default = 1\n      knl = 2\n      %s\n    }\n  }\n", o.Log)
 	fmt.Fprintf(&b, "  plugins {\n    vici {\n      socket = unix://%s\n    }\n", g.vici)
 	if !o.Libipsec {
@@ -154,7 +160,12 @@ func (g *gateway) startCharon(o charonOptions) {
 	if err := os.WriteFile(conf, []byte(g.charonConf(o)), 0o644); err != nil {
 		g.t.Fatal(err)
 	}
-	script := fmt.Sprintf("mount -t tmpfs tmpfs /run && exec env STRONGSWAN_CONF=%s %s", conf, charonBin)
+	env := "STRONGSWAN_CONF=" + conf
+	if p := os.Getenv(pluginEnv); p != "" {
+		// charon finds the preloaded plugin's constructor first.
+		env += " LD_PRELOAD=" + p
+	}
+	script := fmt.Sprintf("mount -t tmpfs tmpfs /run && exec env %s %s", env, charonBin)
 	p, err := g.node.Start(filepath.Join(g.dir, "charon.log"),
 		"unshare", "-m", "--propagation", "private", "sh", "-c", script)
 	if err != nil {

@@ -16,6 +16,11 @@ const (
 	pluginPath = "/usr/lib/ipsec/plugins/libstrongswan-espd.so"
 )
 
+// pluginEnv names the environment variable that points the tests at a
+// build of the plugin that is not installed (charon preloads it), e.g.
+// ESPD_SS_PLUGIN=/tmp/build/libstrongswan-espd.so.
+const pluginEnv = "ESPD_SS_PLUGIN"
+
 // espdBin and espctlBin are built by TestMain.
 var espdBin, espctlBin string
 
@@ -34,7 +39,11 @@ func requireStrongSwan(t *testing.T) {
 		t.Skip("needs root: network and mount namespaces, charon")
 	}
 	var missing []string
-	for _, p := range []string{charonBin, pluginPath} {
+	plugin := pluginPath
+	if p := os.Getenv(pluginEnv); p != "" {
+		plugin = p
+	}
+	for _, p := range []string{charonBin, plugin} {
 		if _, err := os.Stat(p); err != nil {
 			missing = append(missing, p)
 		}

@@ -221,3 +221,60 @@ func espdRestart(t *testing.T, how string, stop func(*gateway)) {
 	}
 	t.Logf("A: %d CHILD_SA keys logged, all distinct", len(keys))
 }
+
+// TestEspdRestartDebianTimers keeps charon's default retransmit settings
+// (Debian's: 4 s, base 1.8), takes gateway A's espd away with SIGKILL, for
+// 10 s and then for 12.5 s, and measures, from the moment the new espd
+// answers on its socket with its TUN up, how long until the first ping
+// crosses the tunnel again. While espd is away its TUN disappears and
+// charon starts a MOBIKE address update that cannot get out; charon sends
+// it again 4, 11.2 and 24.2 s after the first try, and the CHILD_SA
+// replacement waits behind it, so without help the gap depends on where
+// espd's return falls between those retransmits (about 1 s after 10 s
+// away, about 11 s after 12.5 s). The plugin holds the IKE packets charon
+// sends meanwhile and sends them the moment the hand-off is back: the gap
+// must stay under 2 s after either outage.
+func TestEspdRestartDebianTimers(t *testing.T) {
+	requireStrongSwan(t)
+	p := newPair(t, pairOptions{A: charonOptions{DebianTimers: true}, B: charonOptions{DebianTimers: true}})
+	p.load(v4("aes256gcm16"))
+	p.initiate()
+	ctx := context.Background()
+	for i, outage := range []time.Duration{10 * time.Second, 12500 * time.Millisecond} {
+		if r, err := p.topo.Client.Ping(ctx, testbed.ServerV4.Addr(), testbed.PingOptions{Count: 3}); err != nil || !r.OK() {
+			t.Fatalf("pings through the tunnel before restart %d: %v\n%s", i+1, err, r.Output)
+		}
+		held := p.a.charonLogCount("espd: sent", "IKE packets charon sent while espd was away")
+		p.a.killEspd()
+		killed := time.Now()
+		time.Sleep(outage)
+		p.a.runEspd()
+		back := time.Now()
+		var first time.Time
+		for time.Since(back) < 40*time.Second {
+			r, err := p.topo.Client.Ping(ctx, testbed.ServerV4.Addr(), testbed.PingOptions{Count: 1, Wait: 200 * time.Millisecond})
+			if err == nil && r.OK() {
+				first = time.Now()
+				break
+			}
+		}
+		if first.IsZero() {
+			t.Fatalf("no ping crossed the tunnel within 40 s of espd's restart (espd was away %v)", back.Sub(killed).Round(time.Millisecond))
+		}
+		gap := first.Sub(back)
+		t.Logf("espd away %v; first ping through %v after the new espd was up; the plugin sent held IKE packets: %v",
+			back.Sub(killed).Round(time.Millisecond), gap.Round(time.Millisecond),
+			p.a.charonLogCount("espd: sent", "IKE packets charon sent while espd was away") > held)
+		if gap > 2*time.Second {
+			t.Errorf("after %v away: traffic resumed %v after espd was back, want at most 2 s", outage, gap.Round(time.Millisecond))
+		}
+	}
+	var why []string
+	for _, l := range strings.Split(p.a.charon.Log(), "\n") {
+		if strings.Contains(l, "MOBIKE") || strings.Contains(l, "retransmit") || strings.Contains(l, "interface esp0") ||
+			strings.Contains(l, "espd: sent") || strings.Contains(l, "connected to espd") || strings.Contains(l, "hand-off") {
+			why = append(why, l)
+		}
+	}
+	t.Logf("A's charon on its TUN, MOBIKE, retransmits and espd:\n%s", strings.Join(why, "\n"))
+}

@@ -195,3 +195,24 @@ func TestWithoutHandoff(t *testing.T) {
 	checkEmpty(t, p.a)
 	checkEmpty(t, p.b)
 }
+
+// TestWithoutHandoffPortClash follows the no-hand-off setup but starts espd
+// with its default ESP-in-UDP port, 4500, which is charon's NAT-T port:
+// socket-default cannot open it ("could not open IPv4 NAT-T socket"), and
+// the plugin must say why, naming the port and the fix.
+func TestWithoutHandoffPortClash(t *testing.T) {
+	requireStrongSwan(t)
+	p := newPair(t, pairOptions{A: charonOptions{NoHandoff: true}, B: charonOptions{NoHandoff: true},
+		EspdA: []string{"--udp-port", "4500"}})
+	if !waitFor(5*time.Second, func() bool { return p.a.charonLogCount("could not open IPv4 NAT-T socket") > 0 }) {
+		t.Fatalf("A: charon opened its NAT-T socket although espd holds UDP 4500")
+	}
+	if !waitFor(5*time.Second, func() bool {
+		return p.a.charonLogCount("espd: charon could not open its NAT-T port UDP 4500", "--udp-port 4501") > 0
+	}) {
+		t.Fatalf("A: the plugin did not name the port clash")
+	}
+	if n := p.b.charonLogCount("espd: charon could not open its NAT-T port"); n != 0 {
+		t.Errorf("B (espd on --udp-port 4501): the plugin reported a port clash %d times", n)
+	}
+}
