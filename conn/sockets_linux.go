@@ -62,9 +62,10 @@ func OpenSockets(cfg SocketConfig) (s *Sockets, err error) {
 		cfg.Batch = 128
 	}
 	s = &Sockets{cfg: cfg}
+	opened := s // the error returns below set s to nil
 	defer func() {
 		if err != nil {
-			s.Close()
+			opened.Close()
 		}
 	}()
 	fams := []int{unix.AF_INET}
@@ -136,15 +137,28 @@ func famName(fam int) string {
 	return "IPv4"
 }
 
+// needs adds to err, if it is the kernel's EPERM or EACCES, the
+// capability that espd, run as a user other than root (the systemd units),
+// lacks.
+func needs(err error, capability string) error {
+	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+		return fmt.Errorf("%w (needs %s)", err, capability)
+	}
+	return err
+}
+
 func socket(fam, typ, proto int, cfg SocketConfig, what string) (int, error) {
 	fd, err := unix.Socket(fam, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, proto)
 	if err != nil {
+		if typ == unix.SOCK_RAW {
+			err = needs(err, "CAP_NET_RAW")
+		}
 		return -1, fmt.Errorf("conn: %s %s socket: %w", famName(fam), what, err)
 	}
 	if cfg.Mark != 0 {
 		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, int(cfg.Mark)); err != nil {
 			unix.Close(fd)
-			return -1, fmt.Errorf("conn: SO_MARK on %s %s socket: %w", famName(fam), what, err)
+			return -1, fmt.Errorf("conn: SO_MARK on %s %s socket: %w", famName(fam), what, needs(err, "CAP_NET_ADMIN or CAP_NET_RAW"))
 		}
 	}
 	return fd, nil
@@ -155,6 +169,12 @@ type sockopt struct{ level, opt, value int }
 func setsockopts(fd int, what string, opts ...sockopt) error {
 	for _, o := range opts {
 		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.value); err != nil {
+			switch {
+			case o.level == unix.SOL_SOCKET && o.opt == unix.SO_MARK:
+				err = needs(err, "CAP_NET_ADMIN or CAP_NET_RAW")
+			case o.level == unix.SOL_SOCKET && o.opt == unix.SO_RCVBUFFORCE:
+				err = needs(err, "CAP_NET_ADMIN")
+			}
 			return fmt.Errorf("conn: %s: setsockopt(%d, %d): %w", what, o.level, o.opt, err)
 		}
 	}
@@ -170,9 +190,23 @@ func setAndBind(fd int, what string, sa unix.Sockaddr, opts []sockopt) error {
 	}
 	if err := unix.Bind(fd, sa); err != nil {
 		unix.Close(fd)
+		if port := sockaddrPort(sa); port > 0 && port < 1024 {
+			err = needs(err, "CAP_NET_BIND_SERVICE for a port below 1024")
+		}
 		return fmt.Errorf("conn: bind %s: %w", what, err)
 	}
 	return nil
+}
+
+// sockaddrPort returns sa's port (0 for other than IPv4 and IPv6).
+func sockaddrPort(sa unix.Sockaddr) int {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return a.Port
+	case *unix.SockaddrInet6:
+		return a.Port
+	}
+	return 0
 }
 
 // receiver reads one outer socket.

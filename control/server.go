@@ -146,7 +146,7 @@ func Listen(b Backend, cfg ServerConfig) (*Server, error) {
 			return nil, fmt.Errorf("control: %w", err)
 		}
 		if s.gid >= 0 {
-			if err := os.Chown(dir, 0, s.gid); err != nil {
+			if err := os.Chown(dir, -1, s.gid); err != nil {
 				return nil, fmt.Errorf("control: %w", err)
 			}
 		}
@@ -170,7 +170,7 @@ func Listen(b Backend, cfg ServerConfig) (*Server, error) {
 	mode := os.FileMode(0o600)
 	if s.gid >= 0 {
 		mode = 0o660
-		if err := os.Chown(cfg.Path, 0, s.gid); err != nil {
+		if err := os.Chown(cfg.Path, -1, s.gid); err != nil {
 			ln.Close()
 			return nil, fmt.Errorf("control: %w", err)
 		}

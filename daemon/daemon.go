@@ -19,7 +19,13 @@ import (
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/sa"
+
+	"golang.org/x/sys/unix"
 )
+
+// DefaultStateDir is espd's --state-dir unless told otherwise (the
+// systemd units' StateDirectory).
+const DefaultStateDir = "/var/lib/espd"
 
 // Options configure a Daemon.
 type Options struct {
@@ -50,7 +56,28 @@ type Options struct {
 	// registered on the control socket (daemon/ike.go).
 	IKEHandoff bool
 	IKEPort    uint16
+	// Notify, if set, is told the daemon's state changes as sd_notify(3)
+	// state strings, for a service manager (cmd/espd sends them to
+	// systemd): NotifyReady once espd can take states (the data plane and
+	// its TUN up, the IKE ports bound with IKEHandoff, the configuration
+	// file applied, the control socket and the metrics endpoint
+	// listening), NotifyReloading and then NotifyReady around each reload,
+	// NotifyStopping when the shutdown begins. It is called from Run's
+	// goroutine, which waits for it.
+	Notify func(state string)
 }
+
+// The state strings Options.Notify receives (sd_notify(3)).
+const (
+	// NotifyReady: espd takes states and policies; after a reload: the
+	// reload is over (applied or refused).
+	NotifyReady = "READY=1"
+	// NotifyStopping: the shutdown has begun.
+	NotifyStopping = "STOPPING=1"
+	// NotifyReloading starts the reloading message, which goes on with
+	// the monotonic clock's time (MONOTONIC_USEC=, as systemd asks).
+	NotifyReloading = "RELOADING=1"
+)
 
 // Daemon is a running espd.
 type Daemon struct {
@@ -96,7 +123,8 @@ func New(opts Options) (*Daemon, error) {
 // control socket (and metrics) and runs until ctx is done or reload
 // returns; then it shuts down: control socket closed, every state deleted
 // (keys zeroed), the TUN and its routes removed, the holds of installed
-// policies kept (shutdown). reload delivers SIGHUP.
+// policies kept (shutdown). reload delivers SIGHUP. Options.Notify hears
+// when it is ready, reloading and stopping.
 func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 	if err := d.dp.Start(); err != nil {
 		return fmt.Errorf("data plane: %w", err)
@@ -162,20 +190,41 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 		defer srv.Close()
 	}
 
+	d.notify(NotifyReady)
 	for {
 		select {
 		case <-ctx.Done():
+			d.notify(NotifyStopping)
 			d.log.Info("stopping")
 			return nil
 		case <-reload:
+			d.notify(reloadingMessage())
 			if err := d.Reload(); err != nil {
 				d.log.Error("configuration refused; running state unchanged", "err", err)
 			} else {
 				states, policies := d.fileCounts()
 				d.log.Info("configuration reloaded", "path", d.opts.ConfigPath, "states", states, "policies", policies)
 			}
+			d.notify(NotifyReady)
 		}
 	}
+}
+
+// notify tells Options.Notify, if set, state.
+func (d *Daemon) notify(state string) {
+	if d.opts.Notify != nil {
+		d.opts.Notify(state)
+	}
+}
+
+// reloadingMessage is NotifyReloading with the monotonic clock's time, in
+// microseconds, which systemd uses to tell this reload from an earlier one.
+func reloadingMessage() string {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return NotifyReloading
+	}
+	return fmt.Sprintf("%s\nMONOTONIC_USEC=%d", NotifyReloading, ts.Nano()/1000)
 }
 
 // fileCounts returns how many states and policies the configuration file

@@ -114,6 +114,11 @@ func Create(cfg Config) (*Device, error) {
 	}
 	dev, err := wgtun.CreateTUN(cfg.Name, cfg.MTU)
 	if err != nil {
+		if errors.Is(err, unix.EPERM) {
+			err = fmt.Errorf("%w (needs CAP_NET_ADMIN)", err)
+		} else if errors.Is(err, unix.EACCES) {
+			err = fmt.Errorf("%w (/dev/net/tun must be readable and writable by espd's user: mode 0666, as udev makes it)", err)
+		}
 		return nil, fmt.Errorf("tun: create %s: %w", cfg.Name, err)
 	}
 	d := &Device{dev: dev, mtu: cfg.MTU, drained: make(chan struct{})}
