@@ -85,6 +85,16 @@ bad=$(grep -rhoE '^Exec[A-Za-z]*=[-@:+!]*[^ ]*/esp(d|ctl)( |$)' "$units_dir" \
 	| sed -E 's/^Exec[A-Za-z]*=[-@:+!]*//; s/ $//' | grep -vxE '/usr/sbin/espd|/usr/bin/espctl' || true)
 [ -z "$bad" ] || die "a unit in $units_dir runs $bad; the package installs /usr/sbin/espd and /usr/bin/espctl"
 
+# A unit's User= must exist wherever the package is installed: the package creates no
+# user, so only root or DynamicUser=yes will do.
+for f in "${unit_list[@]}"; do
+	user=$(sed -n 's/^User=[[:space:]]*//p' "$units_dir/$f" | tail -1)
+	if [ -n "$user" ] && [ "$user" != root ] \
+		&& ! grep -qiE '^DynamicUser=[[:space:]]*(yes|true|on|1)[[:space:]]*$' "$units_dir/$f"; then
+		die "$units_dir/$f runs as User=$user, which the package does not create (DynamicUser=yes, or create it in packaging/deb/espd.postinst)"
+	fi
+done
+
 # stage_common DIR: what every espd package holds besides the binaries.
 stage_common() {
 	local s=$1 f

@@ -51,7 +51,9 @@ for u in $units; do
 	done < <(find /etc/systemd/system /usr/lib/systemd/system /var/lib/systemd/deb-systemd-helper-enabled \
 		/var/lib/systemd/deb-systemd-helper-masked -name "$u*" 2>/dev/null)
 done
-[ ! -e /var/lib/espd ] || left+=("directory /var/lib/espd")
+for d in /var/lib/espd /var/lib/private/espd; do
+	[ ! -e "$d" ] && [ ! -L "$d" ] || left+=("$d")
+done
 # A process still running the package's espd (the file is gone, its inode is not).
 for exe in /proc/[0-9]*/exe; do
 	if [ "$(stat -L -c %d:%i "$exe" 2>/dev/null || true)" = "$espd_inode" ]; then
