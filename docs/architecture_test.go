@@ -1,5 +1,6 @@
-// Package docs holds espd's documentation; its test holds the code to the
-// import table of architecture.md.
+// Package docs holds espd's documentation; its tests hold the code to the
+// import table of architecture.md and the example configuration the espd
+// package ships to that of config.md.
 package docs
 
 import (

@@ -21,7 +21,8 @@ const (
 // ESPD_SS_PLUGIN=/tmp/build/libstrongswan-espd.so.
 const pluginEnv = "ESPD_SS_PLUGIN"
 
-// espdBin and espctlBin are built by TestMain.
+// espdBin and espctlBin are built by TestMain (or, with ESPD_INSTALLED=1,
+// the installed ones: testbed.EspdMain).
 var espdBin, espctlBin string
 
 // TestMain builds ./cmd/espd and ./cmd/espctl into a temporary directory
@@ -32,7 +33,8 @@ func TestMain(m *testing.M) {
 
 // requireStrongSwan skips the test, saying why, unless charon, swanctl and
 // the plugin are installed; in CI (CI=true), where .ci/run builds the
-// plugin, their absence fails it.
+// plugin, their absence fails it. With ESPD_INSTALLED=1 a plugin that the
+// strongswan-espd package did not install fails it too.
 func requireStrongSwan(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -50,6 +52,15 @@ func requireStrongSwan(t *testing.T) {
 	}
 	if _, err := exec.LookPath("swanctl"); err != nil {
 		missing = append(missing, "swanctl")
+	}
+	if len(missing) == 0 && testbed.Installed() {
+		// The plugin must be the strongswan-espd package's (README.md,
+		// "Packages"), as espd and espctl are the espd package's.
+		if out, err := exec.Command("dpkg-query", "-S", pluginPath).CombinedOutput(); err != nil ||
+			!strings.HasPrefix(string(out), "strongswan-espd: ") {
+			t.Fatalf("%s=1 but %s does not belong to the strongswan-espd package: %v\n%s",
+				testbed.InstalledEnv, pluginPath, err, out)
+		}
 	}
 	if len(missing) == 0 {
 		return

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# packaging/build.sh: build espd's Debian packages (README.md, "Packages").
+#
+#   sudo bash packaging/build.sh [-o DIR] [--arch "amd64 arm64 armhf"] [--no-plugin]
+#
+# writes to DIR (default dist/ in the checkout):
+#
+#   espd_VERSION_ARCH.deb             for each ARCH (default amd64, arm64 and armhf):
+#                                     /usr/sbin/espd, /usr/bin/espctl, the systemd units of
+#                                     packaging/systemd/, an example configuration and the docs
+#   strongswan-espd_VERSION_NATIVE.deb charon's espd plugin, built by strongswan/build.sh
+#                                     against the strongSwan installed on this machine and
+#                                     pinned to that exact version (NATIVE: this machine's
+#                                     architecture, amd64 in CI)
+#
+# espd and espctl are built with GOEXPERIMENT=runtimesecret (README.md, "Install"),
+# CGO_ENABLED=0 (static binaries) and -trimpath; armhf is GOARCH=arm GOARM=7. nfpm
+# (a pinned release, run through the Go toolchain) makes the packages from the nfpm
+# configurations beside this script. Only the plugin needs root: strongswan/build.sh
+# installs its build dependencies and fetches strongSwan's source from Debian's registry.
+#
+# Environment:
+#   ESPD_VERSION     package version (default 0.0~gitYYYYMMDDhhmmss.HASH of HEAD's commit)
+#   ESPD_MAINTAINER  the packages' Maintainer field
+#   ESPD_UNITS_DIR   where the systemd units come from (default packaging/systemd)
+set -euo pipefail
+umask 022
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+here=$repo/packaging
+nfpm_mod=github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
+
+log() { printf 'packaging: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+out=$repo/dist
+arches="amd64 arm64 armhf"
+plugin=1
+while [ $# -gt 0 ]; do
+	case "$1" in
+	-o) out=$(realpath -m "$2"); shift 2 ;;
+	--arch) arches=$2; shift 2 ;;
+	--no-plugin) plugin=0; shift ;;
+	-h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+	*) die "unknown argument $1 (see --help)" ;;
+	esac
+done
+
+command -v go >/dev/null || die "needs Go on PATH"
+[ "$plugin" = 0 ] || [ "$(id -u)" = 0 ] || die "the plugin package needs root (strongswan/build.sh); --no-plugin skips it"
+units_dir=${ESPD_UNITS_DIR:-$here/systemd}
+[ -f "$units_dir/espd.service" ] || die "no espd.service in $units_dir: the package ships the systemd units of packaging/systemd"
+
+if [ -z "${ESPD_VERSION:-}" ]; then
+	ESPD_VERSION=0.0~git$(TZ=UTC git -C "$repo" log -1 --date=format-local:%Y%m%d%H%M%S --format=%cd HEAD)
+	ESPD_VERSION=$ESPD_VERSION.$(git -C "$repo" rev-parse --short=12 HEAD)
+fi
+export VERSION=$ESPD_VERSION
+export MAINTAINER=${ESPD_MAINTAINER:-The espd developers <noreply@espd.invalid>}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$out"
+rm -f "$out"/espd_*.deb "$out"/strongswan-espd_*.deb
+
+# nfpm itself, built once for this run (not with espd's GOEXPERIMENT).
+log "building nfpm ($nfpm_mod)"
+env -u GOEXPERIMENT GOBIN="$work/bin" go install "$nfpm_mod"
+nfpm=$work/bin/nfpm
+
+# The units: the unit files of the directory and their drop-ins (NAME.d/*.conf) go
+# to /usr/lib/systemd/system; the maintainer scripts stop and purge the units, and
+# enable espd.service (only it: another unit may be an alternative to it, README.md
+# "Packages").
+unit_files=$(cd "$units_dir" && find . -mindepth 1 -type f | sed 's|^\./||' \
+	| grep -E '^[^/]+\.(service|socket|timer|path|target)$|^[^/]+\.d/[^/]+\.conf$' | sort)
+mapfile -t unit_list <<<"$unit_files"
+units=$(grep -v / <<<"$unit_files" | tr '\n' ' ')
+units=${units% }
+for f in $(cd "$units_dir" && find . -mindepth 1 -type f | sed 's|^\./||' | grep -vxF "$unit_files"); do
+	log "not packaged (not a unit or drop-in): $units_dir/$f"
+done
+# A unit that runs espd or espctl must name the path the package installs.
+bad=$(grep -rhoE '^Exec[A-Za-z]*=[-@:+!]*[^ ]*/esp(d|ctl)( |$)' "$units_dir" \
+	| sed -E 's/^Exec[A-Za-z]*=[-@:+!]*//; s/ $//' | grep -vxE '/usr/sbin/espd|/usr/bin/espctl' || true)
+[ -z "$bad" ] || die "a unit in $units_dir runs $bad; the package installs /usr/sbin/espd and /usr/bin/espctl"
+
+# A unit's User= must exist wherever the package is installed: root, a dynamic
+# user, or one that the package's sysusers.d file declares (the postinst creates it).
+for f in "${unit_list[@]}"; do
+	user=$(sed -n 's/^User=[[:space:]]*//p' "$units_dir/$f" | tail -1)
+	if [ -n "$user" ] && [ "$user" != root ] \
+		&& ! grep -qiE '^DynamicUser=[[:space:]]*(yes|true|on|1)[[:space:]]*$' "$units_dir/$f" \
+		&& ! grep -qE "^u[[:space:]]+$user[[:space:]]" "$units_dir/espd.sysusers" 2>/dev/null; then
+		die "$units_dir/$f runs as User=$user, which neither $units_dir/espd.sysusers declares nor DynamicUser=yes makes"
+	fi
+done
+
+# stage_common DIR: what every espd package holds besides the binaries.
+stage_common() {
+	local s=$1 f
+	mkdir -p "$s/units" "$s/doc/docs" "$s/doc/examples" "$s/scripts"
+	(cd "$units_dir" && cp --parents "${unit_list[@]}" "$s/units/")
+	cp "$repo/README.md" "$s/doc/"
+	cp "$repo"/docs/*.md "$s/doc/docs/"
+	cp "$here/espd.toml" "$s/doc/examples/"
+	mkdir -p "$s/etc"
+	cp "$here/espd-etc.toml" "$s/etc/espd.toml"
+	cp "$units_dir/espd.sysusers" "$s/sysusers.conf"
+	cp "$repo/LICENSE" "$s/doc/copyright"
+	for f in postinst prerm postrm; do
+		sed -e "s/@UNITS@/$units/" -e "s/@ENABLE@/espd.service/" "$here/deb/espd.$f" >"$s/scripts/$f"
+	done
+}
+
+# build_arch ARCH DIR: espd and espctl for a Debian architecture.
+build_arch() {
+	local arch=$1 s=$2 goarch goarm="" b info
+	case "$arch" in
+	amd64|arm64) goarch=$arch ;;
+	armhf) goarch=arm goarm=7 ;;
+	esac
+	for b in espd espctl; do
+		(cd "$repo" && GOEXPERIMENT=runtimesecret CGO_ENABLED=0 GOOS=linux GOARCH=$goarch GOARM=$goarm \
+			go build -trimpath -ldflags='-s -w' -o "$s/$b" "./cmd/$b")
+		# The build information must say what this script asked for.
+		info=$(go version -m "$s/$b")
+		grep -qP '^\tbuild\tGOEXPERIMENT=runtimesecret$' <<<"$info" || die "$b ($arch) lacks GOEXPERIMENT=runtimesecret"
+		grep -qP "^\tbuild\tGOARCH=$goarch\$" <<<"$info" || die "$b ($arch) is not GOARCH=$goarch"
+		[ -z "$goarm" ] || grep -qP "^\tbuild\tGOARM=$goarm\$" <<<"$info" || die "$b ($arch) is not GOARM=$goarm"
+	done
+}
+
+for arch in $arches; do
+	case "$arch" in
+	amd64|arm64) export ARCH=$arch ;;
+	armhf) export ARCH=arm7 ;; # nfpm's name for 32-bit ARM v7; Debian's armhf
+	*) die "unknown architecture $arch (amd64, arm64, armhf)" ;;
+	esac
+	s=$work/espd-$arch
+	mkdir -p "$s"
+	log "building espd and espctl for $arch"
+	stage_common "$s"
+	build_arch "$arch" "$s"
+	(cd "$s" && "$nfpm" package --config "$here/espd.yaml" --packager deb --target "$out/") >&2
+done
+
+if [ "$plugin" = 1 ]; then
+	s=$work/strongswan-espd
+	mkdir -p "$s/root"
+	log "building the charon plugin (strongswan/build.sh)"
+	ESPD_SS_DESTDIR=$s/root ESPD_SS_CONF=1 bash "$repo/strongswan/build.sh"
+	# The plugin is bound to the ABI of the strongSwan it was compiled against.
+	SS_VERSION=$(dpkg-query -W -f='${Version}' strongswan-libcharon)
+	ARCH=$(dpkg --print-architecture)
+	export SS_VERSION ARCH
+	cp "$repo/strongswan/COPYING" "$s/copyright"
+	(cd "$s" && "$nfpm" package --config "$here/strongswan-espd.yaml" --packager deb --target "$out/") >&2
+fi
+
+log "packages in $out:"
+(cd "$out" && ls -1 ./*.deb) >&2
