@@ -1,5 +1,5 @@
-// Package docs holds espd's documentation; its test holds the code to the
-// import table of architecture.md.
+// Package docs holds espd's documentation; its tests hold the code to the
+// import table of architecture.md and run deploy.md's commands as written.
 package docs
 
 import (
