@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -27,6 +28,9 @@ const (
 	espctlPath    = "/usr/bin/espctl"
 	espdUnitFile  = "../packaging/systemd/espd.service"
 	fallbackStart = espdPath + " --config /etc/espd/espd.toml"
+	// strongswanPlugin is what strongswan/build.sh (and the
+	// strongswan-espd package) installs.
+	strongswanPlugin = "/usr/lib/ipsec/plugins/libstrongswan-espd.so"
 )
 
 // deployHosts maps the info strings of deploy.md's tested blocks to the
@@ -117,6 +121,7 @@ type gateway struct {
 	transit netip.Addr
 	holder  *testbed.Process
 	espd    *testbed.Process
+	charon  *testbed.Process
 	dir     string // the test's directory for this gateway (logs, overlay layers)
 	started int    // how many times espd was started
 	stopped int    // and stopped by "systemctl disable --now"
@@ -190,33 +195,73 @@ func (g *gateway) shell(t *testing.T, where, script string) {
 	}
 }
 
-// unitStart returns the ExecStart command of espd.service: the shipped
-// unit's, or, until the unit exists in this checkout, the command
-// deploy.md says it runs.
-func unitStart(t *testing.T) []string {
+// execLines returns the commands of a unit's key (ExecStart,
+// ExecStartPost) as systemd reads them from the unit file and its drop-ins
+// in order: each line adds a command, an empty one clears the list. base,
+// if set, is the list before the files. Commands with variables,
+// specifiers or quoting fail the test: it does not expand them.
+func execLines(t *testing.T, key string, base []string, files ...string) [][]string {
 	t.Helper()
-	b, err := os.ReadFile(espdUnitFile)
-	if errors.Is(err, os.ErrNotExist) {
-		t.Logf("%s does not exist: starting espd as %q", espdUnitFile, fallbackStart)
-		return strings.Fields(fallbackStart)
+	var cmds [][]string
+	if base != nil {
+		cmds = append(cmds, base)
 	}
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			v, ok := strings.CutPrefix(strings.TrimSpace(line), key+"=")
+			switch {
+			case !ok:
+			case v == "":
+				cmds = nil
+			case strings.ContainsAny(v, "$%\\\"'"):
+				t.Fatalf("%s: %s=%s uses variables, specifiers or quoting this test does not expand", file, key, v)
+			default:
+				cmds = append(cmds, strings.Fields(strings.TrimLeft(v, "-@:+!")))
+			}
+		}
+	}
+	return cmds
+}
+
+// unitStart returns the ExecStart command of the unit (espd or
+// strongswan) as systemd would run it on g: the unit file with the
+// drop-ins that deploy.md's commands wrote in g's /etc/systemd/system.
+// espd.service is this checkout's packaging/systemd/espd.service, or,
+// until the unit exists in the checkout, the command deploy.md says it
+// runs; strongswan.service is the installed one.
+func (g *gateway) unitStart(t *testing.T, unit string) (start []string, post [][]string) {
+	t.Helper()
+	var (
+		base  []string
+		files []string
+	)
+	switch unit {
+	case "espd":
+		if _, err := os.Stat(espdUnitFile); errors.Is(err, os.ErrNotExist) {
+			t.Logf("%s does not exist: espd.service taken to start %q", espdUnitFile, fallbackStart)
+			base = strings.Fields(fallbackStart)
+		} else {
+			files = append(files, espdUnitFile)
+		}
+	case "strongswan":
+		files = append(files, g.root("/lib/systemd/system/strongswan.service"))
+	default:
+		t.Fatalf("gateway %s: the test runs only espd.service and strongswan.service, not %s", g.name, unit)
+	}
+	dropins, err := filepath.Glob(g.root("/etc/systemd/system/" + unit + ".service.d/*.conf"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var start string
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "ExecStart="); ok && v != "" {
-			start = v
-		}
+	files = append(files, dropins...)
+	starts := execLines(t, "ExecStart", base, files...)
+	if len(starts) != 1 {
+		t.Fatalf("gateway %s: %s.service has %d ExecStart commands, want 1", g.name, unit, len(starts))
 	}
-	if start == "" {
-		t.Fatalf("%s has no ExecStart", espdUnitFile)
-	}
-	start = strings.TrimLeft(start, "-@:+!")
-	if strings.ContainsAny(start, "$%\\\"'") {
-		t.Fatalf("%s: ExecStart=%s uses variables, specifiers or quoting this test does not expand", espdUnitFile, start)
-	}
-	return strings.Fields(start)
+	return starts[0], execLines(t, "ExecStartPost", nil, files...)
 }
 
 // flagValue returns the value of --name in argv, or def.
@@ -232,40 +277,70 @@ func flagValue(argv []string, name, def string) string {
 	return def
 }
 
-// systemctl carries out a systemctl line of deploy.md for espd.service.
-func (g *gateway) systemctl(t *testing.T, line string, start []string) {
+// systemctl carries out a systemctl line of deploy.md, for espd.service
+// and strongswan.service, as systemd would with their units.
+func (g *gateway) systemctl(t *testing.T, line string) {
 	t.Helper()
-	f := strings.Fields(line)
-	verb, units := strings.Join(f[1:len(f)-1], " "), f[len(f)-1]
-	if strings.TrimSuffix(units, ".service") != "espd" {
-		t.Fatalf("gateway %s: %q: this test runs only espd.service", g.name, line)
-	}
 	t.Logf("gateway %s: %s (carried out by the test)", g.name, line)
+	f := strings.Fields(line)
+	if len(f) == 2 && f[1] == "daemon-reload" {
+		return // the units are read at each start
+	}
+	if len(f) < 3 {
+		t.Fatalf("gateway %s: %q: the test cannot carry this out", g.name, line)
+	}
+	verb, unit := strings.Join(f[1:len(f)-1], " "), strings.TrimSuffix(f[len(f)-1], ".service")
+	p := &g.espd
+	if unit == "strongswan" {
+		p = &g.charon
+	}
+	running := *p != nil
+	if running {
+		running, _ = (*p).Exited()
+		running = !running
+	}
 	switch verb {
 	case "enable --now", "start", "restart":
-		if verb == "restart" && g.espd != nil {
-			if err := g.espd.Stop(0); err != nil {
-				t.Fatal(err)
+		if verb == "restart" && running {
+			if err := (*p).Stop(0); err != nil {
+				t.Fatalf("gateway %s: %v\n%s", g.name, err, (*p).Log())
 			}
+		} else if running {
+			return // systemctl would do nothing
 		}
-		if g.espd != nil {
-			if done, _ := g.espd.Exited(); !done {
-				return // already running: systemctl would do nothing
-			}
-		}
-		g.started++
+		start, post := g.unitStart(t, unit)
 		var err error
-		g.espd, err = g.node.Start(filepath.Join(g.dir, fmt.Sprintf("espd-%d.log", g.started)), append(g.enter(), start...)...)
+		*p, err = g.node.Start(filepath.Join(g.dir, fmt.Sprintf("%s-%d.log", unit, g.started+1)), append(g.enter(), start...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		sock := g.root(flagValue(start, "socket", "/run/espd/espd.sock"))
-		if err := testbed.WaitEspd(ctx, g.node, g.espd, sock, flagValue(start, "tun", "esp0")); err != nil {
-			t.Fatalf("gateway %s: espd (%s): %v\n%s", g.name, strings.Join(start, " "), err, g.espd.Log())
+		if unit == "espd" {
+			g.started++
+			sock := g.root(flagValue(start, "socket", "/run/espd/espd.sock"))
+			if err := testbed.WaitEspd(ctx, g.node, g.espd, sock, flagValue(start, "tun", "esp0")); err != nil {
+				t.Fatalf("gateway %s: espd (%s): %v\n%s", g.name, strings.Join(start, " "), err, g.espd.Log())
+			}
+		} else {
+			// charon-systemd is ready when its vici socket is.
+			if !testbed.Poll(20*time.Second, 50*time.Millisecond, func() bool {
+				c, err := net.Dial("unix", g.root("/run/charon.vici"))
+				if err == nil {
+					c.Close()
+				}
+				return err == nil
+			}) {
+				t.Fatalf("gateway %s: %s started no vici socket\n%s", g.name, strings.Join(start, " "), g.charon.Log())
+			}
+		}
+		for _, cmd := range post {
+			g.shell(t, "ExecStartPost of "+unit+".service", strings.Join(cmd, " "))
 		}
 	case "reload":
+		if unit != "espd" {
+			t.Fatalf("gateway %s: %q: the test reloads only espd", g.name, line)
+		}
 		g.mustRun(t)
 		before := strings.Count(g.espd.Log(), "configuration reloaded")
 		if err := g.espd.Signal(syscall.SIGHUP); err != nil {
@@ -279,13 +354,19 @@ func (g *gateway) systemctl(t *testing.T, line string, start []string) {
 			t.Fatalf("gateway %s: espd did not reload its configuration:\n%s", g.name, g.espd.Log())
 		}
 	case "is-active":
-		g.mustRun(t)
-	case "disable --now", "stop":
-		g.mustRun(t)
-		if err := g.espd.Stop(0); err != nil {
-			t.Fatalf("gateway %s: %v\n%s", g.name, err, g.espd.Log())
+		if !running {
+			t.Fatalf("gateway %s: %q: %s is not running", g.name, line, unit)
 		}
-		g.stopped++
+	case "disable --now", "stop":
+		if !running {
+			t.Fatalf("gateway %s: %q: %s is not running", g.name, line, unit)
+		}
+		if err := (*p).Stop(0); err != nil {
+			t.Fatalf("gateway %s: %v\n%s", g.name, err, (*p).Log())
+		}
+		if unit == "espd" {
+			g.stopped++
+		}
 	default:
 		t.Fatalf("gateway %s: %q: the test cannot carry out this systemctl verb", g.name, line)
 	}
@@ -335,7 +416,7 @@ func scp(t *testing.T, from *gateway, gws []*gateway, line string) {
 
 // run runs a tested block on g: its shell lines with sh -e, its systemctl
 // and scp lines carried out by the test, in order.
-func (g *gateway) run(t *testing.T, b docBlock, gws []*gateway, start []string) {
+func (g *gateway) run(t *testing.T, b docBlock, gws []*gateway) {
 	t.Helper()
 	where := fmt.Sprintf("%s:%d", deployDoc, b.line)
 	var chunk []string
@@ -355,7 +436,7 @@ func (g *gateway) run(t *testing.T, b docBlock, gws []*gateway, start []string) 
 			chunk = append(chunk, line)
 		case strings.HasPrefix(line, "systemctl "):
 			flush()
-			g.systemctl(t, line, start)
+			g.systemctl(t, line)
 		case strings.HasPrefix(line, "scp "):
 			flush()
 			scp(t, g, gws, line)
@@ -374,13 +455,15 @@ func (g *gateway) run(t *testing.T, b docBlock, gws []*gateway, start []string) 
 // through the tunnel they set up and checks that espd --cleanup left
 // nothing of espd's in either gateway's routing.
 func TestDeploy(t *testing.T) {
-	tools := []string{"unshare", "nsenter", "ping", "od", "sysctl"}
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("deploy.md's commands need %s: %v", tool, err)
-			}
-			t.Skipf("deploy.md's commands need %s: %v", tool, err)
+	for _, need := range []string{"unshare", "nsenter", "ping", "od", "sysctl", "swanctl", "/usr/sbin/charon-systemd", strongswanPlugin} {
+		if _, err := exec.LookPath(need); err == nil {
+			continue
+		} else if _, serr := os.Stat(need); serr == nil {
+			continue
+		} else if os.Getenv("CI") == "true" {
+			t.Fatalf("deploy.md's commands need %s: %v", need, err)
+		} else {
+			t.Skipf("deploy.md's commands need %s: %v", need, err)
 		}
 	}
 	// Made before the testbed, so that it is removed after the testbed
@@ -397,10 +480,6 @@ func TestDeploy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	start := unitStart(t)
-	if start[0] != espdPath {
-		t.Fatalf("the unit starts %s, deploy.md is written for %s", start[0], espdPath)
-	}
 	gws := []*gateway{
 		newGateway(t, base, "A", top.GwA, testbed.GwATransitV4.Addr(), espd, espctl),
 		newGateway(t, base, "B", top.GwB, testbed.GwBTransitV4.Addr(), espd, espctl),
@@ -415,7 +494,7 @@ func TestDeploy(t *testing.T) {
 			continue
 		}
 		for _, h := range hosts {
-			byName[h].run(t, b, gws, start)
+			byName[h].run(t, b, gws)
 			ran++
 		}
 		last := i+1 == len(blocks) || blocks[i+1].section != b.section
