@@ -23,15 +23,20 @@ import (
 
 // Paths that deploy.md is written against (the Debian package's).
 const (
-	deployDoc     = "deploy.md"
-	espdPath      = "/usr/sbin/espd"
-	espctlPath    = "/usr/bin/espctl"
-	espdUnitFile  = "../packaging/systemd/espd.service"
-	fallbackStart = espdPath + " --config /etc/espd/espd.toml"
+	deployDoc  = "deploy.md"
+	espdPath   = "/usr/sbin/espd"
+	espctlPath = "/usr/bin/espctl"
 	// strongswanPlugin is what strongswan/build.sh (and the
 	// strongswan-espd package) installs.
 	strongswanPlugin = "/usr/lib/ipsec/plugins/libstrongswan-espd.so"
 )
+
+// fallbackStart is what each espd unit starts, per deploy.md, while the
+// unit file is not in this checkout.
+var fallbackStart = map[string]string{
+	"espd":     espdPath + " --config /etc/espd/espd.toml",
+	"espd-ike": espdPath + " --config /etc/espd/espd.toml --ike-handoff",
+}
 
 // deployHosts maps the info strings of deploy.md's tested blocks to the
 // gateways that run them, in that order.
@@ -121,10 +126,12 @@ type gateway struct {
 	transit netip.Addr
 	holder  *testbed.Process
 	espd    *testbed.Process
-	charon  *testbed.Process
-	dir     string // the test's directory for this gateway (logs, overlay layers)
-	started int    // how many times espd was started
-	stopped int    // and stopped by "systemctl disable --now"
+	// espdUnit is the unit that started espd: espd or espd-ike.
+	espdUnit string
+	charon   *testbed.Process
+	dir      string // the test's directory for this gateway (logs, overlay layers)
+	started  int    // how many times espd was started
+	stopped  int    // and stopped by "systemctl disable --now"
 }
 
 // overlaid are the directories each gateway sees as overlays.
@@ -152,6 +159,10 @@ func newGateway(t *testing.T, base, name string, node *testbed.Node, transit net
 		}
 	}
 	ready := filepath.Join(g.dir, "ready")
+	// The package's user, as its maintainer scripts create it (in the
+	// overlay: the machine's /etc is untouched).
+	mounts = append(mounts, "getent group espd >/dev/null || groupadd --system espd",
+		"getent passwd espd >/dev/null || useradd --system -g espd --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin espd")
 	script := strings.Join(mounts, "\n") + "\ntouch " + ready + "\nexec sleep infinity\n"
 	var err error
 	g.holder, err = node.Start(filepath.Join(g.dir, "holder.log"), "unshare", "--mount", "--propagation", "private", "sh", "-ec", script)
@@ -240,12 +251,13 @@ func (g *gateway) unitStart(t *testing.T, unit string) (start []string, post [][
 		files []string
 	)
 	switch unit {
-	case "espd":
-		if _, err := os.Stat(espdUnitFile); errors.Is(err, os.ErrNotExist) {
-			t.Logf("%s does not exist: espd.service taken to start %q", espdUnitFile, fallbackStart)
-			base = strings.Fields(fallbackStart)
+	case "espd", "espd-ike":
+		file := "../packaging/systemd/" + unit + ".service"
+		if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
+			t.Logf("%s does not exist: %s.service taken to start %q", file, unit, fallbackStart[unit])
+			base = strings.Fields(fallbackStart[unit])
 		} else {
-			files = append(files, espdUnitFile)
+			files = append(files, file)
 		}
 	case "strongswan":
 		files = append(files, g.root("/lib/systemd/system/strongswan.service"))
@@ -289,12 +301,28 @@ func (g *gateway) systemctl(t *testing.T, line string) {
 	if len(f) < 3 {
 		t.Fatalf("gateway %s: %q: the test cannot carry this out", g.name, line)
 	}
-	verb, unit := strings.Join(f[1:len(f)-1], " "), strings.TrimSuffix(f[len(f)-1], ".service")
+	// The verb is the words up to the first unit name.
+	i := 1
+	for i < len(f) && (strings.HasPrefix(f[i], "-") || f[i] == "enable" || f[i] == "disable" || f[i] == "start" ||
+		f[i] == "stop" || f[i] == "restart" || f[i] == "reload" || f[i] == "is-active") {
+		i++
+	}
+	if i == 1 || i == len(f) {
+		t.Fatalf("gateway %s: %q: the test cannot carry this out", g.name, line)
+	}
+	for _, u := range f[i:] {
+		g.systemctlUnit(t, line, strings.Join(f[1:i], " "), strings.TrimSuffix(u, ".service"))
+	}
+}
+
+// systemctlUnit carries out systemctl's verb for one unit.
+func (g *gateway) systemctlUnit(t *testing.T, line, verb, unit string) {
+	t.Helper()
 	p := &g.espd
 	if unit == "strongswan" {
 		p = &g.charon
 	}
-	running := *p != nil
+	running := *p != nil && (unit == "strongswan" || g.espdUnit == unit)
 	if running {
 		running, _ = (*p).Exited()
 		running = !running
@@ -308,6 +336,11 @@ func (g *gateway) systemctl(t *testing.T, line string) {
 		} else if running {
 			return // systemctl would do nothing
 		}
+		if unit != "strongswan" && g.espd != nil {
+			if done, _ := g.espd.Exited(); !done {
+				t.Fatalf("gateway %s: %q: %s.service runs, and conflicts with %s.service", g.name, line, g.espdUnit, unit)
+			}
+		}
 		start, post := g.unitStart(t, unit)
 		var err error
 		*p, err = g.node.Start(filepath.Join(g.dir, fmt.Sprintf("%s-%d.log", unit, g.started+1)), append(g.enter(), start...)...)
@@ -316,8 +349,9 @@ func (g *gateway) systemctl(t *testing.T, line string) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		if unit == "espd" {
+		if unit != "strongswan" {
 			g.started++
+			g.espdUnit = unit
 			sock := g.root(flagValue(start, "socket", "/run/espd/espd.sock"))
 			if err := testbed.WaitEspd(ctx, g.node, g.espd, sock, flagValue(start, "tun", "esp0")); err != nil {
 				t.Fatalf("gateway %s: espd (%s): %v\n%s", g.name, strings.Join(start, " "), err, g.espd.Log())
@@ -338,8 +372,8 @@ func (g *gateway) systemctl(t *testing.T, line string) {
 			g.shell(t, "ExecStartPost of "+unit+".service", strings.Join(cmd, " "))
 		}
 	case "reload":
-		if unit != "espd" {
-			t.Fatalf("gateway %s: %q: the test reloads only espd", g.name, line)
+		if unit == "strongswan" || !running {
+			t.Fatalf("gateway %s: %q: the test reloads only a running espd", g.name, line)
 		}
 		g.mustRun(t)
 		before := strings.Count(g.espd.Log(), "configuration reloaded")
@@ -359,12 +393,12 @@ func (g *gateway) systemctl(t *testing.T, line string) {
 		}
 	case "disable --now", "stop":
 		if !running {
-			t.Fatalf("gateway %s: %q: %s is not running", g.name, line, unit)
+			return // systemctl stops nothing and succeeds
 		}
 		if err := (*p).Stop(0); err != nil {
 			t.Fatalf("gateway %s: %v\n%s", g.name, err, (*p).Log())
 		}
-		if unit == "espd" {
+		if unit != "strongswan" {
 			g.stopped++
 		}
 	default:
