@@ -159,6 +159,9 @@ func newGateway(t *testing.T, base, name string, node *testbed.Node, transit net
 		}
 	}
 	ready := filepath.Join(g.dir, "ready")
+	// /dev/net/tun as udev makes it on Debian (0666: a unit's
+	// non-root espd opens it), whatever this machine's mode.
+	mounts = append(mounts, "mount -t tmpfs -o mode=0755 tmpfs /dev/net", "mknod -m 0666 /dev/net/tun c 10 200")
 	// The package's user, as its maintainer scripts create it (in the
 	// overlay: the machine's /etc is untouched).
 	mounts = append(mounts, "getent group espd >/dev/null || groupadd --system espd",
@@ -244,12 +247,9 @@ func execLines(t *testing.T, key string, base []string, files ...string) [][]str
 // espd.service is this checkout's packaging/systemd/espd.service, or,
 // until the unit exists in the checkout, the command deploy.md says it
 // runs; strongswan.service is the installed one.
-func (g *gateway) unitStart(t *testing.T, unit string) (start []string, post [][]string) {
+func (g *gateway) unitStart(t *testing.T, unit string) (start []string, post [][]string, files []string) {
 	t.Helper()
-	var (
-		base  []string
-		files []string
-	)
+	var base []string
 	switch unit {
 	case "espd", "espd-ike":
 		file := "../packaging/systemd/" + unit + ".service"
@@ -273,7 +273,69 @@ func (g *gateway) unitStart(t *testing.T, unit string) (start []string, post [][
 	if len(starts) != 1 {
 		t.Fatalf("gateway %s: %s.service has %d ExecStart commands, want 1", g.name, unit, len(starts))
 	}
-	return starts[0], execLines(t, "ExecStartPost", nil, files...)
+	return starts[0], execLines(t, "ExecStartPost", nil, files...), files
+}
+
+// unitSetting returns the values of a [Service] setting in the unit files,
+// in order, as systemd reads them: each line adds its words, an empty one
+// clears the list.
+func unitSetting(t *testing.T, key string, files []string) []string {
+	t.Helper()
+	var vals []string
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), key+"="); ok {
+				if v == "" {
+					vals = nil
+				}
+				vals = append(vals, strings.Fields(v)...)
+			}
+		}
+	}
+	return vals
+}
+
+// asUnitUser returns the command prefix that runs a command as the unit's
+// User= and Group= with exactly its AmbientCapabilities= (and
+// CapabilityBoundingSet=), as systemd would, after making its
+// RuntimeDirectory= and StateDirectory= theirs; nothing when the unit
+// runs as root.
+func (g *gateway) asUnitUser(t *testing.T, files []string) []string {
+	t.Helper()
+	last := func(key, def string) string {
+		if v := unitSetting(t, key, files); len(v) > 0 {
+			return v[len(v)-1]
+		}
+		return def
+	}
+	user := last("User", "root")
+	if user == "root" {
+		return nil
+	}
+	group := last("Group", user)
+	caps := func(key string) string {
+		list := []string{"-all"}
+		for _, c := range unitSetting(t, key, files) {
+			list = append(list, "+"+strings.ToLower(strings.TrimPrefix(c, "CAP_")))
+		}
+		return strings.Join(list, ",")
+	}
+	var dirs []string
+	for _, d := range []struct{ key, root, mode string }{{"RuntimeDirectory", "/run/", "0755"}, {"StateDirectory", "/var/lib/", "0755"}} {
+		for _, name := range unitSetting(t, d.key, files) {
+			dirs = append(dirs, fmt.Sprintf("install -d -o %s -g %s -m %s %s%s", user, group, last(d.key+"Mode", d.mode), d.root, name))
+		}
+	}
+	if len(dirs) > 0 {
+		g.shell(t, "the unit's directories, as systemd makes them", strings.Join(dirs, "\n"))
+	}
+	return []string{"setpriv", "--reuid=" + user, "--regid=" + group, "--init-groups",
+		"--inh-caps=" + caps("AmbientCapabilities"), "--ambient-caps=" + caps("AmbientCapabilities"),
+		"--bounding-set=" + caps("CapabilityBoundingSet"), "--"}
 }
 
 // flagValue returns the value of --name in argv, or def.
@@ -341,9 +403,10 @@ func (g *gateway) systemctlUnit(t *testing.T, line, verb, unit string) {
 				t.Fatalf("gateway %s: %q: %s.service runs, and conflicts with %s.service", g.name, line, g.espdUnit, unit)
 			}
 		}
-		start, post := g.unitStart(t, unit)
+		start, post, files := g.unitStart(t, unit)
+		argv := append(g.enter(), g.asUnitUser(t, files)...)
 		var err error
-		*p, err = g.node.Start(filepath.Join(g.dir, fmt.Sprintf("%s-%d.log", unit, g.started+1)), append(g.enter(), start...)...)
+		*p, err = g.node.Start(filepath.Join(g.dir, fmt.Sprintf("%s-%d.log", unit, g.started+1)), append(argv, start...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
