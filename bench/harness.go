@@ -283,8 +283,7 @@ func (h *harness) verify(ctx context.Context, s system.System) error {
 func (h *harness) settle(ctx context.Context, s system.System) {
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		r, err := s.Topology().Client.Ping(ctx, h.server(), testbed.PingOptions{Count: 1, Wait: 500 * time.Millisecond})
-		if err == nil && r.OK() {
+		if _, err := load.Ping(ctx, s.Topology().Client, h.server(), 1); err == nil {
 			return
 		}
 	}

@@ -1,6 +1,7 @@
 // Package docs holds espd's documentation; its tests hold the code to the
-// import table of architecture.md and the example configuration the espd
-// package ships to that of config.md.
+// import table of architecture.md, the example configuration the espd
+// package ships to that of config.md, and run deploy.md's commands as
+// written.
 package docs
 
 import (

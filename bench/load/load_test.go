@@ -2,6 +2,7 @@ package load
 
 import (
 	"context"
+	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -9,17 +10,15 @@ import (
 	"github.com/espd/espd/testbed"
 )
 
-func TestParseRTT(t *testing.T) {
-	out := "3 packets transmitted, 3 received, 0% packet loss, time 402ms\nrtt min/avg/max/mdev = 0.041/0.062/0.101/0.027 ms\n"
-	r, err := ParseRTT(out)
-	if err != nil {
-		t.Fatal(err)
+func TestSummarize(t *testing.T) {
+	us := time.Microsecond
+	r := summarize([]time.Duration{41 * us, 44 * us, 101 * us})
+	// mean 62 us; squares' mean (1681+1936+10201)/3 = 4606, minus 62^2 = 762, sqrt ~ 27.6 us
+	if r.Min != 41*us || r.Avg != 62*us || r.Max != 101*us || r.Mdev.Round(100*time.Nanosecond) != 27600*time.Nanosecond || r.Received != 3 {
+		t.Errorf("summarize = %+v", r)
 	}
-	if r.Min != 41*time.Microsecond || r.Avg != 62*time.Microsecond || r.Max != 101*time.Microsecond || r.Mdev != 27*time.Microsecond {
-		t.Errorf("ParseRTT = %+v", r)
-	}
-	if _, err := ParseRTT("3 packets transmitted, 0 received"); err == nil {
-		t.Error("ParseRTT accepted output without an rtt line")
+	if r := summarize(nil); r != (RTT{}) {
+		t.Errorf("summarize(nil) = %+v", r)
 	}
 }
 
@@ -88,6 +87,11 @@ func TestRoutedLine(t *testing.T) {
 		}
 		if rtt.Avg <= 0 || rtt.Min > rtt.Avg || rtt.Avg > rtt.Max || rtt.Received != 5 {
 			t.Errorf("%v ping: %+v", dst, rtt)
+		}
+		// An address nobody has: no reply, so an error that says so.
+		nobody := testbed.Pick(dst, netip.MustParseAddr("198.18.2.99"), netip.MustParseAddr("2001:db8:2::99"))
+		if rtt, err := Ping(ctx, top.Client, nobody, 2); err == nil || rtt.Received != 0 || rtt.Transmitted != 2 {
+			t.Errorf("%v ping to %v, which nobody has: %+v, %v", dst, nobody, rtt, err)
 		}
 	}
 	if IPerf3Available() == nil {

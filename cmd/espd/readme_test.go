@@ -1,0 +1,88 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/espd/espd/testbed"
+)
+
+// readmeFlags returns the flags that the first column of README.md's
+// table in section "espd" names, in table order.
+func readmeFlags(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "\n## espd\n")
+	if !ok {
+		t.Fatal(`README.md has no section "## espd"`)
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	name := regexp.MustCompile("`--([a-z0-9-]+)`")
+	var flags []string
+	for _, line := range strings.Split(sec, "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 3 || strings.HasPrefix(strings.TrimSpace(cells[1]), "---") {
+			continue
+		}
+		for _, m := range name.FindAllStringSubmatch(cells[1], -1) {
+			flags = append(flags, m[1])
+		}
+	}
+	if len(flags) == 0 {
+		t.Fatal(`README.md's section "espd" has no flag table`)
+	}
+	return flags
+}
+
+// helpFlags returns the flags that "espd -h" lists, built from this
+// checkout.
+func helpFlags(t *testing.T) []string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "espd")
+	if err := testbed.GoBuild(bin, testbed.EspdPackage); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "-h").CombinedOutput()
+	// flag.ContinueOnError: -h prints the usage and fails with ErrHelp.
+	if ee, ok := err.(*exec.ExitError); err != nil && (!ok || ee.ExitCode() != 1) {
+		t.Fatalf("espd -h: %v\n%s", err, out)
+	}
+	re := regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`)
+	var flags []string
+	for _, m := range re.FindAllStringSubmatch(string(out), -1) {
+		flags = append(flags, m[1])
+	}
+	if len(flags) == 0 {
+		t.Fatalf("espd -h lists no flags:\n%s", out)
+	}
+	return flags
+}
+
+// TestReadmeFlagTable checks that README.md's flag table (section "espd")
+// and "espd -h" name the same flags, each once in the table.
+func TestReadmeFlagTable(t *testing.T) {
+	table, help := readmeFlags(t), helpFlags(t)
+	seen := map[string]bool{}
+	for _, f := range table {
+		if seen[f] {
+			t.Errorf("README.md's flag table has --%s twice", f)
+		}
+		seen[f] = true
+		if !slices.Contains(help, f) {
+			t.Errorf("README.md's flag table has --%s, which espd -h does not list", f)
+		}
+	}
+	for _, f := range help {
+		if !seen[f] {
+			t.Errorf("espd -h lists -%s, which README.md's flag table (section \"espd\") lacks", f)
+		}
+	}
+}
