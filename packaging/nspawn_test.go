@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -214,7 +215,9 @@ func (c *container) writeFile(t *testing.T, path, content string) {
 // must answer; with the hand-off UDP port 500 must be bound; traffic must
 // cross the tunnel to gateway B (espd started as the unit starts it,
 // TestServiceAsUnit's way); `systemctl reload` must re-read the file with
-// the tunnel still up, and `systemctl stop` must stop espd cleanly.
+// the tunnel still up, and `systemctl stop` must stop espd cleanly; with
+// a drop-in that empties DeviceAllow=, espd must fail at start and say
+// that the device cgroup denies /dev/net/tun.
 func TestUnitUnderSystemd(t *testing.T) {
 	rootfs := nspawnRootfs(t)
 
@@ -328,4 +331,22 @@ func unitUnderSystemd(t *testing.T, rootfs, deb, debs, name string) {
 	if p := c.show(t, name, "ActiveState", "Result", "ExecMainStatus"); p["ActiveState"] != "inactive" || p["Result"] != "success" || p["ExecMainStatus"] != "0" {
 		t.Errorf("after systemctl stop: %v, want inactive, success, status 0", p)
 	}
+
+	// DevicePolicy=closed is in force: without the unit's DeviceAllow= espd
+	// cannot open /dev/net/tun, and says what is missing.
+	dropIn := "/etc/systemd/system/" + name + ".d/no-tun.conf"
+	c.must(t, "mkdir", "-p", path.Dir(dropIn))
+	if out, err := c.run([]byte("[Service]\nDeviceAllow=\n"), "tee", dropIn); err != nil {
+		t.Fatalf("writing %s: %v\n%s", dropIn, err, out)
+	}
+	c.must(t, "systemctl", "daemon-reload")
+	if out, err := c.run(nil, "systemctl", "start", name); err == nil {
+		t.Fatalf("%s started without DeviceAllow=/dev/net/tun: DevicePolicy=closed is not in force\n%s", name, out)
+	}
+	out, _ := c.run(nil, "journalctl", "--no-pager", "-o", "cat", "-u", name)
+	if want := "espd: data plane: tun: create esp0: operation not permitted (opening /dev/net/tun is denied by a device cgroup"; !strings.Contains(out, want) {
+		t.Errorf("%s without DeviceAllow=: no %q in its journal:\n%s", name, want, testbed.Tail(out, 10))
+	}
+	c.must(t, "rm", dropIn)
+	c.must(t, "systemctl", "daemon-reload")
 }
