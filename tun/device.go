@@ -114,7 +114,9 @@ func Create(cfg Config) (*Device, error) {
 	}
 	dev, err := wgtun.CreateTUN(cfg.Name, cfg.MTU)
 	if err != nil {
-		if errors.Is(err, unix.EPERM) {
+		if errors.Is(err, unix.EPERM) && !mayOpen(cloneDevice) {
+			err = fmt.Errorf("%w (opening %s is denied by a device cgroup or a security module: under systemd it needs DeviceAllow=%s rw)", err, cloneDevice, cloneDevice)
+		} else if errors.Is(err, unix.EPERM) {
 			err = fmt.Errorf("%w (needs CAP_NET_ADMIN)", err)
 		} else if errors.Is(err, unix.EACCES) {
 			err = fmt.Errorf("%w (/dev/net/tun must be readable and writable by espd's user: mode 0666, as udev makes it)", err)
@@ -442,4 +444,19 @@ func rawRead(fd uintptr, b []byte) (int, error) {
 		return 0, e
 	}
 	return int(r), nil
+}
+
+// cloneDevice is the TUN clone device the driver opens.
+const cloneDevice = "/dev/net/tun"
+
+// mayOpen reports whether the device at path opens for reading and writing
+// other than with EPERM, which is what a device cgroup (systemd's
+// DevicePolicy= and DeviceAllow=) answers; CAP_NET_ADMIN is needed only
+// after the open, to attach the interface.
+func mayOpen(path string) bool {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err == nil {
+		unix.Close(fd)
+	}
+	return !errors.Is(err, unix.EPERM)
 }

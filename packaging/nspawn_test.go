@@ -1,0 +1,352 @@
+package packaging
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/testbed"
+)
+
+// The root file system TestUnitUnderSystemd boots, made by
+// packaging/nspawn-rootfs.sh (ESPD_NSPAWN_ROOTFS overrides the path).
+const (
+	nspawnRootfsEnv     = "ESPD_NSPAWN_ROOTFS"
+	nspawnRootfsDefault = "/var/cache/espd-nspawn/rootfs"
+	nspawnStamp         = ".espd-nspawn"
+)
+
+// nspawnRootfs returns the root file system to boot, or skips the test with
+// the reason it cannot run here; under CI=true that is a failure, since
+// .ci/run provides all of it (root, systemd-container, util-linux, the root
+// file system).
+func nspawnRootfs(t *testing.T) string {
+	t.Helper()
+	skip := func(format string, args ...any) {
+		t.Helper()
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI=true: "+format, args...)
+		}
+		t.Skipf(format, args...)
+	}
+	if os.Geteuid() != 0 {
+		skip("needs root to run systemd-nspawn")
+	}
+	if _, err := exec.LookPath("systemd-nspawn"); err != nil {
+		skip("needs systemd-nspawn (apt-get install systemd-container)")
+	}
+	for _, tool := range []string{"nsenter", "setpriv", "ping", "env"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			skip("needs %s", tool)
+		}
+	}
+	if err := testbed.Available(); err != nil {
+		skip("%v", err)
+	}
+	dir := os.Getenv(nspawnRootfsEnv)
+	if dir == "" {
+		dir = nspawnRootfsDefault
+	}
+	if _, err := os.Stat(filepath.Join(dir, nspawnStamp)); err != nil {
+		skip("no root file system to boot at %s (%v): sudo bash packaging/nspawn-rootfs.sh %s", dir, err, dir)
+	}
+	return dir
+}
+
+// container is a Debian system booted by systemd-nspawn, systemd as its
+// PID 1, in a test bed namespace.
+type container struct {
+	cmd    *exec.Cmd
+	out    *bytes.Buffer // systemd-nspawn's own output
+	leader int           // the container's PID 1, as the machine sees it
+}
+
+// bootContainer boots rootfs with systemd-nspawn in node's network
+// namespace, read-only with a tmpfs overlay (nothing it writes reaches
+// rootfs), with the directory debs bound read-only on /mnt/espd, and waits
+// until systemd has finished booting. There is no systemd-machined here, so
+// the container is neither registered nor given a scope of its own
+// (--register=no --keep-unit); systemd-nspawn gives it its own
+// /dev/net/tun node (as the machine's, 0600: the machine has no udev).
+// CAP_NET_ADMIN stays in the container's capabilities, as in a container
+// with --private-network.
+func bootContainer(t *testing.T, rootfs, debs string, node *testbed.Node) *container {
+	t.Helper()
+	c := &container{out: new(bytes.Buffer)}
+	c.cmd = exec.Command("systemd-nspawn", "--quiet", "--register=no", "--keep-unit",
+		"--directory="+rootfs, "--volatile=overlay", "--machine=espd-test",
+		"--network-namespace-path="+filepath.Join(testbed.NetnsDir, node.Name),
+		// The container's own network namespace (--private-network) would
+		// keep CAP_NET_ADMIN in its bounding set; a given one does not.
+		"--capability=CAP_NET_ADMIN",
+		// bpf(2), which systemd-nspawn's seccomp filter denies by default:
+		// the container's systemd enforces DevicePolicy= and DeviceAllow=
+		// with a BPF device program on its cgroup v2 hierarchy.
+		"--system-call-filter=bpf",
+		"--bind-ro="+debs+":/mnt/espd", "--console=pipe", "--boot")
+	// A cgroup v2 hierarchy in the container even where the machine has
+	// v1 or hybrid: with v1 systemd-nspawn mounts the devices controller
+	// read-only and DevicePolicy= silently does nothing.
+	c.cmd.Env = append(os.Environ(), "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1")
+	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { c.cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		// SIGTERM: systemd-nspawn has the container's systemd power off.
+		c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			c.cmd.Process.Kill()
+			<-done
+			t.Errorf("the container did not power off within 30 s of SIGTERM")
+		}
+		if t.Failed() {
+			t.Logf("systemd-nspawn:\n%s", testbed.Tail(c.out.String(), 40))
+		}
+	})
+	if !testbed.Poll(30*time.Second, 100*time.Millisecond, func() bool {
+		c.leader = childOf(c.cmd.Process.Pid)
+		return c.leader != 0
+	}) {
+		t.Fatalf("systemd-nspawn started no container within 30 s") // the cleanup logs its output
+	}
+	// systemctl fails until the container's systemd listens on its bus.
+	var state string
+	var err error
+	testbed.Poll(60*time.Second, 200*time.Millisecond, func() bool {
+		state, err = c.run(nil, "systemctl", "is-system-running", "--wait")
+		state = strings.TrimSpace(state)
+		return !strings.Contains(state, "Failed to connect to bus")
+	})
+	if state != "running" {
+		failed, _ := c.run(nil, "systemctl", "--failed", "--no-pager")
+		t.Fatalf("systemd in the container: %q (%v), want running\n%s", state, err, failed)
+	}
+	return c
+}
+
+// childOf returns the PID of a child of pid, or 0.
+func childOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[0])
+	return n
+}
+
+// run runs argv in the container (all its namespaces, as root) with stdin
+// and returns its combined output.
+func (c *container) run(stdin []byte, argv ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--target", strconv.Itoa(c.leader), "--all", "--"}, argv...)...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// must runs argv in the container and fails the test if it fails.
+func (c *container) must(t *testing.T, argv ...string) string {
+	t.Helper()
+	out, err := c.run(nil, argv...)
+	if err != nil {
+		t.Fatalf("in the container: %q: %v\n%s", argv, err, out)
+	}
+	return out
+}
+
+// show returns the unit's properties (systemctl show -p).
+func (c *container) show(t *testing.T, unit string, props ...string) map[string]string {
+	t.Helper()
+	argv := []string{"systemctl", "show", unit}
+	for _, p := range props {
+		argv = append(argv, "-p", p)
+	}
+	m := map[string]string{}
+	for _, l := range strings.Split(c.must(t, argv...), "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// writeFile writes content to path in the container, root:espd 0640, as
+// the unit's comment asks of the configuration and key files.
+func (c *container) writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if out, err := c.run([]byte(content), "install", "-m", "0640", "-o", "root", "-g", "espd", "/dev/stdin", path); err != nil {
+		t.Fatalf("writing %s in the container: %v\n%s", path, err, out)
+	}
+}
+
+// TestUnitUnderSystemd runs each packaged unit (espd.service, and
+// espd-ike.service with the IKE hand-off) under a real systemd: it builds
+// the espd package from this checkout, boots a Debian 12 container (systemd
+// as PID 1, cgroup v2) in gateway A's namespace of a test bed, installs the
+// package with dpkg, gives it a configuration file with a chacha20poly1305
+// tunnel and key files, and starts the unit with all its sandboxing
+// (DevicePolicy= included). The start must return only once espd has sent
+// READY=1 (Type=notify) and leave the unit running without a restart; espd
+// must run as the espd user with exactly the unit's capabilities,
+// no_new_privs, a seccomp filter and a mount namespace of its own; espctl
+// must answer; with the hand-off UDP port 500 must be bound; traffic must
+// cross the tunnel to gateway B (espd started as the unit starts it,
+// TestServiceAsUnit's way); `systemctl reload` must re-read the file with
+// the tunnel still up, and `systemctl stop` must stop espd cleanly; with
+// a drop-in that empties DeviceAllow=, espd must fail at start and say
+// that the device cgroup denies /dev/net/tun.
+func TestUnitUnderSystemd(t *testing.T) {
+	rootfs := nspawnRootfs(t)
+
+	// The package, as README.md's "Packages" builds it (this machine's
+	// architecture, no plugin).
+	debs := t.TempDir()
+	build := exec.Command("bash", "build.sh", "--no-plugin", "--arch", runtime.GOARCH, "-o", debs)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("packaging/build.sh: %v\n%s", err, out)
+	}
+	matches, _ := filepath.Glob(filepath.Join(debs, "espd_*_"+runtime.GOARCH+".deb"))
+	if len(matches) != 1 {
+		t.Fatalf("packaging/build.sh made %q, want one espd package", matches)
+	}
+	deb := "/mnt/espd/" + filepath.Base(matches[0])
+
+	for _, name := range []string{plainUnit, handoffUnit} {
+		t.Run(name, func(t *testing.T) { unitUnderSystemd(t, rootfs, deb, debs, name) })
+	}
+}
+
+// unitUnderSystemd is TestUnitUnderSystemd for the unit name, with the
+// package deb (a path in the container) in the directory debs.
+func unitUnderSystemd(t *testing.T, rootfs, deb, debs, name string) {
+	u := loadUnit(t, name)
+	handoff := slices.Contains(u.execStart(t), handoffFlag)
+	top := testbed.NewT(t, testbed.Options{Prefix: "nspawn"})
+	c := bootContainer(t, rootfs, debs, top.GwA)
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := c.run(nil, "journalctl", "--no-pager", "-u", name)
+			t.Logf("journal of %s in the container:\n%s", name, testbed.Tail(out, 40))
+		}
+	})
+
+	// udev makes /dev/net/tun 0666 (50-udev-default.rules); there is no
+	// udev in a container. The node is the container's own.
+	c.must(t, "chmod", "0666", "/dev/net/tun")
+	c.must(t, "dpkg", "-i", deb)
+
+	ab, ba := hexKey(t, 36), hexKey(t, 36)
+	c.writeFile(t, "/etc/espd/out.key", ab+"\n")
+	c.writeFile(t, "/etc/espd/in.key", ba+"\n")
+	c.writeFile(t, configPath, gatewayConfig(testbed.GwATransitV4.Addr().String(), testbed.GwBTransitV4.Addr().String(),
+		testbed.LANAV4.String(), testbed.LANBV4.String()))
+	c.must(t, "systemctl", "restart", name)
+	p := c.show(t, name, "Type", "ActiveState", "SubState", "NRestarts", "MainPID")
+	if p["Type"] != "notify" || p["ActiveState"] != "active" || p["SubState"] != "running" || p["NRestarts"] != "0" {
+		t.Fatalf("after systemctl restart: %v, want Type=notify, active, running, no restart", p)
+	}
+
+	// The sandbox is in force: espd's credentials and namespaces as the
+	// container sees them.
+	pid := p["MainPID"]
+	status := c.must(t, "cat", "/proc/"+pid+"/status")
+	uid := strings.TrimSpace(c.must(t, "id", "-u", "espd"))
+	var capMask uint64
+	for _, name := range u.caps(t) {
+		capMask |= 1 << map[string]uint{"CAP_NET_BIND_SERVICE": 10, "CAP_NET_ADMIN": 12, "CAP_NET_RAW": 13}[name]
+	}
+	want := []string{
+		fmt.Sprintf("Uid:\t%s\t%s\t%s\t%s", uid, uid, uid, uid),
+		fmt.Sprintf("CapEff:\t%016x", capMask), fmt.Sprintf("CapBnd:\t%016x", capMask), fmt.Sprintf("CapAmb:\t%016x", capMask),
+		"NoNewPrivs:\t1", "Seccomp:\t2",
+	}
+	for _, w := range want {
+		if !strings.Contains(status, w+"\n") {
+			t.Errorf("espd's /proc/%s/status has no %q:\n%s", pid, w, status)
+		}
+	}
+	if a, b := c.must(t, "readlink", "/proc/1/ns/mnt"), c.must(t, "readlink", "/proc/"+pid+"/ns/mnt"); a == b {
+		t.Errorf("espd shares the mount namespace of the container's systemd (%s): no ProtectSystem=", a)
+	}
+
+	if out := c.must(t, "espctl", "sa", "list"); !strings.Contains(out, "chacha20poly1305") {
+		t.Fatalf("espctl sa list in the container:\n%s", out)
+	}
+
+	b := startService(t, top.GwB, u, serviceRoot(t,
+		gatewayConfig(testbed.GwBTransitV4.Addr().String(), testbed.GwATransitV4.Addr().String(), testbed.LANBV4.String(), testbed.LANAV4.String()),
+		map[string]string{"out.key": ba, "in.key": ab}), u.caps(t))
+	b.expect(t, "READY=1")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if handoff {
+		out, err := top.GwA.Run(ctx, "cat", "/proc/net/udp")
+		if err != nil || !strings.Contains(out, ":01F4 ") {
+			t.Fatalf("%s is active, but nothing listens on UDP port 500 in its namespace: %v\n%s", name, err, out)
+		}
+	}
+	if r, err := top.Client.Ping(ctx, testbed.ServerV4.Addr(), testbed.PingOptions{Count: 3}); err != nil || !r.OK() {
+		t.Fatalf("ping through the tunnel: %v\n%s", err, r.Output)
+	}
+
+	c.must(t, "systemctl", "reload", name)
+	if !testbed.Poll(5*time.Second, 100*time.Millisecond, func() bool {
+		out, _ := c.run(nil, "journalctl", "--no-pager", "-o", "cat", "-u", name)
+		return testbed.CountLines(out, "configuration reloaded", "states=2", "policies=2") > 0
+	}) {
+		t.Errorf("no \"configuration reloaded\" line after systemctl reload")
+	}
+	if p := c.show(t, name, "ActiveState", "MainPID"); p["ActiveState"] != "active" || p["MainPID"] != pid {
+		t.Errorf("after systemctl reload: %v, want active with MainPID=%s", p, pid)
+	}
+	if r, err := top.Client.Ping(ctx, testbed.ServerV4.Addr(), testbed.PingOptions{Count: 3}); err != nil || !r.OK() {
+		t.Fatalf("ping through the tunnel after the reload: %v\n%s", err, r.Output)
+	}
+
+	c.must(t, "systemctl", "stop", name)
+	if p := c.show(t, name, "ActiveState", "Result", "ExecMainStatus"); p["ActiveState"] != "inactive" || p["Result"] != "success" || p["ExecMainStatus"] != "0" {
+		t.Errorf("after systemctl stop: %v, want inactive, success, status 0", p)
+	}
+
+	// DevicePolicy=closed is in force: without the unit's DeviceAllow= espd
+	// cannot open /dev/net/tun, and says what is missing.
+	dropIn := "/etc/systemd/system/" + name + ".d/no-tun.conf"
+	c.must(t, "mkdir", "-p", path.Dir(dropIn))
+	if out, err := c.run([]byte("[Service]\nDeviceAllow=\n"), "tee", dropIn); err != nil {
+		t.Fatalf("writing %s: %v\n%s", dropIn, err, out)
+	}
+	c.must(t, "systemctl", "daemon-reload")
+	if out, err := c.run(nil, "systemctl", "start", name); err == nil {
+		t.Fatalf("%s started without DeviceAllow=/dev/net/tun: DevicePolicy=closed is not in force\n%s", name, out)
+	}
+	out, _ := c.run(nil, "journalctl", "--no-pager", "-o", "cat", "-u", name)
+	if want := "espd: data plane: tun: create esp0: operation not permitted (opening /dev/net/tun is denied by a device cgroup"; !strings.Contains(out, want) {
+		t.Errorf("%s without DeviceAllow=: no %q in its journal:\n%s", name, want, testbed.Tail(out, 10))
+	}
+	c.must(t, "rm", dropIn)
+	c.must(t, "systemctl", "daemon-reload")
+}
