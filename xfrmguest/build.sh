@@ -29,6 +29,10 @@ self=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-12)
 key="$kpkg-$kver_pkg-bb$bbver-ip$ipver-$self"
 key=${key//[^A-Za-z0-9.+_-]/_}
 out="$cache/$key"
+# One build at a time (flock, util-linux); a second waits and finds the cache.
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
 if [ -s "$out/initrd.gz" ] && [ -s "$out/vmlinuz" ]; then
   echo "$out"
   exit 0
@@ -125,4 +129,6 @@ echo "$kver" >"$out.tmp/kernel-version"
 echo "$key" >"$out.tmp/key"
 rm -rf "$out"
 mv "$out.tmp" "$out"
+# Images of other kernel versions or of an older build.sh are stale.
+find "$cache" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +
 echo "$out"
