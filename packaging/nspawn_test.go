@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -64,6 +65,9 @@ func nspawnRootfs(t *testing.T) string {
 	return dir
 }
 
+// containers numbers the containers booted by this process.
+var containers atomic.Int64
+
 // container is a Debian system booted by systemd-nspawn, systemd as its
 // PID 1, in a test bed namespace.
 type container struct {
@@ -85,7 +89,11 @@ func bootContainer(t *testing.T, rootfs, debs string, node *testbed.Node) *conta
 	t.Helper()
 	c := &container{out: new(bytes.Buffer)}
 	c.cmd = exec.Command("systemd-nspawn", "--quiet", "--register=no", "--keep-unit",
-		"--directory="+rootfs, "--volatile=overlay", "--machine=espd-test",
+		"--directory="+rootfs, "--volatile=overlay",
+		// A name of its own: systemd-nspawn keeps per-name state under
+		// /run/systemd/nspawn that the previous container may still be
+		// removing.
+		fmt.Sprintf("--machine=espd-test-%d", containers.Add(1)),
 		"--network-namespace-path="+filepath.Join(testbed.NetnsDir, node.Name),
 		// The container's own network namespace (--private-network) would
 		// keep CAP_NET_ADMIN in its bounding set; a given one does not.
@@ -119,19 +127,23 @@ func bootContainer(t *testing.T, rootfs, debs string, node *testbed.Node) *conta
 			t.Logf("systemd-nspawn:\n%s", testbed.Tail(c.out.String(), 40))
 		}
 	})
+	// systemd-nspawn's first child sets up the namespaces and forks the
+	// one that execs systemd; only that one is the container's PID 1.
 	if !testbed.Poll(30*time.Second, 100*time.Millisecond, func() bool {
 		c.leader = childOf(c.cmd.Process.Pid)
-		return c.leader != 0
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c.leader))
+		return c.leader != 0 && strings.TrimSpace(string(comm)) == "systemd"
 	}) {
 		t.Fatalf("systemd-nspawn started no container within 30 s") // the cleanup logs its output
 	}
-	// systemctl fails until the container's systemd listens on its bus.
+	// systemctl fails until the container's systemd listens on its bus,
+	// and says "offline" until systemd has created /run/systemd/system.
 	var state string
 	var err error
 	testbed.Poll(60*time.Second, 200*time.Millisecond, func() bool {
 		state, err = c.run(nil, "systemctl", "is-system-running", "--wait")
 		state = strings.TrimSpace(state)
-		return !strings.Contains(state, "Failed to connect to bus")
+		return !strings.Contains(state, "Failed to connect to bus") && state != "offline"
 	})
 	if state != "running" {
 		failed, _ := c.run(nil, "systemctl", "--failed", "--no-pager")
