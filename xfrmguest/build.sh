@@ -69,13 +69,16 @@ done
 # AEAD and CBC+HMAC transforms in their generic (C) forms, and virtio-net for
 # eth0, with every dependency modprobe finds in modules.dep. drbg and
 # jitterentropy_rng: seqiv and echainiv take their salt from the default RNG;
-# pcrypt, camellia and 3DES for the harness's kernel-only rows. Loaded in this
+# pcrypt and crypto_user (which instantiates pcrypt), camellia and 3DES for the
+# harness's kernel-only rows; veth and tun for the harness's namespaces and
+# espd's TUN when the harness runs inside the guest. Loaded in this
 # order by init; crypto templates the kernel asks for later (request_module)
 # are found by busybox's modprobe in the same tree.
 mods="virtio_pci virtio_net xfrm_user esp4 esp6 xfrm4_tunnel xfrm6_tunnel
   aes_generic gcm ghash_generic ctr chacha20poly1305 chacha_generic poly1305_generic
   authenc authencesn cbc hmac sha1_generic sha256_generic sha512_generic seqiv echainiv
-  drbg jitterentropy_rng crypto_null ecb pcrypt camellia_generic des_generic"
+  drbg jitterentropy_rng crypto_null ecb pcrypt crypto_user camellia_generic des_generic
+  veth tun"
 depmod -b kernel "$kver"
 mkdir -p "root/lib/modules/$kver"
 : >"root/lib/modules/$kver/modules.order"
@@ -104,8 +107,11 @@ done <modules.order
 cd /
 /sbin/ip link set lo up
 addr=$(sed -n 's/.*espd.addr=\([^ ]*\).*/\1/p' /proc/cmdline)
+addr6=$(sed -n 's/.*espd.addr6=\([^ ]*\).*/\1/p' /proc/cmdline)
 /sbin/ip link set eth0 up
 [ -n "$addr" ] && /sbin/ip addr add "$addr" dev eth0
+[ -n "$addr6" ] && /sbin/ip addr add "$addr6" dev eth0 nodad
+mkdir -p /run/netns
 # ttyS1 stays open from here on: its last close would drop input not yet read.
 exec 3<>/dev/ttyS1
 stty raw -echo <&3

@@ -102,10 +102,24 @@ type Options struct {
 	// Addr is the guest's eth0 address with its prefix length, e.g.
 	// "198.18.0.2/24".
 	Addr string
+	// Addr6, if set, is the guest's eth0 IPv6 address with its prefix
+	// length, e.g. "2001:db8::2/64" (added without duplicate address
+	// detection).
+	Addr6 string
+	// Files are extra files for the guest, each put at its key (an
+	// absolute path in the guest) from its value (a file on this machine),
+	// executable: Boot appends them to the image's initramfs as a second
+	// archive, so programs built for a test need no image rebuild.
+	Files map[string]string
+	// MemoryMB is the guest's memory; 0 means DefaultMemoryMB.
+	MemoryMB int
 	// WorkDir receives qemu's log, the guest's console and the command
 	// socket.
 	WorkDir string
 }
+
+// DefaultMemoryMB is the guest's memory when Options.MemoryMB is 0.
+const DefaultMemoryMB = 512
 
 // Guest is a running guest.
 type Guest struct {
@@ -134,16 +148,31 @@ func Boot(ctx context.Context, img Image, o Options) (*Guest, error) {
 	if _, err := o.Node.IP(ctx, "link", "set", o.Tap, "up"); err != nil {
 		return nil, err
 	}
+	initrd := img.Initrd
+	if len(o.Files) > 0 {
+		var err error
+		if initrd, err = appendFiles(ctx, img.Initrd, o.Files, o.WorkDir); err != nil {
+			return nil, err
+		}
+	}
+	mem := o.MemoryMB
+	if mem == 0 {
+		mem = DefaultMemoryMB
+	}
+	cmdline := "console=ttyS0 quiet panic=-1 espd.addr=" + o.Addr
+	if o.Addr6 != "" {
+		cmdline += " espd.addr6=" + o.Addr6
+	}
 	sock := filepath.Join(o.WorkDir, "guest.sock")
 	g := &Guest{Console: filepath.Join(o.WorkDir, "guest-console.log")}
 	start := time.Now()
 	// qemu waits for the command socket's client (wait=on) before it starts
 	// the guest, so the guest's first line is never lost.
 	proc, err := o.Node.Start(filepath.Join(o.WorkDir, "qemu.log"), QEMU,
-		"-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", "512",
+		"-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", strconv.Itoa(mem),
 		"-nographic", "-no-reboot", "-monitor", "none",
-		"-kernel", img.Kernel, "-initrd", img.Initrd,
-		"-append", "console=ttyS0 quiet panic=-1 espd.addr="+o.Addr,
+		"-kernel", img.Kernel, "-initrd", initrd,
+		"-append", cmdline,
 		"-netdev", "tap,id=n0,ifname="+o.Tap+",script=no,downscript=no",
 		"-device", "virtio-net-pci,netdev=n0",
 		"-serial", "file:"+g.Console,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,10 +14,11 @@ import (
 )
 
 // bootT builds the image (or finds it cached) and boots a guest at
-// 198.18.0.2/24 behind a tap device at 198.18.0.1/24 in a namespace of its
-// own. It skips only where qemu cannot run at all, and fails instead under
-// CI=true.
-func bootT(t *testing.T) (*testbed.Node, *xfrmguest.Guest) {
+// 198.18.0.2/24 and 2001:db8::2/64 behind a tap device at 198.18.0.1/24
+// and 2001:db8::1/64 in a namespace of its own; files are extra files for
+// the guest (Options.Files). It skips only where qemu cannot run at all,
+// and fails instead under CI=true.
+func bootT(t *testing.T, files map[string]string) (*testbed.Node, *xfrmguest.Guest) {
 	t.Helper()
 	if err := xfrmguest.Available(); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -34,7 +36,8 @@ func bootT(t *testing.T) (*testbed.Node, *xfrmguest.Guest) {
 	}
 	t.Logf("image %s (kernel %s) ready in %v", img.Dir, img.KernelVersion, time.Since(start).Round(time.Millisecond))
 	g, err := xfrmguest.Boot(ctx, img, xfrmguest.Options{
-		Node: node, Tap: "tap0", Addr: "198.18.0.2/24", WorkDir: t.TempDir(),
+		Node: node, Tap: "tap0", Addr: "198.18.0.2/24", Addr6: "2001:db8::2/64",
+		Files: files, WorkDir: t.TempDir(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -46,30 +49,43 @@ func bootT(t *testing.T) (*testbed.Node, *xfrmguest.Guest) {
 	})
 	t.Logf("guest booted in %v", g.BootTime.Round(time.Millisecond))
 	node.MustIP(t, "addr", "add", "198.18.0.1/24", "dev", "tap0")
+	node.MustIP(t, "addr", "add", "2001:db8::1/64", "dev", "tap0", "nodad")
 	return node, g
 }
 
 // TestGuestKernelHasESP boots the guest and checks what this machine's own
 // kernel refuses: an ESP state with rfc4106(gcm(aes)) (and one with
 // rfc7539esp(chacha20,poly1305)) is accepted and reads back, and the guest
-// answers a ping over the tap device.
+// answers a ping over the tap device on IPv4 and IPv6. An extra file given
+// at boot is there and runs.
 func TestGuestKernelHasESP(t *testing.T) {
-	node, g := bootT(t)
+	script := filepath.Join(t.TempDir(), "hello")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho hello from $0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	node, g := bootT(t, map[string]string{"/opt/espd/bin/hello": script})
 	ctx := context.Background()
 
 	out, err := g.MustRun(ctx, "uname -r; ip -o addr show dev eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, "inet 198.18.0.2/24") {
-		t.Fatalf("guest's eth0 has not its address:\n%s", out)
+	for _, want := range []string{"inet 198.18.0.2/24", "inet6 2001:db8::2/64"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("guest's eth0 has not %s:\n%s", want, out)
+		}
 	}
-	res, err := node.Ping(ctx, netip.MustParseAddr("198.18.0.2"), testbed.PingOptions{Count: 3, Wait: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
+	for _, dst := range []string{"198.18.0.2", "2001:db8::2"} {
+		res, err := node.Ping(ctx, netip.MustParseAddr(dst), testbed.PingOptions{Count: 3, Wait: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.OK() {
+			t.Fatalf("no ping replies from the guest's %s:\n%s", dst, res.Output)
+		}
 	}
-	if !res.OK() {
-		t.Fatalf("no ping replies from the guest:\n%s", res.Output)
+	if out, err := g.MustRun(ctx, "/opt/espd/bin/hello"); err != nil || !strings.Contains(out, "hello from /opt/espd/bin/hello") {
+		t.Fatalf("the extra file does not run in the guest: %v\n%s", err, out)
 	}
 
 	// Keys here are throwaway test vectors inside the guest; no espd key

@@ -22,7 +22,7 @@ import (
 // 198.18.3.1 (in the guest), pings both ways and checks that the guest's
 // inbound state counted the packets espd sent.
 func TestInteropAES128GCM(t *testing.T) {
-	node, g := bootT(t)
+	node, g := bootT(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
