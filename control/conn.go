@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,6 +142,12 @@ func (c *conn) serve() {
 // serveOne reads the body of the message whose header h is in msg, then
 // decodes and answers it, under crypto.DoSecret, and clears msg. It
 // reports whether the connection goes on.
+//
+// A panic while decoding or handling the message (a bug: nothing a client
+// sends should cause one) is not allowed to take the daemon, and with it
+// every tunnel, down: it is logged with its stack, the client gets an EIO
+// error, and its connection is closed, since what the handler left half
+// done is unknown. The data path and the other connections go on.
 func (c *conn) serveOne(h Header, msg []byte) (ok bool) {
 	crypto.DoSecret(func() {
 		defer clear(msg) // keys do not linger in the buffer
@@ -148,6 +155,13 @@ func (c *conn) serveOne(h Header, msg []byte) (ok bool) {
 			c.readFailed(h, err)
 			return
 		}
+		defer func() {
+			if r := recover(); r != nil {
+				c.s.cfg.Logf("control: internal error handling a %v message (connection closed): %v\n%s", h.Type, r, debug.Stack())
+				c.sendError(h.Version, h.Seq, h.Type, Errorf(EIO, "internal error in espd; the request may be partly applied: check its state"))
+				ok = false
+			}
+		}()
 		m, err := Decode(msg)
 		if err != nil {
 			err = c.sendError(h.Version, h.Seq, h.Type, &Error{Code: EBADMSG, Msg: err.Error()})
