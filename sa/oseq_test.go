@@ -43,7 +43,13 @@ func TestSeqFieldValidation(t *testing.T) {
 		func() Config { c := out; c.OSeq = 1<<32 - 2; return c }(),
 		func() Config { c := out; c.Suite = gcm128ESN; c.OSeq = 1<<64 - 2; return c }(),
 		func() Config { c := in; c.ReplaySeq = 1<<32 - 1; c.ReplayBitmap = make([]byte, 8); return c }(),
-		func() Config { c := in; c.ReplayWindow = 32; c.ReplaySeq = 3; c.ReplayBitmap = []byte{0b100, 0, 0, 0, 0, 0, 0, 0}; return c }(),
+		func() Config {
+			c := in
+			c.ReplayWindow = 32
+			c.ReplaySeq = 3
+			c.ReplayBitmap = []byte{0b100, 0, 0, 0, 0, 0, 0, 0}
+			return c
+		}(),
 		func() Config { c := in; c.ReplayWindow = 0; c.ReplaySeq = 3; return c }(),
 	} {
 		if err := c.Validate(); err != nil {
