@@ -89,13 +89,14 @@ func (r *ReplayWindow) Top() uint64 { return r.top.Load() }
 //     of 2^32-1, while Infer infers 0: a peer that counts up from its
 //     initial number cannot send a number with high half 2^32-1 before
 //     one with high half 0, so 0 is the only guess that can be right. A
-//     peer whose first packets carry numbers just below 2^32 (inside the
-//     window's bottom, e.g. 2^32-3) is therefore received by espd and
-//     dropped by the kernel as an ICV failure until its numbers cross
-//     2^32, after which both infer high half 0 for low halves below the
-//     bottom: wrong for such a peer, which has gone on to high half 1. A
-//     receiver that must follow such a peer is given the peer's starting
-//     point as its replay-seq (Merge), on espd as on the kernel.
+//     peer whose first packets carry numbers just below 2^32, at or above
+//     the window's bottom (2^32-W+1, e.g. 2^32-3), is therefore received
+//     by espd, which then follows it across 2^32 (its top is then in the
+//     last part of high half 0: the first case), while the kernel fails
+//     their ICV, keeps an empty state, and after the crossing infers high
+//     half 0 where the peer has gone on to 1: it receives nothing from
+//     such a peer unless given the peer's starting point as its
+//     replay-seq (Merge does that for espd).
 //   - A window that is off (size 0): Infer uses W = NominalInferWidth.
 //     The kernel refuses an ESN state whose replay window is 0.
 //
