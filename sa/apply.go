@@ -29,13 +29,16 @@ type Changes struct {
 	DeleteSAs []StateID
 	// AddSAs are the states to install once DeleteSAs are gone. A state
 	// whose key was a removed state's continues it: an outbound state
-	// numbers its packets above the removed one's last sequence number,
-	// an inbound one keeps its replay window (top and bitmap, carried
-	// into the new window if its size or ESN differ). That is how a
+	// numbers its packets above the removed one's last sequence number
+	// (or its OSeq, if higher), an inbound one keeps its replay window
+	// (top and bitmap, carried into the new window if its size or ESN
+	// differ, then merged with its ReplaySeq and ReplayBitmap). That is how a
 	// state's suite (aes128gcm16 to aes128gcm16-esn or aes128gcm12),
 	// reqid or replay window changes without a new key.
 	AddSAs []Config
-	// UpdateSAs change installed states in place, as UpdateSA does.
+	// UpdateSAs change installed states in place, as UpdateSA does: a
+	// higher OSeq raises an outbound state's counter, a ReplaySeq is
+	// merged into an inbound state's window.
 	UpdateSAs []Config
 	// DeletePolicies are the policies to remove; those not installed
 	// are ignored.
