@@ -2,6 +2,7 @@ package sa
 
 import (
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/espd/espd/seqstore"
@@ -266,4 +267,60 @@ func TestReplayStateSet(t *testing.T) {
 			t.Errorf("replaced: seq %#x refused %v, want %v", q, refused(q), want)
 		}
 	}
+}
+
+// TestOSeqRaiseConcurrent raises the floor of a state while goroutines
+// take numbers from it: no number is handed out twice, none above the
+// store's durable reservation, and the numbers after each raise are above
+// its floor.
+func TestOSeqRaiseConcurrent(t *testing.T) {
+	st := newTestStore()
+	db := newStoreDB(t, st, 64)
+	c := testConfig(0x6600, DirOut, 1)
+	c.Suite = gcm128ESN
+	s := mustAdd(t, db, c)
+	const workers = 4
+	var mu sync.Mutex
+	seen := map[uint64]bool{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				f, g := s.ReserveSeq(3)
+				d := st.durable.Load()
+				mu.Lock()
+				for q := f; q < f+uint64(g); q++ {
+					if seen[q] {
+						t.Errorf("sequence number %d handed out twice", q)
+					}
+					if q > d {
+						t.Errorf("sequence number %d above the durable reservation %d", q, d)
+					}
+					seen[q] = true
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	u := c
+	u.EncKey = nil
+	for i := range uint64(20) {
+		u.OSeq = (i + 1) << 20
+		if err := db.UpdateSA(u); err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Stats().SeqOut; got < u.OSeq {
+			t.Fatalf("SeqOut %d after raising to %d", got, u.OSeq)
+		}
+	}
+	close(stop)
+	wg.Wait()
 }
