@@ -41,6 +41,34 @@ type saEntry struct {
 	ECN          *bool           `toml:"ecn"`
 	DF           string          `toml:"df"`
 	TFCPadTo     int             `toml:"tfc_pad_to"`
+	OSeq         seqNumber       `toml:"oseq"`
+	ReplaySeq    seqNumber       `toml:"replay_seq"`
+	ReplayBitmap string          `toml:"replay_bitmap"`
+}
+
+// seqNumber is a 64-bit sequence number in the file: a TOML integer, or
+// a string (decimal or 0x hex) for the values a TOML integer cannot hold
+// (2^63 and above).
+type seqNumber struct {
+	v   uint64
+	err error
+}
+
+// UnmarshalTOML takes an integer or a string; a bad value is reported by
+// saEntry.config, with the SA's line.
+func (n *seqNumber) UnmarshalTOML(v any) error {
+	switch x := v.(type) {
+	case int64:
+		if x < 0 {
+			n.err = fmt.Errorf("%d is negative", x)
+		}
+		n.v = uint64(x)
+	case string:
+		n.v, n.err = ParseSeq("value", x)
+	default:
+		n.err = fmt.Errorf("want an integer or a string, not %T", v)
+	}
+	return nil
 }
 
 // encapEntry is the encap table of an SA: ESP-in-UDP ports.
@@ -168,7 +196,28 @@ func (e *saEntry) config(dir string) (sa.Config, error) {
 		return c, fmt.Errorf("tfc_pad_to %d is out of range 0-65535", e.TFCPadTo)
 	}
 	c.TFCPadTo = e.TFCPadTo
+	for _, s := range []struct {
+		key string
+		n   seqNumber
+		dst *uint64
+	}{{"oseq", e.OSeq, &c.OSeq}, {"replay_seq", e.ReplaySeq, &c.ReplaySeq}} {
+		if s.n.err != nil {
+			return c, fmt.Errorf("%s: %v", s.key, s.n.err)
+		}
+		*s.dst = s.n.v
+	}
+	if e.ReplayBitmap != "" {
+		if c.ReplayBitmap, err = ParseHexBytes("replay_bitmap", e.ReplayBitmap); err != nil {
+			return c, err
+		}
+	}
 	if err := c.Validate(); err != nil {
+		var fe *sa.FieldError
+		if errors.As(err, &fe) {
+			// Name the file's key (replay_seq) before the message, which
+			// uses XFRM's word (replay-seq).
+			return c, fmt.Errorf("%s: %s", strings.ReplaceAll(fe.Field, "-", "_"), strings.TrimPrefix(err.Error(), "sa: "))
+		}
 		return c, errors.New(strings.TrimPrefix(err.Error(), "sa: "))
 	}
 	return c, nil

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -190,4 +191,26 @@ func ParseDF(s string) (esp.DFMode, error) {
 		return esp.DFClear, nil
 	}
 	return 0, fmt.Errorf("df %q: want copy, set or clear", s)
+}
+
+// ParseSeq parses a sequence number: decimal or 0x hex, up to 2^64-1
+// (oseq, replay-seq).
+func ParseSeq(name, s string) (uint64, error) {
+	v, err := strconv.ParseUint(strings.TrimSpace(s), 0, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q: want a sequence number from 0 to 2^64-1, decimal or 0x hex", name, s)
+	}
+	return v, nil
+}
+
+// ParseHexBytes parses hex digits (an optional 0x, an even number of
+// digits) as bytes, the first two digits being byte 0 (replay-bitmap).
+func ParseHexBytes(name, s string) ([]byte, error) {
+	h := strings.TrimSpace(s)
+	h = strings.TrimPrefix(strings.TrimPrefix(h, "0x"), "0X")
+	b, err := hex.DecodeString(h)
+	if err != nil || len(h) == 0 {
+		return nil, fmt.Errorf("%s %q: want hex bytes such as 0x0500ff (byte 0 first)", name, s)
+	}
+	return b, nil
 }

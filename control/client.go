@@ -489,7 +489,7 @@ func (c *Client) stats(ctx context.Context, fill func(*Builder)) (Stats, error) 
 		}
 		in.Config.ReqID, _ = r.u32(AttrReqID)
 		if n, ok := r.nest(AttrSAStats, spaceSAStats); ok {
-			in.Stats, in.ReplayTop = readSAStats(n)
+			in.Stats, in.ReplayTop, in.ReplayBitmap = readSAStats(n)
 			r.absorb(n)
 		}
 		if err := r.error(); err != nil {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+
+	"github.com/espd/espd/sa"
 )
 
 // Errno is the numeric code of an ERROR reply: a Linux errno value, so that a
@@ -102,6 +104,23 @@ func (e *Error) Is(target error) bool {
 // Errorf returns an *Error with the code and a formatted message.
 func Errorf(code Errno, format string, args ...any) *Error {
 	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
+}
+
+// fieldAttrs gives the attribute of each field an sa.FieldError names.
+var fieldAttrs = map[string]AttrType{
+	sa.FieldOSeq:         AttrOSeq,
+	sa.FieldReplaySeq:    AttrReplaySeq,
+	sa.FieldReplayBitmap: AttrReplayBitmap,
+}
+
+// attrFromError returns the attribute at fault in an error returned by a
+// Backend: the one of an sa.FieldError in its chain, else 0.
+func attrFromError(err error) AttrType {
+	var fe *sa.FieldError
+	if errors.As(err, &fe) {
+		return fieldAttrs[fe.Field]
+	}
+	return 0
 }
 
 // errnoFromError chooses the code for an error returned by a Backend: the

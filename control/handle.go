@@ -13,7 +13,7 @@ func (c *conn) handle(m *Message) error {
 	fail := func(err error) error {
 		e, ok := err.(*Error)
 		if !ok {
-			e = &Error{Code: errnoFromError(err), Msg: err.Error()}
+			e = &Error{Code: errnoFromError(err), Msg: err.Error(), Attr: attrFromError(err)}
 		}
 		return c.sendError(m.Version, m.Seq, m.Type, e)
 	}
@@ -341,7 +341,7 @@ func putSAStatsPart(b *Builder, in SAInfo) {
 	b.Addr(AttrDst, in.Config.Dst)
 	b.U32(AttrDir, dirToWire[in.Config.Dir])
 	b.U32(AttrReqID, in.Config.ReqID)
-	putSAStats(b, in.Stats, in.ReplayTop)
+	putSAStats(b, in.Stats, in.ReplayTop, in.ReplayBitmap)
 }
 
 func handleSubscribe(c *conn, m *Message, r *replier) error {

@@ -17,12 +17,17 @@ type SAInfo struct {
 	// ReplayTop is the highest inbound sequence number accepted (0 for
 	// none and for outbound states).
 	ReplayTop uint64
+	// ReplayBitmap says which numbers of the inbound replay window were
+	// received: bit i (byte i/8, value 1<<(i%8)) for ReplayTop-i (nil for
+	// an outbound state, a window that is off or has seen nothing;
+	// sa.SA.ReplayBitmap).
+	ReplayBitmap []byte
 }
 
 // InfoOf returns the SAInfo of an installed state, for Backend
 // implementations over sa.DB.
 func InfoOf(s *sa.SA) SAInfo {
-	return SAInfo{Config: s.Config(), Stats: s.Stats(), ReplayTop: s.ReplayTop()}
+	return SAInfo{Config: s.Config(), Stats: s.Stats(), ReplayTop: s.ReplayTop(), ReplayBitmap: s.ReplayBitmap()}
 }
 
 // Fields says which fields of an sa.Config an SA_UPDATE changes.
@@ -48,6 +53,11 @@ const (
 	FieldECN
 	FieldDF
 	FieldTFC
+	// FieldOSeq raises an outbound state's sequence number floor (OSEQ);
+	// FieldReplay merges replay state into an inbound state's window
+	// (REPLAY_SEQ and REPLAY_BITMAP). Neither ever lowers anything.
+	FieldOSeq
+	FieldReplay
 	// FieldsAll is every field.
 	FieldsAll Fields = 1<<iota - 1
 )
@@ -122,6 +132,12 @@ func (u SAUpdate) Apply(cur sa.Config) sa.Config {
 	}
 	if f&FieldTFC != 0 {
 		c.TFCPadTo = n.TFCPadTo
+	}
+	if f&FieldOSeq != 0 {
+		c.OSeq = n.OSeq
+	}
+	if f&FieldReplay != 0 {
+		c.ReplaySeq, c.ReplayBitmap = n.ReplaySeq, n.ReplayBitmap
 	}
 	return c
 }
@@ -240,6 +256,15 @@ func putSAFields(b *Builder, c sa.Config, f Fields, update bool) {
 	if f&FieldTFC != 0 {
 		b.U32(AttrTFCPad, uint32(c.TFCPadTo))
 	}
+	if f&FieldOSeq != 0 {
+		b.U64(AttrOSeq, c.OSeq)
+	}
+	if f&FieldReplay != 0 {
+		b.U64(AttrReplaySeq, c.ReplaySeq)
+		if len(c.ReplayBitmap) != 0 {
+			b.Raw(AttrReplayBitmap, c.ReplayBitmap)
+		}
+	}
 }
 
 // putSAConfig appends a whole state: SA_ADD (with keys) or the
@@ -251,6 +276,14 @@ func putSAConfig(b *Builder, c sa.Config, keys bool) {
 	f := FieldsAll
 	if !keys {
 		f &^= FieldKeys
+	}
+	// Sequence-number settings travel when given; a state's own are in
+	// its SA_STATS.
+	if c.OSeq == 0 {
+		f &^= FieldOSeq
+	}
+	if c.ReplaySeq == 0 && len(c.ReplayBitmap) == 0 {
+		f &^= FieldReplay
 	}
 	putSAFields(b, c, f, false)
 }
@@ -454,6 +487,16 @@ func readSAFields(r *reader, c *sa.Config, update bool) Fields {
 		c.TFCPadTo = int(v)
 		f |= FieldTFC
 	}
+	if v, ok := r.u64(AttrOSeq); ok {
+		c.OSeq = v
+		f |= FieldOSeq
+	}
+	rs, hasRS := r.u64(AttrReplaySeq)
+	bm, hasBM := r.bytes(AttrReplayBitmap)
+	if hasRS || hasBM {
+		c.ReplaySeq, c.ReplayBitmap = rs, bm
+		f |= FieldReplay
+	}
 	return f
 }
 
@@ -509,7 +552,7 @@ func readSAID(r *reader) (uint32, netip.Addr) {
 // putSAInfo appends an SA_GET reply body.
 func putSAInfo(b *Builder, in SAInfo) {
 	putSAConfig(b, in.Config, false)
-	putSAStats(b, in.Stats, in.ReplayTop)
+	putSAStats(b, in.Stats, in.ReplayTop, in.ReplayBitmap)
 }
 
 // readSAInfo reads an SA_GET reply body.
@@ -520,7 +563,7 @@ func readSAInfo(attrs []Attr) (SAInfo, error) {
 	readSAFields(r, &in.Config, false)
 	in.Config.EncKey, in.Config.IntegKey = nil, nil
 	if n, ok := r.nest(AttrSAStats, spaceSAStats); ok {
-		in.Stats, in.ReplayTop = readSAStats(n)
+		in.Stats, in.ReplayTop, in.ReplayBitmap = readSAStats(n)
 		r.absorb(n)
 	}
 	return in, r.error()

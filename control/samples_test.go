@@ -63,6 +63,23 @@ func gcmConfig(t testing.TB, spi uint32) sa.Config {
 		EncKey: key(s.EncKeyLen(), 9), ReplayWindow: 64, ReqID: 2}
 }
 
+// oseqConfig is an outbound ESN state with the largest oseq it can take.
+func oseqConfig(t testing.TB) sa.Config {
+	c := fullConfig(t)
+	c.SPI = 0xC0010204
+	c.OSeq = 1<<64 - 2
+	return c
+}
+
+// replayConfig is an inbound ESN state given a replay state.
+func replayConfig(t testing.TB) sa.Config {
+	c := gcmConfig(t, 0x1235)
+	c.Suite.ESN = true
+	c.ReplaySeq = 1<<64 - 1
+	c.ReplayBitmap = []byte{0x05, 0, 0, 0, 0, 0, 0, 0x80}
+	return c
+}
+
 func fullPolicy() sa.Policy {
 	return sa.Policy{
 		Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.19.0.0/16"),
@@ -156,6 +173,13 @@ func sampleMessages(t testing.TB) [][]byte {
 		add(MsgEvent, 0, func(b *Builder) { putEvent(b, e) })
 	}
 	add(MsgIKEPacket, 0, func(b *Builder) { b.Raw(200, []byte("ike")) })
+	// Sequence-number settings and read-back (added last: the seed
+	// corpus names messages by type and position).
+	add(MsgSAAdd, 0, func(b *Builder) { putSAConfig(b, oseqConfig(t), true) })
+	add(MsgSAAdd, 0, func(b *Builder) { putSAConfig(b, replayConfig(t), true) })
+	add(MsgSAGet, FlagReply, func(b *Builder) {
+		putSAInfo(b, SAInfo{Config: gcmConfig(t, 9), ReplayTop: 1<<32 + 100, ReplayBitmap: []byte{5, 0, 0xff, 0, 0, 0, 0, 1}})
+	})
 	return out
 }
 
@@ -176,5 +200,6 @@ func sameConfig(a, b sa.Config) bool {
 	return a.SPI == b.SPI && a.Dir == b.Dir && a.Src == b.Src && a.Dst == b.Dst && a.Suite == b.Suite &&
 		a.ReplayWindow == b.ReplayWindow && a.EncapSrcPort == b.EncapSrcPort && a.EncapDstPort == b.EncapDstPort &&
 		a.ReqID == b.ReqID && a.Soft == b.Soft && a.Hard == b.Hard && a.TTL == b.TTL &&
-		a.CopyDSCP == b.CopyDSCP && a.DSCP == b.DSCP && a.ECN == b.ECN && a.DF == b.DF && a.TFCPadTo == b.TFCPadTo
+		a.CopyDSCP == b.CopyDSCP && a.DSCP == b.DSCP && a.ECN == b.ECN && a.DF == b.DF && a.TFCPadTo == b.TFCPadTo &&
+		a.OSeq == b.OSeq && a.ReplaySeq == b.ReplaySeq && bytes.Equal(a.ReplayBitmap, b.ReplayBitmap)
 }

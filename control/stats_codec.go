@@ -16,6 +16,10 @@ const (
 	StSeqOut    AttrType = 6 // u64 last outbound sequence number
 	StReplayTop AttrType = 7 // u64 highest inbound sequence number accepted
 	StLastUse   AttrType = 8 // u64 ns since the Unix epoch of the last use, 0: never used
+	// bytes: which numbers of the inbound replay window were received,
+	// bit i (byte i/8, value 1<<(i%8)) for ST_REPLAY_TOP-i; absent when
+	// the window is off or has seen nothing.
+	StReplayBitmap AttrType = 9
 	// Drop counters, u64 each; the same numbers are used in GLOBAL_STATS.
 	StDropReplay     AttrType = 16
 	StDropIntegrity  AttrType = 17
@@ -80,7 +84,8 @@ var dropAttrs = map[sa.DropReason]AttrType{
 var saStatNames = map[AttrType]string{
 	StState: "ST_STATE", StPackets: "ST_PACKETS", StBytes: "ST_BYTES", StAddTime: "ST_ADD_TIME",
 	StUseTime: "ST_USE_TIME", StSeqOut: "ST_SEQ_OUT", StReplayTop: "ST_REPLAY_TOP", StLastUse: "ST_LAST_USE",
-	StDropReplay: "ST_DROP_REPLAY", StDropIntegrity: "ST_DROP_INTEGRITY",
+	StReplayBitmap: "ST_REPLAY_BITMAP",
+	StDropReplay:   "ST_DROP_REPLAY", StDropIntegrity: "ST_DROP_INTEGRITY",
 	StDropPadding: "ST_DROP_PADDING", StDropMalformed: "ST_DROP_MALFORMED",
 	StDropSelector: "ST_DROP_SELECTOR", StDropNextHeader: "ST_DROP_NEXT_HEADER",
 	StDropInner: "ST_DROP_INNER", StDropDummy: "ST_DROP_DUMMY", StDropECN: "ST_DROP_ECN",
@@ -114,7 +119,7 @@ func readDrops(r *reader, d *[sa.NumDropReasons]uint64) {
 	}
 }
 
-func putSAStats(b *Builder, st sa.Stats, replayTop uint64) {
+func putSAStats(b *Builder, st sa.Stats, replayTop uint64, bitmap []byte) {
 	b.Nest(AttrSAStats)
 	if w, ok := stateToWire[st.State]; ok {
 		b.U32(StState, w)
@@ -126,6 +131,9 @@ func putSAStats(b *Builder, st sa.Stats, replayTop uint64) {
 	b.U64(StSeqOut, st.SeqOut)
 	b.U64(StReplayTop, replayTop)
 	b.U64(StLastUse, timeToWire(st.LastUse))
+	if len(bitmap) > 0 {
+		b.Raw(StReplayBitmap, bitmap)
+	}
 	putDrops(b, &st.Drops)
 	b.End()
 }
@@ -143,7 +151,7 @@ func readTime(r *reader, t AttrType) time.Time {
 	return timeFromWire(v)
 }
 
-func readSAStats(r *reader) (sa.Stats, uint64) {
+func readSAStats(r *reader) (sa.Stats, uint64, []byte) {
 	var st sa.Stats
 	if v, ok := r.u32(StState); ok {
 		s, valid := stateFromWire(v)
@@ -159,8 +167,9 @@ func readSAStats(r *reader) (sa.Stats, uint64) {
 	st.LastUse = readTime(r, StLastUse)
 	st.SeqOut, _ = r.u64(StSeqOut)
 	top, _ := r.u64(StReplayTop)
+	bitmap, _ := r.bytes(StReplayBitmap)
 	readDrops(r, &st.Drops)
-	return st, top
+	return st, top, bitmap
 }
 
 func putGlobalStats(b *Builder, g GlobalStats) {

@@ -134,6 +134,9 @@ const (
 	AttrSAStats      AttrType = 26 // nested StXxx
 	AttrNewSrc       AttrType = 27 // address (SA_UPDATE)
 	AttrNewDst       AttrType = 28 // address (SA_UPDATE)
+	AttrOSeq         AttrType = 29 // u64: outbound floor, the last sequence number taken as sent (sa.Config.OSeq)
+	AttrReplaySeq    AttrType = 30 // u64: inbound, highest sequence number taken as received (sa.Config.ReplaySeq)
+	AttrReplayBitmap AttrType = 31 // bytes: inbound, bit i set when REPLAY_SEQ-i was received (sa.Config.ReplayBitmap)
 
 	AttrAction   AttrType = 32 // u32: ActionProtect, ActionBypass, ActionDrop
 	AttrPriority AttrType = 33 // u32

@@ -25,6 +25,10 @@ type saSpec struct {
 	replayWindow     int // 0: espd's default (sa.DefaultReplayWindow)
 	encap            bool
 	hardBytes        uint64
+	// oseq, replaySeq and replayBitmap set where the state's sequence
+	// numbers start (0 and nil: not given).
+	oseq, replaySeq uint64
+	replayBitmap    []byte
 }
 
 // args returns the command line of "espctl sa add" for s. espctl takes
@@ -54,6 +58,15 @@ func (s saSpec) args() []string {
 	}
 	if s.hardBytes != 0 {
 		a = append(a, "--hard-bytes", strconv.FormatUint(s.hardBytes, 10))
+	}
+	if s.oseq != 0 {
+		a = append(a, "--oseq", strconv.FormatUint(s.oseq, 10))
+	}
+	if s.replaySeq != 0 {
+		a = append(a, "--replay-seq", fmt.Sprintf("0x%x", s.replaySeq))
+	}
+	if len(s.replayBitmap) != 0 {
+		a = append(a, "--replay-bitmap", "0x"+hex.EncodeToString(s.replayBitmap))
 	}
 	return a
 }

@@ -73,6 +73,37 @@ func (r *ReplayWindow) Top() uint64 { return r.top.Load() }
 // one more when seqLo lies below the window, or one less when the window
 // spans a 2^32 boundary and seqLo lies in its older part. A guess that is
 // wrong fails the ICV check, which covers the high bits.
+//
+// Compared with the Linux kernel's xfrm_replay_seqhi (6.1), with top the
+// highest number seen (the replay-seq a state was given, or 0) and its
+// low half tl, high half th:
+//
+//   - Window within one subspace (tl >= W-1), seqLo at or above the
+//     bottom: th, as the kernel. Below the bottom: th+1, as the kernel,
+//     except at th = 2^32-1, where the kernel wraps to 0 and Infer keeps
+//     2^32-1 (no number follows 2^64-1; either guess fails the ICV).
+//   - Window spanning two subspaces (tl < W-1), seqLo below the bottom
+//     (tl-W+1 modulo 2^32): th, as the kernel. At or above it: th-1 when
+//     th > 0, as the kernel. With th = 0, and so for a state that has seen
+//     nothing (top 0), the kernel still takes th-1 and infers a high half
+//     of 2^32-1, while Infer infers 0: a peer that counts up from its
+//     initial number cannot send a number with high half 2^32-1 before
+//     one with high half 0, so 0 is the only guess that can be right. A
+//     peer whose first packets carry numbers just below 2^32, at or above
+//     the window's bottom (2^32-W+1, e.g. 2^32-3), is therefore received
+//     by espd, which then follows it across 2^32 (its top is then in the
+//     last part of high half 0: the first case), while the kernel fails
+//     their ICV, keeps an empty state, and after the crossing infers high
+//     half 0 where the peer has gone on to 1: it receives nothing from
+//     such a peer unless given the peer's starting point as its
+//     replay-seq (Merge does that for espd).
+//   - A window that is off (size 0): Infer uses W = NominalInferWidth.
+//     The kernel refuses an ESN state whose replay window is 0.
+//
+// The kernel's window is exactly its replay-window; espd's is rounded up
+// to a multiple of 64 (NewReplayWindow), which moves the bottom and so
+// where the cases above begin: compare the two with window sizes that are
+// multiples of 64.
 func (r *ReplayWindow) Infer(seqLo uint32) uint64 {
 	if !r.esn {
 		return uint64(seqLo)
@@ -204,4 +235,99 @@ func (r *ReplayWindow) Continue(old *ReplayWindow) bool {
 		}
 	}
 	return ok
+}
+
+// Bitmap returns which numbers of the window, counted down from Top, have
+// been seen: bit i of the result (byte i/8, value 1<<(i%8)) is set when
+// Top-i has been recorded, for i from 0 to Size()-1; bits for numbers
+// below 1 (i >= Top) are clear. Bit 0 stands for Top itself. A window
+// that is off (size 0) or has seen nothing returns nil. This is the
+// layout Merge and the replay-bitmap of a state's configuration use; it
+// is independent of how the window stores its bits (the kernel's bmp is
+// position-based and differs).
+func (r *ReplayWindow) Bitmap() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	top := r.top.Load()
+	if r.size == 0 || top == 0 {
+		return nil
+	}
+	b := make([]byte, r.size/8)
+	for i := range min(r.size, top) {
+		if r.bitmap[((top-i)>>6)&r.mask].Load()&(1<<((top-i)&63)) != 0 {
+			b[i/8] |= 1 << (i % 8)
+		}
+	}
+	return b
+}
+
+// ReplayStateSeen reports whether a replay state given as top (its highest
+// number seen) and bitmap (in Bitmap's layout) counts seq as seen: every
+// number up to top is, except those for which a bit of bitmap other than
+// bit 0 is clear. Numbers of the window that bitmap does not cover (it is
+// shorter than the window, or absent) count as seen, so that a state
+// given only a top refuses everything up to it; top itself is always
+// seen. With top 0 nothing is.
+func ReplayStateSeen(top uint64, bitmap []byte, seq uint64) bool {
+	if seq > top || top == 0 {
+		return false
+	}
+	i := top - seq
+	if i == 0 || i >= uint64(len(bitmap))*8 {
+		return true
+	}
+	return bitmap[i/8]&(1<<(i%8)) != 0
+}
+
+// Merge adds a replay state, given as top (the highest number seen) and
+// bitmap (Bitmap's layout; see ReplayStateSeen for the numbers it does not
+// cover), to the window: afterwards the window's highest number is the
+// higher of the two tops, and every number that either the window or the
+// given state refused is refused (the union; nothing refused before is
+// accepted after). It is how a state is given a replay-seq and
+// replay-bitmap, on a new window or one in use (concurrent Check and
+// Update stay correct). top 0 changes nothing. A window without ESN takes
+// top up to 2^32-1 (larger values are clamped: the caller validates them);
+// bits for numbers below 1 are ignored.
+func (r *ReplayWindow) Merge(top uint64, bitmap []byte) {
+	if top == 0 {
+		return
+	}
+	if !r.esn {
+		top = min(top, 1<<32-1)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cur := r.top.Load()
+	nt := max(cur, top)
+	if r.size == 0 {
+		r.top.Store(nt)
+		return
+	}
+	lo := uint64(1)
+	if nt >= r.size {
+		lo = nt - r.size + 1
+	}
+	// What the window refuses now, read before any word is cleared.
+	refused := make([]bool, nt-lo+1)
+	for seq := lo; seq <= nt; seq++ {
+		if seq <= cur && (cur-seq >= r.size || r.bitmap[(seq>>6)&r.mask].Load()&(1<<(seq&63)) != 0) {
+			refused[seq-lo] = true
+		}
+	}
+	if nt > cur {
+		c, idx := cur>>6, nt>>6
+		for i := range min(idx-c, r.mask+1) {
+			r.bitmap[(c+1+i)&r.mask].Store(0)
+		}
+	}
+	for seq := lo; seq <= nt; seq++ {
+		if refused[seq-lo] || ReplayStateSeen(top, bitmap, seq) {
+			w := &r.bitmap[(seq>>6)&r.mask]
+			w.Store(w.Load() | 1<<(seq&63))
+		}
+	}
+	if nt > cur {
+		r.top.Store(nt)
+	}
 }

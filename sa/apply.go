@@ -3,6 +3,7 @@ package sa
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/esp"
@@ -28,13 +29,16 @@ type Changes struct {
 	DeleteSAs []StateID
 	// AddSAs are the states to install once DeleteSAs are gone. A state
 	// whose key was a removed state's continues it: an outbound state
-	// numbers its packets above the removed one's last sequence number,
-	// an inbound one keeps its replay window (top and bitmap, carried
-	// into the new window if its size or ESN differ). That is how a
+	// numbers its packets above the removed one's last sequence number
+	// (or its OSeq, if higher), an inbound one keeps its replay window
+	// (top and bitmap, carried into the new window if its size or ESN
+	// differ, then merged with its ReplaySeq and ReplayBitmap). That is how a
 	// state's suite (aes128gcm16 to aes128gcm16-esn or aes128gcm12),
 	// reqid or replay window changes without a new key.
 	AddSAs []Config
-	// UpdateSAs change installed states in place, as UpdateSA does.
+	// UpdateSAs change installed states in place, as UpdateSA does: a
+	// higher OSeq raises an outbound state's counter, a ReplaySeq is
+	// merged into an inbound state's window.
 	UpdateSAs []Config
 	// DeletePolicies are the policies to remove; those not installed
 	// are ignored.
@@ -123,13 +127,38 @@ func (db *DB) apply(ch *Changes) ([]*SA, error) {
 	if err != nil {
 		return nil, err
 	}
-	// New keys: read their record and reserve their first block. Holding
-	// keying, no other state of these keys can appear meanwhile.
+	// New keys: read their record and reserve their first block above
+	// it and above the requested floor (OSeq). Holding keying, no other
+	// state of these keys can appear meanwhile. A state that continues
+	// another, or an update, with a floor above its key's numbers gets a
+	// reservation above the floor now, recorded before commit raises its
+	// counter to it.
+	floors := make([]uint64, len(adds))
 	for i, s := range adds {
-		if s.dir == DirOut && pl.src[i] == nil {
-			if err := db.resumeSeq(s); err != nil {
+		if s.dir != DirOut {
+			continue
+		}
+		floor := ch.AddSAs[i].OSeq
+		if pl.src[i] == nil {
+			if err := db.resumeSeq(s, floor); err != nil {
 				return nil, err
 			}
+		} else if floor > 0 {
+			lim, err := db.reserveFloor(s, pl.src[i], floor)
+			if err != nil {
+				return nil, err
+			}
+			floors[i] = lim
+		}
+	}
+	updFloors := make([]uint64, len(pl.upd))
+	for i, s := range pl.upd {
+		if floor := ch.UpdateSAs[i].OSeq; s.dir == DirOut && floor > s.seqUsed.Load() {
+			lim, err := db.reserveFloor(s, s, floor)
+			if err != nil {
+				return nil, err
+			}
+			updFloors[i] = lim
 		}
 	}
 
@@ -157,14 +186,14 @@ func (db *DB) apply(ch *Changes) ([]*SA, error) {
 		d.mu.Unlock()
 		return nil, err
 	}
-	removed := db.commit(ch, pl2, adds)
+	removed := db.commit(ch, pl2, adds, floors, updFloors)
 	sp.commitPolicies(ch, pols)
 	committed = true
 	sp.mu.Unlock()
 	d.mu.Unlock()
 
 	db.retireAll(removed)
-	for _, s := range adds {
+	for _, s := range slices.Concat(adds, pl2.upd) {
 		if s.dir == DirOut && s.seqUsed.Load() >= s.seqExtAt.Load() {
 			s.extendSeq()
 		}
@@ -303,7 +332,9 @@ func (pl *txPlan) continues(i int, s *SA, e *keyEntry, gone map[*SA]bool) error 
 
 // commit makes the planned state changes. Called with keying, sadb.mu
 // and spdb.mu held; it cannot fail. It returns the removed states.
-func (db *DB) commit(ch *Changes, pl *txPlan, adds []*SA) []*SA {
+// floors and updFloors hold, for each of adds and of pl.upd, the durable
+// reservation made above the OSeq they carry (0: none was needed).
+func (db *DB) commit(ch *Changes, pl *txPlan, adds []*SA, floors, updFloors []uint64) []*SA {
 	d := &db.sadb
 	for _, s := range pl.del {
 		db.removeLocked(s)
@@ -322,6 +353,13 @@ func (db *DB) commit(ch *Changes, pl *txPlan, adds []*SA) []*SA {
 	for i, s := range pl.upd {
 		d.byKey.put(stateKey(s.spi, ps[i].cfg.Dst), s)
 		s.publishUpdate(ps[i])
+		c := &ch.UpdateSAs[i]
+		if s.dir == DirOut && updFloors[i] != 0 {
+			db.raiseSeq(s, c.OSeq, updFloors[i])
+		}
+		if s.dir == DirIn && c.ReplaySeq != 0 {
+			s.dec.Load().Replay.Merge(c.ReplaySeq, c.ReplayBitmap)
+		}
 	}
 	for i, s := range adds {
 		src := pl.src[i]
@@ -335,15 +373,24 @@ func (db *DB) commit(ch *Changes, pl *txPlan, adds []*SA) []*SA {
 			// state; the outbound state keeps the key's record.
 			e = &keyEntry{}
 		}
+		c := &ch.AddSAs[i]
 		switch {
 		case s.dir == DirOut && src != nil:
-			// src is sealed: continue from its exact last number, within
-			// its reservation, and take over its key's record (a pending
-			// retire of src now does nothing).
-			db.startSeq(s, src.seqFinal, src.seqSealed)
+			// src is sealed: continue from its exact last number, or the
+			// floor if higher, within its reservation or the floor's,
+			// and take over its key's record (a pending retire of src
+			// now does nothing).
+			used, limit := src.seqFinal, src.seqSealed
+			if floors[i] != 0 && c.OSeq > used {
+				used, limit = c.OSeq, max(limit, floors[i])
+			}
+			db.startSeq(s, used, limit)
 			e.retiring = nil
 		case s.dir == DirIn && src != nil:
 			s.continueReplay(src)
+		}
+		if s.dir == DirIn && c.ReplaySeq != 0 {
+			s.dec.Load().Replay.Merge(c.ReplaySeq, c.ReplayBitmap)
 		}
 		e.live = s
 		s.key = e

@@ -48,6 +48,112 @@ type Config struct {
 	ECN      bool
 	DF       esp.DFMode
 	TFCPadTo int
+
+	// OSeq (XFRM's oseq; outbound states only) is the last sequence
+	// number taken as sent: the state's first packet gets OSeq+1, or a
+	// higher number, never a lower one. It is a floor, the same on every
+	// keying path: the state sends above the highest of OSeq, the
+	// SeqStore's record of its key, and the last number of a state it
+	// replaces under the same key. It must leave the state one number to
+	// send: below 2^32-1, or 2^64-1 with ESN. On an update a higher OSeq
+	// raises the state's counter (the next packet gets OSeq+1) and a
+	// lower one changes nothing. 0: no floor. SA.Config returns it 0:
+	// Stats().SeqOut is the number actually last sent.
+	OSeq uint64
+	// ReplaySeq (XFRM's replay-seq; inbound states only) is the highest
+	// sequence number the state is to take as already received (at most
+	// 2^32-1 without ESN), and ReplayBitmap which numbers below it were
+	// (esp.ReplayWindow.Bitmap's layout: bit i, byte i/8 value 1<<(i%8),
+	// is set when ReplaySeq-i was seen; numbers the bitmap does not
+	// cover count as seen, so ReplaySeq alone refuses everything up to
+	// it). The bitmap holds at most the replay window's size in bits
+	// (ReplayWindow rounded up to a multiple of 64) and no bit for a
+	// number below 1; it needs ReplaySeq. The state's window becomes the
+	// union of what it already refuses (a state replaced under the same
+	// key, or the state's own window on an update) and this: the higher
+	// top, and every number refused by either stays refused. 0 and nil:
+	// nothing to add (a new state's window starts empty). SA.Config
+	// returns them unset: SA.ReplayTop and SA.ReplayBitmap read the
+	// window.
+	ReplaySeq    uint64
+	ReplayBitmap []byte
+}
+
+// Names of the sequence-number settings, as FieldError.Field gives them
+// (XFRM's words; espctl's flags and the configuration file's keys).
+const (
+	FieldOSeq         = "oseq"
+	FieldReplaySeq    = "replay-seq"
+	FieldReplayBitmap = "replay-bitmap"
+)
+
+// FieldError is what Validate (and so AddSA, UpdateSA and Apply) returns
+// for an unusable sequence-number setting: Field names it (FieldOSeq,
+// FieldReplaySeq or FieldReplayBitmap), so that a front end can point at
+// its own spelling of it.
+type FieldError struct {
+	Field string
+	Err   error
+}
+
+// Error returns the message of Err, which names the state and the field.
+func (e *FieldError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// fieldErrorf returns a *FieldError for field with a formatted message.
+func fieldErrorf(field, format string, args ...any) error {
+	return &FieldError{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// seqMaxOf returns the last sequence number a state of suite s can use.
+func seqMaxOf(s crypto.Suite) uint64 {
+	if s.ESN {
+		return 1<<64 - 1
+	}
+	return 1<<32 - 1
+}
+
+// validateSeq checks the sequence-number settings (OSeq, ReplaySeq,
+// ReplayBitmap) of a configuration whose direction and suite are valid.
+func (c *Config) validateSeq() error {
+	if c.OSeq != 0 && c.Dir != DirOut {
+		return fieldErrorf(FieldOSeq, "sa: state spi 0x%08x: oseq is the outbound sequence number; an inbound state takes replay-seq and replay-bitmap", c.SPI)
+	}
+	if (c.ReplaySeq != 0 || len(c.ReplayBitmap) != 0) && c.Dir != DirIn {
+		f := FieldReplaySeq
+		if c.ReplaySeq == 0 {
+			f = FieldReplayBitmap
+		}
+		return fieldErrorf(f, "sa: state spi 0x%08x: %s is inbound replay state; an outbound state takes oseq", c.SPI, f)
+	}
+	if m := seqMaxOf(c.Suite); c.OSeq >= m {
+		hint := ""
+		if !c.Suite.ESN {
+			hint = " (without ESN sequence numbers end at 2^32-1)"
+		}
+		return fieldErrorf(FieldOSeq, "sa: state spi 0x%08x: oseq %d leaves no sequence number to send: %v numbers up to %d%s", c.SPI, c.OSeq, c.Suite, m, hint)
+	}
+	if !c.Suite.ESN && c.ReplaySeq > 1<<32-1 {
+		return fieldErrorf(FieldReplaySeq, "sa: state spi 0x%08x: replay-seq %d is above 2^32-1, which is as far as %v numbers; use ESN", c.SPI, c.ReplaySeq, c.Suite)
+	}
+	if len(c.ReplayBitmap) == 0 {
+		return nil
+	}
+	if c.ReplaySeq == 0 {
+		return fieldErrorf(FieldReplayBitmap, "sa: state spi 0x%08x: replay-bitmap needs replay-seq, the number its bit 0 stands for", c.SPI)
+	}
+	w := (uint64(min(c.ReplayWindow, esp.MaxReplayWindow)) + 63) &^ 63
+	if uint64(len(c.ReplayBitmap))*8 > w {
+		return fieldErrorf(FieldReplayBitmap, "sa: state spi 0x%08x: replay-bitmap of %d bytes is longer than the replay window of %d packets (%d bytes)", c.SPI, len(c.ReplayBitmap), w, w/8)
+	}
+	for i := range uint64(len(c.ReplayBitmap)) * 8 {
+		if i >= c.ReplaySeq && c.ReplayBitmap[i/8]&(1<<(i%8)) != 0 {
+			return fieldErrorf(FieldReplayBitmap, "sa: state spi 0x%08x: replay-bitmap bit %d stands for number %d-%d, below 1", c.SPI, i, c.ReplaySeq, i)
+		}
+	}
+	return nil
 }
 
 // maxTFCPadTo bounds TFCPadTo: no inner packet is longer.
@@ -108,13 +214,15 @@ func (c *Config) validate(update bool) error {
 			return fmt.Errorf("sa: state spi 0x%08x selector %d: %w", c.SPI, i, err)
 		}
 	}
-	return nil
+	return c.validateSeq()
 }
 
-// public returns a copy of c without keys, its addresses unmapped and its
+// public returns a copy of c without keys and sequence-number settings
+// (applied once, not parameters), its addresses unmapped and its
 // selectors normalized in a slice of its own.
 func (c Config) public() Config {
 	c.EncKey, c.IntegKey = nil, nil
+	c.OSeq, c.ReplaySeq, c.ReplayBitmap = 0, 0, nil
 	c.Src, c.Dst = c.Src.Unmap(), c.Dst.Unmap()
 	sels := make([]Selector, len(c.Selectors))
 	for i, s := range c.Selectors {
@@ -175,6 +283,15 @@ func (c Config) String() string {
 	}
 	if c.ECN {
 		b.WriteString(" ecn")
+	}
+	if c.OSeq != 0 {
+		fmt.Fprintf(&b, " oseq %d", c.OSeq)
+	}
+	if c.ReplaySeq != 0 {
+		fmt.Fprintf(&b, " replay-seq %d", c.ReplaySeq)
+	}
+	if len(c.ReplayBitmap) != 0 {
+		fmt.Fprintf(&b, " replay-bitmap %x", c.ReplayBitmap)
 	}
 	return b.String()
 }

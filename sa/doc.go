@@ -21,5 +21,8 @@
 // (Options.Seq) records it, durably before use, in blocks reserved ahead;
 // Apply replaces states and policies all at once, and a state replaced
 // under the same key continues the old one's sequence numbers (outbound)
-// or replay window (inbound).
+// or replay window (inbound). Config.OSeq only ever raises where an
+// outbound state starts (a floor above all of that), and Config.ReplaySeq
+// and ReplayBitmap are merged into an inbound state's window (a union):
+// neither can make espd repeat a number or accept one it would refuse.
 package sa

@@ -237,6 +237,17 @@ func (s *SA) ReplayTop() uint64 {
 	return 0
 }
 
+// ReplayBitmap returns which numbers of an inbound state's replay window,
+// counted down from ReplayTop, were received (esp.ReplayWindow.Bitmap's
+// layout: bit i set when ReplayTop-i was); nil for an outbound state, a
+// window that is off or one that has seen nothing.
+func (s *SA) ReplayBitmap() []byte {
+	if d := s.dec.Load(); d != nil && d.Replay != nil {
+		return d.Replay.Bitmap()
+	}
+	return nil
+}
+
 // String describes the state without its keys.
 func (s *SA) String() string {
 	return fmt.Sprintf("%v state %v", s.params.Load().cfg, s.State())

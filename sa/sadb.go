@@ -85,12 +85,9 @@ func (db *DB) newSA(c *Config) (*SA, error) {
 		dir:       c.Dir,
 		suite:     c.Suite,
 		reqid:     c.ReqID,
-		seqMax:    1<<32 - 1,
+		seqMax:    seqMaxOf(c.Suite),
 		transform: t,
 		fp:        crypto.KeyFingerprint(c.EncKey, c.IntegKey),
-	}
-	if c.Suite.ESN {
-		s.seqMax = 1<<64 - 1
 	}
 	p := &params{cfg: c.public()}
 	s.params.Store(p)
@@ -123,32 +120,13 @@ func (s *SA) publishCodec(p *params, old *esp.Decapsulator) {
 // only one with c's SPI, direction and reqid. Keys (nil means unchanged),
 // algorithms, reqid and replay window size cannot change: replace the
 // state instead (Apply with the state in DeleteSAs and the new one in
-// AddSAs keeps its counters when the key stays).
+// AddSAs keeps its counters when the key stays). A higher OSeq raises an
+// outbound state's counter (reserved in the SeqStore first), a ReplaySeq
+// and ReplayBitmap are merged into an inbound state's window; neither
+// ever lowers anything.
 func (db *DB) UpdateSA(c Config) error {
-	if err := c.validate(true); err != nil {
-		return err
-	}
-	d := &db.sadb
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s, err := d.findForUpdate(&c, nil)
-	if err != nil {
-		return err
-	}
-	if err := s.checkUpdate(&c); err != nil {
-		return err
-	}
-	p := &params{cfg: c.public()}
-	oldKey, newKey := stateKey(s.spi, s.params.Load().cfg.Dst), stateKey(s.spi, p.cfg.Dst)
-	if newKey != oldKey {
-		if _, ok := d.byKey.get(newKey); ok {
-			return fmt.Errorf("sa: state spi 0x%08x dst %v: %w", s.spi, p.cfg.Dst, ErrStateExists)
-		}
-		d.byKey.remove(oldKey)
-		d.byKey.put(newKey, s)
-	}
-	s.publishUpdate(p)
-	return nil
+	_, err := db.apply(&Changes{UpdateSAs: []Config{c}})
+	return err
 }
 
 // checkUpdate reports why c cannot update s in place.

@@ -168,13 +168,15 @@ func (db *DB) startSeq(s *SA, used, limit uint64) {
 }
 
 // resumeSeq reads what s's key may have sent and reserves the first
-// block above it, durably. Called with DB.keying held for a state not
-// yet installed whose key has no live or retiring state.
-func (db *DB) resumeSeq(s *SA) error {
+// block above it, or above floor (Config.OSeq) if that is higher,
+// durably. Called with DB.keying held for a state not yet installed whose
+// key has no live or retiring state.
+func (db *DB) resumeSeq(s *SA, floor uint64) error {
 	hw, err := db.opts.Seq.Resume(s.fp)
 	if err != nil {
 		return fmt.Errorf("sa: state spi 0x%08x: cannot know which sequence numbers key %s has used: %w", s.spi, fpString(s.fp), err)
 	}
+	hw = max(hw, floor)
 	if hw >= s.seqMax {
 		return fmt.Errorf("sa: state spi 0x%08x: key %s has used every sequence number %v can number (up to %d); it needs a new key", s.spi, fpString(s.fp), s.suite, hw)
 	}
@@ -236,4 +238,70 @@ func (db *DB) retireLater(s *SA) {
 		defer db.keying.Unlock()
 		db.retire(s)
 	}()
+}
+
+// reserveFloor makes the durable reservation of s's key reach above
+// floor (a Config.OSeq) and returns it. holder is the state whose
+// counter the key's reservation follows: s itself for an update, or the
+// removed (or being removed) state that the new state s continues. If
+// holder's reservation is already above floor it is returned as it is;
+// else a block above floor is recorded and published on holder, so that
+// holder's own extensions go on above it (a store never sees a limit
+// below one it holds). It returns 0 when holder is s and s was removed
+// meanwhile. Called with DB.keying held and sadb.mu not held, before the
+// floor is published (raiseSeq, or commit for a state that continues
+// another): no number above what the store holds is ever handed out.
+func (db *DB) reserveFloor(s, holder *SA, floor uint64) (uint64, error) {
+	e := holder.key
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cur := holder.seqLimit.Load()
+	if cur == 0 {
+		if holder == s {
+			return 0, nil
+		}
+		d := &db.sadb
+		d.mu.Lock()
+		cur = holder.seqSealed
+		d.mu.Unlock()
+	}
+	if floor < cur {
+		return cur, nil
+	}
+	limit := db.seqNext(floor, s.seqMax)
+	if err := db.opts.Seq.Reserve(s.fp, limit); err != nil {
+		return 0, fmt.Errorf("sa: state spi 0x%08x: cannot reserve sequence numbers above oseq %d for key %s: %w", s.spi, floor, fpString(s.fp), err)
+	}
+	db.raiseLimit(holder, limit)
+	return limit, nil
+}
+
+// raiseLimit raises s's published reservation to limit, never lowering
+// it, unless s was removed (limit 0).
+func (db *DB) raiseLimit(s *SA, limit uint64) {
+	for {
+		l := s.seqLimit.Load()
+		if l == 0 || l >= limit {
+			return
+		}
+		if s.seqLimit.CompareAndSwap(l, limit) {
+			s.seqExtAt.Store(db.seqExtendAt(limit))
+			return
+		}
+	}
+}
+
+// raiseSeq raises a live outbound state's counter to floor and its
+// reservation to limit (recorded by reserveFloor), never lowering either.
+// Called by commit; it races safely with ReserveSeq (which re-reads the
+// counter after a failed compare-and-swap) and with extendOnce (whose
+// compare-and-swap then fails, leaving the higher reservation).
+func (db *DB) raiseSeq(s *SA, floor, limit uint64) {
+	db.raiseLimit(s, limit)
+	for {
+		u := s.seqUsed.Load()
+		if u >= floor || s.seqUsed.CompareAndSwap(u, floor) {
+			return
+		}
+	}
 }

@@ -119,6 +119,11 @@ func printSA(w io.Writer, in control.SAInfo, now time.Time) {
 	fmt.Fprintf(w, "\talg %s keys %s\n", algString(c.Suite), redacted)
 	if c.Dir == sa.DirIn {
 		fmt.Fprintf(w, "\treplay-window %d replay-top %d\n", c.ReplayWindow, in.ReplayTop)
+		if len(in.ReplayBitmap) > 0 {
+			// Bit i of the bytes (byte i/8, value 1<<(i%8)): replay-top
+			// minus i received; what --replay-bitmap takes.
+			fmt.Fprintf(w, "\treplay-bitmap 0x%x\n", in.ReplayBitmap)
+		}
 	} else {
 		fmt.Fprintf(w, "\tseq-out %d\n", st.SeqOut)
 	}

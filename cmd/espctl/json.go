@@ -86,18 +86,26 @@ type saJSON struct {
 }
 
 type saStatsJSON struct {
-	Packets   uint64            `json:"packets"`
-	Bytes     uint64            `json:"bytes"`
-	AddTime   *string           `json:"add_time"`
-	FirstUse  *string           `json:"first_use"`
-	SeqOut    uint64            `json:"seq_out"`
-	ReplayTop uint64            `json:"replay_top"`
-	Drops     map[string]uint64 `json:"drops"`
+	Packets   uint64  `json:"packets"`
+	Bytes     uint64  `json:"bytes"`
+	AddTime   *string `json:"add_time"`
+	FirstUse  *string `json:"first_use"`
+	SeqOut    uint64  `json:"seq_out"`
+	ReplayTop uint64  `json:"replay_top"`
+	// ReplayBitmap is the inbound window in --replay-bitmap's form: hex
+	// bytes, bit i (byte i/8, value 1<<(i%8)) for replay_top minus i; ""
+	// when there is none.
+	ReplayBitmap string            `json:"replay_bitmap"`
+	Drops        map[string]uint64 `json:"drops"`
 }
 
-func saStatsView(st sa.Stats, top uint64) saStatsJSON {
-	return saStatsJSON{Packets: st.Packets, Bytes: st.Bytes, AddTime: timeView(st.AddTime),
+func saStatsView(st sa.Stats, top uint64, bitmap []byte) saStatsJSON {
+	v := saStatsJSON{Packets: st.Packets, Bytes: st.Bytes, AddTime: timeView(st.AddTime),
 		FirstUse: timeView(st.FirstUse), SeqOut: st.SeqOut, ReplayTop: top, Drops: dropsView(&st.Drops)}
+	if len(bitmap) > 0 {
+		v.ReplayBitmap = fmt.Sprintf("0x%x", bitmap)
+	}
+	return v
 }
 
 func saView(in control.SAInfo) saJSON {
@@ -110,7 +118,7 @@ func saView(in control.SAInfo) saJSON {
 		EncapSport: c.EncapSrcPort, EncapDport: c.EncapDstPort, Selectors: []selectorJSON{},
 		Soft: lifetimeView(c.Soft), Hard: lifetimeView(c.Hard), TTL: c.TTL, DSCP: c.DSCP,
 		CopyDSCP: c.CopyDSCP, ECN: c.ECN, DF: c.DF.String(), TFCPadTo: c.TFCPadTo,
-		Stats: saStatsView(in.Stats, in.ReplayTop),
+		Stats: saStatsView(in.Stats, in.ReplayTop, in.ReplayBitmap),
 	}
 	if c.Suite != (crypto.Suite{}) {
 		v.Alg = c.Suite.String()
@@ -181,7 +189,7 @@ func statsView(st control.Stats) statsJSON {
 		SAs: []saStatsLine{}}
 	for _, in := range st.SAs {
 		v.SAs = append(v.SAs, saStatsLine{SPI: in.Config.SPI, Dst: addrString(in.Config.Dst), Dir: in.Config.Dir.String(),
-			ReqID: in.Config.ReqID, State: in.Stats.State.String(), Stats: saStatsView(in.Stats, in.ReplayTop)})
+			ReqID: in.Config.ReqID, State: in.Stats.State.String(), Stats: saStatsView(in.Stats, in.ReplayTop, in.ReplayBitmap)})
 	}
 	return v
 }

@@ -18,6 +18,8 @@ var (
 	parseProto    = config.ParseProto
 	protoName     = config.ProtoName
 	parseDuration = config.ParseDuration
+	parseSeq      = config.ParseSeq
+	parseHexBytes = config.ParseHexBytes
 	parseDF       = config.ParseDF
 	parseDSCP     = config.ParseDSCP
 )

@@ -34,6 +34,7 @@ type saFlags struct {
 	soft, hard                                      lifetimeFlags
 	ttl, dscp, df, tfc                              string
 	ecn                                             bool
+	oseq, replaySeq, replayBitmap                   string
 }
 
 type lifetimeFlags struct{ bytes, packets, add, use string }
@@ -84,6 +85,9 @@ func newSAFlags(name string, which ...string) *saFlags {
 		fs.BoolVar(&f.ecn, "ecn", sa.DefaultECN, "RFC 6040 normal-mode ECN (--ecn=false: off)")
 		fs.StringVar(&f.df, "df", "", "outer IPv4 DF bit: copy, set or clear (default copy)")
 		fs.StringVar(&f.tfc, "tfc", "", "TFC: pad inner packets shorter than this many bytes")
+		fs.StringVar(&f.oseq, "oseq", "", "outbound: last sequence number taken as sent, 64-bit with ESN; the state sends above it (and above what its key already used); update: raises only")
+		fs.StringVar(&f.replaySeq, "replay-seq", "", "inbound: highest sequence number taken as received (64-bit with ESN); everything up to it is refused except what --replay-bitmap marks unseen; update: merged")
+		fs.StringVar(&f.replayBitmap, "replay-bitmap", "", "inbound, with --replay-seq: hex bytes, bit i (byte i/8, value 1<<(i%8)) set when replay-seq minus i was received; at most the replay window in bits")
 	}
 	if has("update") {
 		fs.StringVar(&f.newSrc, "new-src", "", "new outer source address")
@@ -349,6 +353,24 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 		try(e)
 		c.TFCPadTo = int(v)
 		fl |= control.FieldTFC
+	}
+	if set["oseq"] {
+		v, e := parseSeq("--oseq", f.oseq)
+		try(e)
+		c.OSeq = v
+		fl |= control.FieldOSeq
+	}
+	if set["replay-seq"] {
+		v, e := parseSeq("--replay-seq", f.replaySeq)
+		try(e)
+		c.ReplaySeq = v
+		fl |= control.FieldReplay
+	}
+	if set["replay-bitmap"] {
+		b, e := parseHexBytes("--replay-bitmap", f.replayBitmap)
+		try(e)
+		c.ReplayBitmap = b
+		fl |= control.FieldReplay
 	}
 	return c, fl, err
 }
