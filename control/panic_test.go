@@ -1,0 +1,66 @@
+package control
+
+import (
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/espd/espd/sa"
+)
+
+// panickyBackend panics in AddSA; everything else is dbBackend's.
+type panickyBackend struct{ dbBackend }
+
+func (panickyBackend) AddSA(sa.Config) error { panic("backend bug") }
+
+// TestHandlerPanic: a panic while handling a message answers EIO, logs
+// the panic with its stack, closes that connection only, and the server
+// goes on serving others.
+func TestHandlerPanic(t *testing.T) {
+	db := sa.NewDB(sa.Options{AcquireInterval: -1})
+	var mu sync.Mutex
+	var logged []string
+	path := t.TempDir() + "/espd.sock"
+	s, err := Listen(panickyBackend{dbBackend{db}}, ServerConfig{Path: path, Logf: func(f string, a ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, f)
+		t.Logf(f, a...)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve() }()
+	t.Cleanup(func() {
+		s.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	other := dial(t, path)
+
+	rc := rawDial(t, path)
+	rc.send(encode(t, MsgSAAdd, 0, 7, func(b *Builder) {
+		b.U32(AttrSPI, 0x1000)
+		b.Addr(AttrSrc, netip.MustParseAddr("198.18.0.1"))
+		b.Addr(AttrDst, netip.MustParseAddr("198.18.0.2"))
+		b.U32(AttrDir, 2)
+		b.String(AttrAlgName, "aes128gcm16")
+		b.Raw(AttrEncKey, make([]byte, 20))
+	}))
+	e := rc.wantError(7, EIO)
+	if !strings.Contains(e.Msg, "internal error") {
+		t.Errorf("error message %q", e.Msg)
+	}
+	rc.wantEOF()
+	if _, err := other.Stats(testCtx(t)); err != nil {
+		t.Fatalf("another client after the panic: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(logged) == 0 || !strings.Contains(logged[len(logged)-1], "internal error") {
+		t.Errorf("the panic was not logged: %q", logged)
+	}
+}
