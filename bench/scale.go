@@ -303,7 +303,7 @@ func (h *harness) scaleRun(ctx context.Context, s system.System, tun system.Tunn
 	whole := probe.Snapshot()
 	r.BitsPerSecond, r.Bytes, r.Seconds = res.Bitrate(), res.Bytes, res.Elapsed.Seconds()
 	r.Retransmits, r.MSSSeen = res.Retransmits, res.MSS
-	r.Scale.ReordSeen = res.ReordSeen
+	r.Scale.ReordSeen, r.Scale.IdleStreams = res.ReordSeen, res.Idle
 	if err != nil {
 		return "", err
 	}

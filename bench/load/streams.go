@@ -47,6 +47,10 @@ type StreamsResult struct {
 	Retransmits, ReordSeen uint32
 	// MSS is the smallest tcpi_snd_mss at the end of the window.
 	MSS uint32
+	// Idle counts the connections that moved nothing in the window
+	// (starved: waiting out a retransmission timeout, say). One that
+	// moved nothing in the whole run is an error instead.
+	Idle int
 }
 
 // Bitrate returns the aggregate goodput in bits per second.
@@ -60,7 +64,8 @@ func (r StreamsResult) Bitrate() float64 {
 // Streams runs len(o.Flows) bulk transfers at once, each from its own
 // goroutine, for o.Omit + o.Duration and measures the receiver's goodput
 // per connection over the window. A connection that moved nothing in the
-// window is an error: every flow must have gone through.
+// whole run (warm-up and window) is an error: every flow must have gone
+// through.
 func Streams(ctx context.Context, o StreamsOptions) (StreamsResult, error) {
 	var res StreamsResult
 	if o.From == nil || o.To == nil || len(o.Flows) == 0 || o.Duration <= 0 {
@@ -240,21 +245,24 @@ func Streams(ctx context.Context, o StreamsOptions) (StreamsResult, error) {
 	retr1, reord1, mss, _ := info()
 	res = StreamsResult{Elapsed: t1.Sub(t0), PerFlow: make([]int64, len(b1)),
 		Retransmits: retr1 - retr0, ReordSeen: reord1 - reord0, MSS: mss}
-	var idle []int
+	var dead []int
 	for i := range b1 {
 		res.PerFlow[i] = b1[i] - b0[i]
 		res.Bytes += res.PerFlow[i]
 		if res.PerFlow[i] <= 0 {
-			idle = append(idle, i)
+			res.Idle++
+		}
+		if b1[i] <= 0 {
+			dead = append(dead, i)
 		}
 	}
 	if werr != nil {
 		return res, fmt.Errorf("load: %d TCP streams %s -> %s: %w", len(conns), o.From.Role, o.To.Role, werr)
 	}
-	if len(idle) > 0 {
-		f := o.Flows[idle[0]]
+	if len(dead) > 0 {
+		f := o.Flows[dead[0]]
 		return res, fmt.Errorf("load: %d of %d TCP streams moved nothing in %v (the first: %v -> %v)",
-			len(idle), len(conns), o.Duration, f.Src, f.Dst)
+			len(dead), len(conns), o.Omit+o.Duration, f.Src, f.Dst)
 	}
 	return res, nil
 }

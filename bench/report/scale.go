@@ -79,8 +79,11 @@ type ScaleRun struct {
 	ProbeReceived uint64 `json:"probe_received"`
 	// ReordSeen sums the TCP senders' tcpi_reord_seen growth (the
 	// senders' inference from SACKs; losses can look like it).
-	ReordSeen uint32      `json:"reord_seen"`
-	PerTunnel []TunnelRun `json:"per_tunnel,omitempty"`
+	ReordSeen uint32 `json:"reord_seen"`
+	// IdleStreams counts the streams that moved nothing in the window
+	// (starved; each moved something in the run, or the run failed).
+	IdleStreams int         `json:"idle_streams"`
+	PerTunnel   []TunnelRun `json:"per_tunnel,omitempty"`
 }
 
 // scaleRuns returns a copy of the report holding only the scale runs at

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -309,8 +310,10 @@ func (x *XFRM) KeyTunnels(ctx context.Context, s crypto.Suite, n int) error {
 // TunnelCounters implements Tunnels: the harness reads no XFRM counters.
 func (*XFRM) TunnelCounters(context.Context) ([]Counters, bool, error) { return nil, false, nil }
 
-// wgSpokePort is the UDP port of spoke i on gwB.
-func wgSpokePort(i int) int { return WireGuardPort + 1 + i }
+// wgSpokePort is the UDP port of spoke i on gwB: below the ephemeral
+// range (32768 and up) that sockets bound to port 0 in gwB draw from (in
+// that range, spoke 36 of 256 was once refused its port: EADDRINUSE).
+func wgSpokePort(i int) int { return 20001 + i }
 
 // KeyTunnels implements Tunnels for WireGuard, where a tunnel is a peer
 // and a peer is a public key: gwA's interface becomes a hub with n peers,
@@ -324,9 +327,23 @@ func (w *WireGuard) KeyTunnels(ctx context.Context, _ crypto.Suite, n int) error
 	if err := checkTunnels(n); err != nil {
 		return err
 	}
+	if err := inotifyRoom(n); err != nil {
+		return err
+	}
 	if err := w.stopSpokes(); err != nil {
 		return err
 	}
+	err := w.keyTunnels(ctx, n)
+	if err != nil {
+		// A spoke that failed may have exited: Stop's complaint about
+		// that adds nothing to err.
+		_ = w.stopSpokes()
+	}
+	return err
+}
+
+// keyTunnels starts and configures n spokes and the hub.
+func (w *WireGuard) keyTunnels(ctx context.Context, n int) error {
 	f := w.env.Family
 	a := addrsOf(f)
 	hubPriv, hubPub, err := wgKey("gwA")
@@ -387,6 +404,30 @@ func (w *WireGuard) KeyTunnels(ctx context.Context, _ crypto.Suite, n int) error
 	sRange := testbed.Pick(f, TunnelServerV4, TunnelServerV6)
 	_, err = w.top.GwA.IP(ctx, "route", "replace", sRange.String(), "dev", w.ifs[0])
 	return err
+}
+
+// inotifyPath is the limit of inotify instances per user, all
+// namespaces together.
+const inotifyPath = "/proc/sys/fs/inotify/max_user_instances"
+
+// inotifyRoom returns an *UnavailableError if n more wireguard-go
+// processes would not get their inotify instance: each watches its UAPI
+// socket with one, and past the limit wireguard-go exits with "Failed to
+// listen on uapi socket: too many open files". The margin leaves room for
+// the hub, gwB's first interface and whatever else on the machine holds
+// one.
+func inotifyRoom(n int) error {
+	const margin = 16
+	b, err := os.ReadFile(inotifyPath)
+	if err != nil {
+		return nil // no such limit here
+	}
+	limit, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n+margin <= limit {
+		return nil
+	}
+	return &UnavailableError{Reason: fmt.Sprintf("%d wireguard-go spokes need %d inotify instances (one each, for the UAPI socket) plus the hub's and others', and fs.inotify.max_user_instances is %d (raise it: sysctl -w fs.inotify.max_user_instances=%d)",
+		n, n, limit, max(1024, 2*(n+margin)))}
 }
 
 // stopSpokes stops gwB's spokes (their interfaces and routes go with
