@@ -158,23 +158,35 @@ func (p *Probe) receive(v6 bool) {
 		n, err := pc.ReadBatch(msgs, 0)
 		p.mu.Lock()
 		for _, m := range msgs[:max(n, 0)] {
-			b := m.Buffers[0][:m.N]
-			if len(b) < 16 || [4]byte(b[:4]) != probeMagic {
-				p.bad++
-				continue
-			}
-			i := binary.BigEndian.Uint32(b[4:])
-			if int(i) >= len(p.counts) {
-				p.bad++
-				continue
-			}
-			p.counts[i].Add(binary.BigEndian.Uint64(b[8:]))
+			p.count(m.Buffers[0][:m.N])
 		}
 		p.mu.Unlock()
 		if err != nil && errors.Is(err, net.ErrClosed) {
 			return
 		}
 	}
+}
+
+// putProbe writes a probe datagram of flow f with sequence number seq
+// into b (probeSize bytes).
+func putProbe(b []byte, f uint32, seq uint64) {
+	copy(b, probeMagic[:])
+	binary.BigEndian.PutUint32(b[4:], f)
+	binary.BigEndian.PutUint64(b[8:], seq)
+}
+
+// count counts a received datagram (p.mu held).
+func (p *Probe) count(b []byte) {
+	if len(b) < 16 || [4]byte(b[:4]) != probeMagic {
+		p.bad++
+		return
+	}
+	i := binary.BigEndian.Uint32(b[4:])
+	if int(i) >= len(p.counts) {
+		p.bad++
+		return
+	}
+	p.counts[i].Add(binary.BigEndian.Uint64(b[8:]))
 }
 
 // send sends a burst to one flow after another, paced to the rate.
@@ -194,10 +206,7 @@ func (p *Probe) send(ctx context.Context, v6 bool) {
 	defer t.Stop()
 	for f := 0; ; f = (f + 1) % len(p.tx) {
 		for j := range msgs {
-			b := msgs[j].Buffers[0]
-			copy(b, probeMagic[:])
-			binary.BigEndian.PutUint32(b[4:], uint32(f))
-			binary.BigEndian.PutUint64(b[8:], seq[f]+uint64(j))
+			putProbe(msgs[j].Buffers[0], uint32(f), seq[f]+uint64(j))
 		}
 		n, err := pcs[f].WriteBatch(msgs, 0)
 		if n > 0 {
