@@ -87,7 +87,6 @@ type Probe struct {
 	bad    uint64
 	cancel context.CancelFunc
 	done   sync.WaitGroup
-	err    error
 }
 
 // StartProbe starts a reorder probe; Stop ends it. The counts are read
@@ -104,13 +103,13 @@ func StartProbe(ctx context.Context, o ProbeOptions) (*Probe, error) {
 	}
 	p := &Probe{o: o, counts: make([]SeqCounter, len(o.Flows)), sent: make([]uint64, len(o.Flows))}
 	v6 := o.Flows[0].Dst.Is6()
-	any := netip.IPv4Unspecified()
+	unspec := netip.IPv4Unspecified()
 	if v6 {
-		any = netip.IPv6Unspecified()
+		unspec = netip.IPv6Unspecified()
 	}
 	if err := o.To.Do(func() error {
 		var err error
-		p.rx, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(any, o.Port)))
+		p.rx, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(unspec, o.Port)))
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("load: probe listen in %s: %w", o.To.Role, err)

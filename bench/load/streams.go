@@ -74,14 +74,14 @@ func Streams(ctx context.Context, o StreamsOptions) (StreamsResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.Omit+o.Duration+60*time.Second)
 	defer cancel()
 	control := mssControl(o.MSS)
-	any := netip.IPv4Unspecified()
+	unspec := netip.IPv4Unspecified()
 	if o.Flows[0].Dst.Is6() {
-		any = netip.IPv6Unspecified()
+		unspec = netip.IPv6Unspecified()
 	}
 	var ln net.Listener
 	if err := o.To.Do(func() error {
 		var err error
-		ln, err = (&net.ListenConfig{Control: control}).Listen(ctx, "tcp", netip.AddrPortFrom(any, 0).String())
+		ln, err = (&net.ListenConfig{Control: control}).Listen(ctx, "tcp", netip.AddrPortFrom(unspec, 0).String())
 		return err
 	}); err != nil {
 		return res, fmt.Errorf("load: listen in %s: %w", o.To.Role, err)
