@@ -38,6 +38,15 @@ var (
 // bytes up to 9999 spokes.
 const MaxTunnels = 1000
 
+// Every system the harness knows carries many tunnels.
+var (
+	_ Tunnels = (*Routing)(nil)
+	_ Tunnels = (*Espd)(nil)
+	_ Tunnels = (*XFRM)(nil)
+	_ Tunnels = (*Charon)(nil)
+	_ Tunnels = (*WireGuard)(nil)
+)
+
 // TunnelAddrs returns the client's and the server's inner address of
 // tunnel i (from 0).
 func TunnelAddrs(f testbed.Family, i int) (client, server netip.Addr) {
