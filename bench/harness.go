@@ -158,7 +158,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	h.measureAll(ctx)
+	if o.scale.on {
+		h.rep.ScalePoints = o.scale.points
+		h.measureScale(ctx)
+	} else {
+		h.measureAll(ctx)
+	}
 	h.rep.Finished = time.Now()
 	cl.run() // tear down before writing: the report does not need the systems
 	return h.write()
@@ -521,6 +526,8 @@ func (h *harness) write() error {
 	}
 	if hasTCP(rep) {
 		writeFile(h.o.svgPath, rep.Chart)
+	} else if rep.HasScale() {
+		writeFile(h.o.svgPath, rep.ScaleChart)
 	}
 	writeFile(h.o.mdPath, func(w io.Writer) error {
 		for _, l := range rep.Header() {

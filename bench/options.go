@@ -47,6 +47,8 @@ type options struct {
 	quick       bool
 	render      string
 	args        []string
+	// scale is the many-tunnel, many-stream mode (scale.go).
+	scale scaleOptions
 }
 
 // parseOptions parses the command line.
@@ -81,6 +83,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.verbose, "v", false, "log every setup step")
 	fs.StringVar(&o.render, "render", "", "print the tables and write the chart and Markdown of an earlier run's JSON file, measuring nothing")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: routing and espd only, aes128gcm16, MSS max, 2 s, one run, no UDP or ping (flags given explicitly still apply)")
+	o.scale.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\nCompares espd with plain routing, kernel XFRM, strongSwan's kernel-libipsec and wireguard-go\non a line of network namespaces client - gwA - gwB - server. Needs root.\n\n")
 		fs.PrintDefaults()
@@ -109,6 +112,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 				apply()
 			}
 		}
+	}
+	if err := o.scale.finish(set, &systems, &suites, &mss, o); err != nil {
+		return nil, err
 	}
 	var err error
 	if o.systems, err = parseSystems(systems, noAESNI); err != nil {

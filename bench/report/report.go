@@ -103,6 +103,8 @@ type Run struct {
 
 	CPU *CPU        `json:"cpu,omitempty"`
 	SA  *SACounters `json:"sa,omitempty"`
+	// Scale: the scale point and reordering of a KindScale run.
+	Scale *ScaleRun `json:"scale,omitempty"`
 	// Error is why the run failed; a failed run counts in no median.
 	Error string `json:"error,omitempty"`
 }
@@ -130,6 +132,8 @@ type Report struct {
 	Ping        bool     `json:"ping"`
 	Systems     []System `json:"systems"`
 	Runs        []Run    `json:"runs"`
+	// ScalePoints are the scale measurement's points (scale mode).
+	ScalePoints []ScalePoint `json:"scale_points,omitempty"`
 }
 
 // WriteJSON writes the report, indented.
@@ -186,7 +190,7 @@ type Stat struct {
 // value is the run's headline number for its kind.
 func value(r Run) float64 {
 	switch r.Kind {
-	case KindTCP:
+	case KindTCP, KindScale:
 		return r.BitsPerSecond
 	case KindUDP:
 		return r.PacketsPerSecond

@@ -261,6 +261,9 @@ func (r *Report) Ratios(pairs []Ratio) Table {
 
 // Tables returns every table of the report, in order.
 func (r *Report) Tables() []Table {
+	if len(r.ScalePoints) > 0 {
+		return r.scaleTables()
+	}
 	ts := []Table{r.Throughput(), r.Cost()}
 	if r.UDP || r.Ping {
 		ts = append(ts, r.Small())

@@ -39,6 +39,8 @@ type Espd struct {
 	a   addrs
 	dir string
 	env *Env
+	// tunnels is how many tunnels KeyTunnels installed (tunnels.go).
+	tunnels int
 }
 
 // NewEspd returns the espd system called name; godebug, if set, is the

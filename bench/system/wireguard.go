@@ -65,6 +65,11 @@ type WireGuard struct {
 	top   *testbed.Topology
 	procs [2]*testbed.Process
 	ifs   [2]string
+	// env, dir, and the spokes on gwB KeyTunnels starts (tunnels.go).
+	env      *Env
+	dir      string
+	spokes   []*testbed.Process
+	spokeIfs []string
 }
 
 // NewWireGuard returns the wireguard-go system called name; godebug, if
@@ -111,6 +116,7 @@ func (w *WireGuard) Setup(ctx context.Context, env *Env) error {
 		return err
 	}
 	a := addrsOf(env.Family)
+	w.env, w.dir = env, dir
 	if w.top, err = newLine(env, false); err != nil {
 		return err
 	}
@@ -205,7 +211,7 @@ func (w *WireGuard) Gateways() (a, b []int) {
 		}
 		return []int{p.Pid()}
 	}
-	return pid(w.procs[0]), pid(w.procs[1])
+	return pid(w.procs[0]), append(pid(w.procs[1]), w.spokePids()...)
 }
 
 // Counters implements System.
@@ -213,7 +219,7 @@ func (*WireGuard) Counters(context.Context) (Counters, bool, error) { return Cou
 
 // Close implements System.
 func (w *WireGuard) Close() error {
-	errs := []error{stopAll(w.procs[:]...)}
+	errs := []error{w.stopSpokes(), stopAll(w.procs[:]...)}
 	if w.top != nil {
 		errs = append(errs, w.top.Close())
 	}
