@@ -268,17 +268,29 @@ func (r *Report) Tables() []Table {
 	if rt := r.Ratios(DefaultRatios); len(rt.Rows) > 0 {
 		ts = append(ts, rt)
 	}
+	if r.Emulated != "" {
+		for i := range ts {
+			ts[i].Title = strings.ToUpper(r.Emulated[:1]) + r.Emulated[1:] + ". " + ts[i].Title
+		}
+	}
 	return ts
 }
 
 // Header describes the run in a few lines.
 func (r *Report) Header() []string {
 	m := r.Machine
-	lines := []string{
+	var lines []string
+	if r.Emulated != "" {
+		lines = append(lines, "EMULATED: "+r.Emulated+"; what it shows is that every data path keys, carries traffic and counts it")
+	}
+	lines = append(lines,
 		fmt.Sprintf("espd benchmark, %s: %s, %d cores, kernel %s, %s", r.Started.Format("2006-01-02 15:04"), m.CPU, m.Cores, m.Kernel, m.Go),
 		fmt.Sprintf("command: %s", r.Command),
 		fmt.Sprintf("traffic: %s, %s inner and outer, %s measured per run after %s warm-up, %d run(s) per point, interleaved across systems",
 			map[string]string{"go": "built-in Go TCP generator", "iperf3": "iperf3"}[r.Tool], r.Family, r.Duration, r.Omit, r.Reps),
+	)
+	if m.Hypervisor != "" {
+		lines = append(lines, "virtualization: "+m.Hypervisor)
 	}
 	if len(m.CPUFlags) > 0 {
 		lines = append(lines, "CPU crypto features: "+strings.Join(m.CPUFlags, " "))
