@@ -265,15 +265,21 @@ func (r *Report) Tables() []Table {
 	if r.UDP || r.Ping {
 		ts = append(ts, r.Small())
 	}
-	if rt := r.Ratios(DefaultRatios); len(rt.Rows) > 0 {
+	// Ratios compare speeds, which an emulated run does not measure.
+	if rt := r.Ratios(DefaultRatios); len(rt.Rows) > 0 && r.Emulated == "" {
 		ts = append(ts, rt)
 	}
 	if r.Emulated != "" {
 		for i := range ts {
-			ts[i].Title = strings.ToUpper(r.Emulated[:1]) + r.Emulated[1:] + ". " + ts[i].Title
+			ts[i].Title = r.emulatedLabel() + ". " + ts[i].Title
 		}
 	}
 	return ts
+}
+
+// emulatedLabel is Emulated as the start of a sentence.
+func (r *Report) emulatedLabel() string {
+	return strings.ToUpper(r.Emulated[:1]) + r.Emulated[1:]
 }
 
 // Header describes the run in a few lines.
@@ -281,7 +287,7 @@ func (r *Report) Header() []string {
 	m := r.Machine
 	var lines []string
 	if r.Emulated != "" {
-		lines = append(lines, "EMULATED: "+r.Emulated+"; what it shows is that every data path keys, carries traffic and counts it")
+		lines = append(lines, r.emulatedLabel()+": it shows that each data path keys, carries traffic and counts it, not how fast it is")
 	}
 	lines = append(lines,
 		fmt.Sprintf("espd benchmark, %s: %s, %d cores, kernel %s, %s", r.Started.Format("2006-01-02 15:04"), m.CPU, m.Cores, m.Kernel, m.Go),
