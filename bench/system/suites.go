@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/espd/espd/bench/xfrm"
 	"github.com/espd/espd/crypto"
 )
 
@@ -50,20 +51,7 @@ func ParseSuite(name string) (crypto.Suite, error) {
 
 // SuiteName is a suite's strongSwan name, also for the kernel-only
 // ciphers crypto does not name ("3des-sha1", "camellia128-sha256").
-func SuiteName(s crypto.Suite) string {
-	var enc string
-	switch s.Encryption {
-	case crypto.Encr3DES:
-		enc = "3des"
-	case crypto.EncrCamelliaCBC:
-		enc = fmt.Sprintf("camellia%d", s.KeyBits)
-	default:
-		return s.String()
-	}
-	integ := crypto.Suite{Encryption: crypto.EncrAESCBC, KeyBits: 128, Integrity: s.Integrity}.String()
-	_, tail, _ := strings.Cut(integ, "-")
-	return enc + "-" + tail
-}
+func SuiteName(s crypto.Suite) string { return xfrm.SuiteName(s) }
 
 // refusedByEspd returns an *UnavailableError saying RefusedByEspd when
 // espd's crypto refuses s, and nil when espd implements it.

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -103,6 +104,23 @@ func kernelOnly(s crypto.Suite) error {
 		return hmac()
 	}
 	return s.Validate()
+}
+
+// SuiteName is a suite's strongSwan name, also for the kernel-only CBC
+// ciphers crypto does not name ("3des-sha1", "camellia128-sha256").
+func SuiteName(s crypto.Suite) string {
+	var enc string
+	switch s.Encryption {
+	case crypto.Encr3DES:
+		enc = "3des"
+	case crypto.EncrCamelliaCBC:
+		enc = fmt.Sprintf("camellia%d", s.KeyBits)
+	default:
+		return s.String()
+	}
+	integ := crypto.Suite{Encryption: crypto.EncrAESCBC, KeyBits: 128, Integrity: s.Integrity}.String()
+	_, tail, _ := strings.Cut(integ, "-")
+	return enc + "-" + tail
 }
 
 // Tunnel is one gateway's side of a site-to-site ESP tunnel.
@@ -254,7 +272,7 @@ func explain(err error, s crypto.Suite, st *netlink.XfrmState) error {
 			Reason: fmt.Sprintf("kernel has no ESP (%s not set): adding a state gave %q", family, err.Error())}
 	case errors.Is(err, syscall.ENOSYS), errors.Is(err, syscall.ENOENT):
 		return &UnavailableError{Err: err,
-			Reason: fmt.Sprintf("kernel crypto lacks %s for %v: adding a state gave %q", alg, s, err.Error())}
+			Reason: fmt.Sprintf("kernel crypto lacks %s for %s: adding a state gave %q", alg, SuiteName(s), err.Error())}
 	case errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EACCES):
 		return &UnavailableError{Err: err, Reason: fmt.Sprintf("not permitted to add XFRM states (needs CAP_NET_ADMIN): %v", err)}
 	}
