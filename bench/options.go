@@ -148,6 +148,9 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		if o.render != "" {
 			return nil, errors.New("-xfrm-guest and -render: one or the other")
 		}
+		if o.espdBin != "" || o.wgBin != "" {
+			return nil, errors.New("-xfrm-guest builds the espd it runs from this checkout: -espd and -wireguard-go do not apply")
+		}
 		if o.guestMemoryMB < 256 {
 			return nil, fmt.Errorf("-guest-memory %d: at least 256 MB", o.guestMemoryMB)
 		}

@@ -108,7 +108,7 @@ func TestOptions(t *testing.T) {
 	for _, bad := range [][]string{
 		{"-systems", "ipsec-tools"}, {"-suites", "des-sha1"}, {"-suites", "3des"}, {"-mss", "20"}, {"-mss", "big"},
 		{"-reps", "0"}, {"-tool", "netperf"}, {"-duration", "1ms"}, {"extra"},
-		{"-xfrm-guest", "-render", "x.json"}, {"-xfrm-guest", "-guest-memory", "64"},
+		{"-xfrm-guest", "-render", "x.json"}, {"-xfrm-guest", "-guest-memory", "64"}, {"-xfrm-guest", "-espd", "/usr/sbin/espd"},
 	} {
 		if _, err := parseOptions(bad, &stderr); err == nil {
 			t.Errorf("parseOptions(%q) accepted", bad)
