@@ -82,6 +82,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		}
 		return h.write()
 	}
+	if o.xfrmGuest {
+		return runInGuest(ctx, o, stdout, stderr)
+	}
 	if err := testbed.Available(); err != nil {
 		return err
 	}
@@ -150,9 +153,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if o.udp {
 		h.rep.UDPDuration = o.udpDuration.String()
 	}
-	for _, s := range o.suites {
-		h.rep.Suites = append(h.rep.Suites, s.String())
-	}
+	h.rep.Suites = o.suiteNames
 
 	h.setup(ctx, cl)
 	if err := ctx.Err(); err != nil {
@@ -316,7 +317,7 @@ func (h *harness) measureAll(ctx context.Context) {
 			if !h.live[i] || !s.PerSuite() || ctx.Err() != nil {
 				continue
 			}
-			h.prog.note("bench: keying %s for %v", s.Label(), suite)
+			h.prog.note("bench: keying %s for %s", s.Label(), system.SuiteName(suite))
 			err := s.Key(ctx, suite)
 			if err == nil {
 				err = h.verify(ctx, s)
@@ -325,11 +326,11 @@ func (h *harness) measureAll(ctx context.Context) {
 			case err == nil:
 				keyed[i] = true
 			case system.IsUnavailable(err):
-				h.infos[i].Unavailable[suite.String()] = oneLine(err)
-				h.prog.note("bench: %s: %v unavailable: %v", s.Label(), suite, err)
+				h.infos[i].Unavailable[system.SuiteName(suite)] = oneLine(err)
+				h.prog.note("bench: %s: %s unavailable: %v", s.Label(), system.SuiteName(suite), err)
 			default:
-				h.infos[i].Failed[suite.String()] = oneLine(err)
-				h.prog.note("bench: %s: %v failed: %v", s.Label(), suite, err)
+				h.infos[i].Failed[system.SuiteName(suite)] = oneLine(err)
+				h.prog.note("bench: %s: %s failed: %v", s.Label(), system.SuiteName(suite), err)
 			}
 		}
 		for _, st := range planned {
@@ -403,7 +404,7 @@ func (h *harness) runStep(ctx context.Context, st step, suite crypto.Suite) {
 		Seq: h.seq, Start: time.Now()}
 	suiteName := s.Cipher()
 	if s.PerSuite() {
-		r.Suite = suite.String()
+		r.Suite = system.SuiteName(suite)
 		suiteName = r.Suite
 	}
 	what := fmt.Sprintf("%s, %s, %s, run %d/%d", s.Label(), suiteName, pointName(st.pt), st.rep+1, h.o.reps)

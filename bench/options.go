@@ -18,8 +18,8 @@ import (
 
 // Defaults of the flags.
 const (
-	defaultSystems = "routing,espd,xfrm,libipsec,wireguard-go,espd-charon"
-	defaultSuites  = "aes128gcm16,aes256gcm16,chacha20poly1305,aes128-sha256,aes256-sha256,aes128-sha1"
+	defaultSystems = "routing,espd,xfrm,xfrm-pcrypt,libipsec,wireguard-go,espd-charon"
+	defaultSuites  = "aes128gcm16,aes256gcm16,chacha20poly1305,aes128-sha256,aes256-sha256,aes256-sha384,aes128-sha1"
 	defaultMSS     = "max,1000,500,200"
 )
 
@@ -49,6 +49,14 @@ type options struct {
 	args        []string
 	// scale is the many-tunnel, many-stream mode (scale.go).
 	scale scaleOptions
+	// xfrmGuest runs the harness inside the xfrmguest guest (a kernel
+	// with XFRM ESP under qemu) instead of on this machine.
+	xfrmGuest bool
+	// guestMemoryMB is the guest's memory.
+	guestMemoryMB int
+	// suiteNames are the suites as named on the command line's list, in
+	// the order of suites.
+	suiteNames []string
 }
 
 // parseOptions parses the command line.
@@ -62,7 +70,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	)
 	fs.StringVar(&systems, "systems", defaultSystems, "systems to compare, comma-separated, or \"all\": "+strings.Join(systemNames(), ", "))
 	fs.BoolVar(&noAESNI, "noaesni", false, "add espd and wireguard-go with AES-NI, PCLMULQDQ and AVX2 off (GODEBUG="+system.NoAESNI+")")
-	fs.StringVar(&suites, "suites", defaultSuites, "ESP suites, comma-separated (strongSwan names)")
+	fs.StringVar(&suites, "suites", defaultSuites, "ESP suites, comma-separated (strongSwan names); 3des-* and camellia*-* run for XFRM only (espd refuses them)")
 	fs.StringVar(&mss, "mss", defaultMSS, "TCP MSS values, comma-separated; max is the path's own")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time of each TCP run")
 	fs.DurationVar(&o.omit, "omit", 500*time.Millisecond, "warm-up before each measured window, not counted")
@@ -82,6 +90,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the working directory (logs, configurations) instead of removing it")
 	fs.BoolVar(&o.verbose, "v", false, "log every setup step")
 	fs.StringVar(&o.render, "render", "", "print the tables and write the chart and Markdown of an earlier run's JSON file, measuring nothing")
+	fs.BoolVar(&o.xfrmGuest, "xfrm-guest", false, "run the harness inside a qemu guest with Debian's kernel (XFRM ESP, pcrypt), built by xfrmguest/build.sh: an emulated correctness run whose figures say nothing about speed; defaults: "+guestDefaultsText)
+	fs.IntVar(&o.guestMemoryMB, "guest-memory", 1024, "the -xfrm-guest guest's memory in MB")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: routing and espd only, aes128gcm16, MSS max, 2 s, one run, no UDP or ping (flags given explicitly still apply)")
 	o.scale.register(fs)
 	fs.Usage = func() {
@@ -116,19 +126,55 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	if err := o.scale.finish(set, &systems, &suites, &mss, o); err != nil {
 		return nil, err
 	}
+	if o.xfrmGuest && o.scale.on {
+		return nil, errors.New("-xfrm-guest and -scale: one or the other (an emulated guest measures no scale)")
+	}
+	if o.xfrmGuest {
+		for name, v := range guestDefaults {
+			if !set[name] {
+				switch name {
+				case "systems":
+					systems = v
+				case "suites":
+					suites = v
+				case "mss":
+					mss = v
+				case "duration":
+					o.duration, _ = time.ParseDuration(v)
+				case "omit":
+					o.omit, _ = time.ParseDuration(v)
+				case "reps":
+					o.reps, _ = strconv.Atoi(v)
+				case "udp":
+					o.udp = v == "true"
+				case "ping":
+					o.ping = v == "true"
+				case "ping-count":
+					o.pingCount, _ = strconv.Atoi(v)
+				}
+			}
+		}
+		if o.render != "" {
+			return nil, errors.New("-xfrm-guest and -render: one or the other")
+		}
+		if o.espdBin != "" || o.wgBin != "" {
+			return nil, errors.New("-xfrm-guest builds the espd it runs from this checkout: -espd and -wireguard-go do not apply")
+		}
+		if o.guestMemoryMB < 256 {
+			return nil, fmt.Errorf("-guest-memory %d: at least 256 MB", o.guestMemoryMB)
+		}
+	}
 	var err error
 	if o.systems, err = parseSystems(systems, noAESNI); err != nil {
 		return nil, err
 	}
 	for _, name := range splitList(suites) {
-		s, err := crypto.ParseSuite(name)
+		s, err := system.ParseSuite(name)
 		if err != nil {
 			return nil, fmt.Errorf("-suites: %v", err)
 		}
-		if err := s.Validate(); err != nil {
-			return nil, fmt.Errorf("-suites: %v", err)
-		}
 		o.suites = append(o.suites, s)
+		o.suiteNames = append(o.suiteNames, system.SuiteName(s))
 	}
 	if len(o.suites) == 0 {
 		return nil, errors.New("-suites: none given")

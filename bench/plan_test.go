@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/espd/espd/crypto"
 )
 
 func TestMakePlan(t *testing.T) {
@@ -84,15 +87,73 @@ func TestOptions(t *testing.T) {
 	if want := []string{"espd", "espd-noaesni", "wireguard-go", "wireguard-go-noaesni"}; !slices.Equal(o.systems, want) {
 		t.Errorf("-noaesni systems %v, want %v", o.systems, want)
 	}
-	if len(o.suites) != 6 || !slices.Equal(o.mss, []int{0, 1000, 500, 200}) || o.reps != 3 || o.family != 6 {
+	if len(o.suites) != 7 || !slices.Equal(o.mss, []int{0, 1000, 500, 200}) || o.reps != 3 || o.family != 6 {
 		t.Errorf("defaults: %+v", o)
 	}
+	if !slices.Contains(o.suiteNames, "aes256-sha384") {
+		t.Errorf("default suites %v lack aes256-sha384", o.suiteNames)
+	}
+	if o, err := parseOptions(nil, &stderr); err != nil || !slices.Equal(o.systems[:4], []string{"routing", "espd", "xfrm", "xfrm-pcrypt"}) {
+		t.Errorf("default systems: %v %v", o.systems, err)
+	}
+	// The kernel-only suites: XFRM runs them, espd refuses them when keyed.
+	o, err = parseOptions([]string{"-suites", "3des-sha1,camellia128-sha256,aes256-sha384"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"3des-sha1", "camellia128-sha256", "aes256-sha384"}; !slices.Equal(o.suiteNames, want) || len(o.suites) != 3 ||
+		o.suites[0].Encryption != crypto.Encr3DES || o.suites[1].Encryption != crypto.EncrCamelliaCBC {
+		t.Errorf("-suites 3des-sha1,camellia128-sha256,aes256-sha384: %v %+v", o.suiteNames, o.suites)
+	}
 	for _, bad := range [][]string{
-		{"-systems", "ipsec-tools"}, {"-suites", "3des-sha1"}, {"-mss", "20"}, {"-mss", "big"},
+		{"-systems", "ipsec-tools"}, {"-suites", "des-sha1"}, {"-suites", "3des"}, {"-mss", "20"}, {"-mss", "big"},
 		{"-reps", "0"}, {"-tool", "netperf"}, {"-duration", "1ms"}, {"extra"},
+		{"-xfrm-guest", "-render", "x.json"}, {"-xfrm-guest", "-guest-memory", "64"}, {"-xfrm-guest", "-espd", "/usr/sbin/espd"},
 	} {
 		if _, err := parseOptions(bad, &stderr); err == nil {
 			t.Errorf("parseOptions(%q) accepted", bad)
 		}
+	}
+}
+
+// TestGuestOptions checks -xfrm-guest's defaults, that explicit flags
+// override them, and the flags the harness inside the guest gets.
+func TestGuestOptions(t *testing.T) {
+	var stderr bytes.Buffer
+	o, err := parseOptions([]string{"-xfrm-guest"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.xfrmGuest || !slices.Equal(o.systems, []string{"routing", "espd", "xfrm", "xfrm-pcrypt"}) ||
+		!slices.Equal(o.suiteNames, []string{"aes128gcm16", "aes128-sha256"}) || !slices.Equal(o.mss, []int{0}) ||
+		o.duration != time.Second || o.omit != 200*time.Millisecond || o.reps != 1 || o.udp || !o.ping || o.pingCount != 3 ||
+		o.guestMemoryMB != 1024 {
+		t.Errorf("-xfrm-guest defaults: %+v", o)
+	}
+	o, err = parseOptions([]string{"-xfrm-guest", "-suites", "3des-sha1", "-reps", "2", "-udp", "-6", "-mss", "max,500", "-v"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.reps != 2 || !o.udp || !slices.Equal(o.suiteNames, []string{"3des-sha1"}) || !slices.Equal(o.mss, []int{0, 500}) {
+		t.Errorf("-xfrm-guest with explicit flags: %+v", o)
+	}
+	args := strings.Join(guestArgs(o), " ")
+	for _, want := range []string{"-systems routing,espd,xfrm,xfrm-pcrypt", "-suites 3des-sha1", "-mss max,500", "-reps 2",
+		"-udp=true", "-ping=true", "-ping-count 3", "-6=true", "-duration 1s", "-omit 200ms", "-espd " + guestEspd, "-out " + guestOut, "-v"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("guest arguments %q lack %q", args, want)
+		}
+	}
+	// What the guest gets parses back to the same settings.
+	back, err := parseOptions(guestArgs(o), &stderr)
+	if err != nil {
+		t.Fatalf("the guest's arguments: %v", err)
+	}
+	if back.xfrmGuest || !slices.Equal(back.systems, o.systems) || !slices.Equal(back.suiteNames, o.suiteNames) ||
+		!slices.Equal(back.mss, o.mss) || back.reps != o.reps || back.udp != o.udp || back.family != o.family || back.espdBin != guestEspd {
+		t.Errorf("the guest parses %+v from %q", back, guestArgs(o))
+	}
+	if got := shellQuote("it's"); got != `'it'\''s'` {
+		t.Errorf("shellQuote: %s", got)
 	}
 }

@@ -57,6 +57,9 @@ func (r *Report) Chart(w io.Writer) error {
 		if rt := r.Stat(Key{System: "routing", Kind: KindTCP, MSS: mss}); rt.N > 0 {
 			title += fmt.Sprintf(" (routing only, the ceiling: %.1f Gbit/s)", rt.Median/1e9)
 		}
+		if r.Emulated != "" {
+			title = r.Emulated + "\n" + title
+		}
 		p.Title.Text = title
 		p.Y.Label.Text = "Gbit/s (median)"
 		p.NominalX(r.Suites...)

@@ -114,6 +114,9 @@ func (r Run) OK() bool { return r.Error == "" }
 
 // Report is a whole harness run.
 type Report struct {
+	// Emulated, if set, says that the run was made under emulation and
+	// what that means for its figures; the tables and the chart carry it.
+	Emulated string    `json:"emulated,omitempty"`
 	Machine  Machine   `json:"machine"`
 	Command  string    `json:"command"`
 	Tool     string    `json:"tool"`
@@ -149,9 +152,18 @@ func ReadJSON(path string) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	r, err := ParseJSON(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return r, nil
+}
+
+// ParseJSON parses a report written by WriteJSON.
+func ParseJSON(b []byte) (*Report, error) {
 	var r Report
 	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("report: %s: %w", path, err)
+		return nil, fmt.Errorf("report: %w", err)
 	}
 	return &r, nil
 }

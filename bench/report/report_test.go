@@ -188,3 +188,41 @@ func TestChartAndJSON(t *testing.T) {
 		t.Error("Chart of an empty report succeeded")
 	}
 }
+
+// TestEmulated checks that an emulated run says so in its header, in
+// every table's title and in the chart, survives the JSON, and has no
+// table of speed ratios.
+func TestEmulated(t *testing.T) {
+	r := sample()
+	r.Emulated = "emulated correctness run (qemu TCG, 1 vCPU: says nothing about speed)"
+	if h := r.Header(); !strings.HasPrefix(h[0], "Emulated correctness run (qemu TCG, 1 vCPU: says nothing about speed): ") {
+		t.Errorf("header: %q", h)
+	}
+	ts := r.Tables()
+	if len(ts) == 0 {
+		t.Fatal("no tables")
+	}
+	for _, tb := range ts {
+		if !strings.HasPrefix(tb.Title, "Emulated correctness run (qemu TCG, 1 vCPU: says nothing about speed). ") || strings.Contains(tb.Title, "Ratios") {
+			t.Errorf("table title %q", tb.Title)
+		}
+	}
+	var b bytes.Buffer
+	if err := r.Chart(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "says nothing about speed") {
+		t.Error("the chart does not say it is emulated")
+	}
+	b.Reset()
+	if err := r.WriteJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ParseJSON(b.Bytes())
+	if err != nil || back.Emulated != r.Emulated {
+		t.Errorf("JSON round trip: %q, %v", back.Emulated, err)
+	}
+	if r.Emulated = ""; len(r.Tables()) != len(ts)+1 || strings.Contains(r.Header()[0], "Emulated") {
+		t.Error("a run that is not emulated is labelled, or lost its ratios")
+	}
+}

@@ -268,20 +268,38 @@ func (r *Report) Tables() []Table {
 	if r.UDP || r.Ping {
 		ts = append(ts, r.Small())
 	}
-	if rt := r.Ratios(DefaultRatios); len(rt.Rows) > 0 {
+	// Ratios compare speeds, which an emulated run does not measure.
+	if rt := r.Ratios(DefaultRatios); len(rt.Rows) > 0 && r.Emulated == "" {
 		ts = append(ts, rt)
 	}
+	if r.Emulated != "" {
+		for i := range ts {
+			ts[i].Title = r.emulatedLabel() + ". " + ts[i].Title
+		}
+	}
 	return ts
+}
+
+// emulatedLabel is Emulated as the start of a sentence.
+func (r *Report) emulatedLabel() string {
+	return strings.ToUpper(r.Emulated[:1]) + r.Emulated[1:]
 }
 
 // Header describes the run in a few lines.
 func (r *Report) Header() []string {
 	m := r.Machine
-	lines := []string{
+	var lines []string
+	if r.Emulated != "" {
+		lines = append(lines, r.emulatedLabel()+": it shows that each data path keys, carries traffic and counts it, not how fast it is")
+	}
+	lines = append(lines,
 		fmt.Sprintf("espd benchmark, %s: %s, %d cores, kernel %s, %s", r.Started.Format("2006-01-02 15:04"), m.CPU, m.Cores, m.Kernel, m.Go),
 		fmt.Sprintf("command: %s", r.Command),
 		fmt.Sprintf("traffic: %s, %s inner and outer, %s measured per run after %s warm-up, %d run(s) per point, interleaved across systems",
 			map[string]string{"go": "built-in Go TCP generator", "iperf3": "iperf3"}[r.Tool], r.Family, r.Duration, r.Omit, r.Reps),
+	)
+	if m.Hypervisor != "" {
+		lines = append(lines, "virtualization: "+m.Hypervisor)
 	}
 	if len(m.CPUFlags) > 0 {
 		lines = append(lines, "CPU crypto features: "+strings.Join(m.CPUFlags, " "))

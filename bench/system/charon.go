@@ -155,6 +155,11 @@ func charonID(role string) string { return strings.ToLower(role) + ".bench.test"
 // Key implements System: start both charons for the suite and bring the
 // CHILD_SA up from gwA.
 func (c *Charon) Key(ctx context.Context, s crypto.Suite) error {
+	if c.kind == CharonEspd {
+		if err := refusedByEspd(s); err != nil {
+			return err
+		}
+	}
 	if err := c.Unkey(ctx); err != nil {
 		return err
 	}
@@ -171,7 +176,7 @@ func (c *Charon) Key(ctx context.Context, s crypto.Suite) error {
 		}
 		c.gw[i] = p
 		conf := fmt.Sprintf(swanctlConf, local, remote, ikeProp, charonID(node.Role), charonID(nodes[1-i].Role),
-			lnet, rnet, s, charonID("gwA"), charonID("gwB"), charonPSK)
+			lnet, rnet, SuiteName(s), charonID("gwA"), charonID("gwB"), charonPSK)
 		path := filepath.Join(p.dir, "swanctl.conf")
 		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 			return err
@@ -181,7 +186,7 @@ func (c *Charon) Key(ctx context.Context, s crypto.Suite) error {
 		}
 	}
 	if out, err := swanctl(ctx, 40*time.Second, c.gw[0].uri, "--initiate", "--child", "bench", "--timeout", "30"); err != nil {
-		return fmt.Errorf("charon: initiate %v: %w\n%s\ncharon on gwA:\n%s", s, err, lastLines(out, 15), lastLines(c.gw[0].log(), 15))
+		return fmt.Errorf("charon: initiate %s: %w\n%s\ncharon on gwA:\n%s", SuiteName(s), err, lastLines(out, 15), lastLines(c.gw[0].log(), 15))
 	}
 	return nil
 }

@@ -184,8 +184,13 @@ func (a addrs) sides() (fromA, fromB addrs) {
 	return fromA, fromB
 }
 
-// Key implements System: the same deterministic keys on both sides.
+// Key implements System: the same deterministic keys on both sides; a
+// suite espd's crypto refuses is an *UnavailableError saying
+// RefusedByEspd.
 func (e *Espd) Key(ctx context.Context, s crypto.Suite) error {
+	if err := refusedByEspd(s); err != nil {
+		return err
+	}
 	a, b := e.a.sides()
 	if err := keyEspd(ctx, e.gw[0].ctl, s, a, b, SPIAB, SPIBA, e.encap); err != nil {
 		return fmt.Errorf("espd on gwA: %w", err)

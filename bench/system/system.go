@@ -128,6 +128,7 @@ func All() []System {
 		NewEspd("espd-noaesni", "espd, no AES-NI/AVX2", NoAESNI, false),
 		NewEspd("espd-udp", "espd, ESP-in-UDP", "", true),
 		&XFRM{},
+		&XFRM{Pcrypt: true},
 		NewCharon(CharonLibipsec),
 		NewCharon(CharonEspd),
 		NewWireGuard("wireguard-go", "wireguard-go", ""),

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -28,8 +29,13 @@ const MaxReplayWindow = 32
 
 // Algorithms returns the kernel crypto API names and parameters of a suite
 // with its keys: an AEAD, or a cipher with an integrity algorithm.
+//
+// Besides the suites espd implements (crypto.Suite.Validate), it takes the
+// CBC ciphers only the kernel does here: 3DES (cbc(des3_ede), a 192-bit
+// key) and Camellia (cbc(camellia), 128, 192 or 256 bits), each with an
+// HMAC.
 func Algorithms(s crypto.Suite, encKey, integKey []byte) (aead, crypt, auth *netlink.XfrmStateAlgo, err error) {
-	if err := s.Validate(); err != nil {
+	if err := kernelOnly(s); err != nil {
 		return nil, nil, nil, err
 	}
 	if len(encKey) != s.EncKeyLen() || len(integKey) != s.IntegKeyLen() {
@@ -49,6 +55,10 @@ func Algorithms(s crypto.Suite, encKey, integKey []byte) (aead, crypt, auth *net
 		crypt = &netlink.XfrmStateAlgo{Name: "cbc(aes)", Key: key(encKey)}
 	case crypto.EncrNull:
 		crypt = &netlink.XfrmStateAlgo{Name: "ecb(cipher_null)", Key: []byte{}}
+	case crypto.Encr3DES:
+		crypt = &netlink.XfrmStateAlgo{Name: "cbc(des3_ede)", Key: key(encKey)}
+	case crypto.EncrCamelliaCBC:
+		crypt = &netlink.XfrmStateAlgo{Name: "cbc(camellia)", Key: key(encKey)}
 	default:
 		return nil, nil, nil, fmt.Errorf("xfrm: no kernel name for %v", s.Encryption)
 	}
@@ -69,6 +79,48 @@ func Algorithms(s crypto.Suite, encKey, integKey []byte) (aead, crypt, auth *net
 		return nil, nil, nil, fmt.Errorf("xfrm: no kernel name for %v", s.Integrity)
 	}
 	return nil, crypt, &netlink.XfrmStateAlgo{Name: a.name, Key: key(integKey), TruncateLen: a.trunc}, nil
+}
+
+// kernelOnly checks a suite: crypto's own check, or, for the kernel-only
+// CBC ciphers, their key size and an HMAC.
+func kernelOnly(s crypto.Suite) error {
+	hmac := func() error {
+		switch s.Integrity {
+		case crypto.AuthHMACSHA196, crypto.AuthHMACSHA2256128, crypto.AuthHMACSHA2384192, crypto.AuthHMACSHA2512256:
+			return nil
+		}
+		return fmt.Errorf("xfrm: %v needs an HMAC (sha1, sha256, sha384 or sha512), not %v", s.Encryption, s.Integrity)
+	}
+	switch s.Encryption {
+	case crypto.Encr3DES:
+		if s.KeyBits != 192 {
+			return fmt.Errorf("xfrm: %v takes a 192-bit key, not %d bits", s.Encryption, s.KeyBits)
+		}
+		return hmac()
+	case crypto.EncrCamelliaCBC:
+		if s.KeyBits != 128 && s.KeyBits != 192 && s.KeyBits != 256 {
+			return fmt.Errorf("xfrm: %v takes a 128, 192 or 256-bit key, not %d bits", s.Encryption, s.KeyBits)
+		}
+		return hmac()
+	}
+	return s.Validate()
+}
+
+// SuiteName is a suite's strongSwan name, also for the kernel-only CBC
+// ciphers crypto does not name ("3des-sha1", "camellia128-sha256").
+func SuiteName(s crypto.Suite) string {
+	var enc string
+	switch s.Encryption {
+	case crypto.Encr3DES:
+		enc = "3des"
+	case crypto.EncrCamelliaCBC:
+		enc = fmt.Sprintf("camellia%d", s.KeyBits)
+	default:
+		return s.String()
+	}
+	integ := crypto.Suite{Encryption: crypto.EncrAESCBC, KeyBits: 128, Integrity: s.Integrity}.String()
+	_, tail, _ := strings.Cut(integ, "-")
+	return enc + "-" + tail
 }
 
 // Tunnel is one gateway's side of a site-to-site ESP tunnel.
@@ -220,7 +272,7 @@ func explain(err error, s crypto.Suite, st *netlink.XfrmState) error {
 			Reason: fmt.Sprintf("kernel has no ESP (%s not set): adding a state gave %q", family, err.Error())}
 	case errors.Is(err, syscall.ENOSYS), errors.Is(err, syscall.ENOENT):
 		return &UnavailableError{Err: err,
-			Reason: fmt.Sprintf("kernel crypto lacks %s for %v: adding a state gave %q", alg, s, err.Error())}
+			Reason: fmt.Sprintf("kernel crypto lacks %s for %s: adding a state gave %q", alg, SuiteName(s), err.Error())}
 	case errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EACCES):
 		return &UnavailableError{Err: err, Reason: fmt.Sprintf("not permitted to add XFRM states (needs CAP_NET_ADMIN): %v", err)}
 	}
@@ -237,6 +289,36 @@ type NodeHandle struct{ Node *testbed.Node }
 func (h NodeHandle) do(fn func() error) error {
 	extAck.Do(func() { nl.EnableErrorMessageReporting = true })
 	return h.Node.Do(fn)
+}
+
+// StateStats are a state's counters.
+type StateStats struct {
+	// Packets and Bytes are what the state processed (its current
+	// lifetime).
+	Packets, Bytes uint64
+	// Drops are the packets it dropped: replayed, outside the replay
+	// window, or failing the integrity check.
+	Drops uint64
+}
+
+// ReadStats returns the counters of the ESP state with the given SPI in
+// the node's namespace.
+func ReadStats(h NodeHandle, spi uint32) (StateStats, error) {
+	var states []netlink.XfrmState
+	if err := h.do(func() (err error) {
+		states, err = netlink.XfrmStateList(netlink.FAMILY_ALL)
+		return err
+	}); err != nil {
+		return StateStats{}, fmt.Errorf("xfrm: list states in %s: %w", h.Node.Name, err)
+	}
+	for _, st := range states {
+		if st.Proto == netlink.XFRM_PROTO_ESP && uint32(st.Spi) == spi {
+			s := st.Statistics
+			return StateStats{Packets: s.Packets, Bytes: s.Bytes,
+				Drops: uint64(s.ReplayWindow) + uint64(s.Replay) + uint64(s.Failed)}, nil
+		}
+	}
+	return StateStats{}, fmt.Errorf("xfrm: no ESP state with SPI 0x%08x in %s", spi, h.Node.Name)
 }
 
 // XfrmStateAdd adds a state.

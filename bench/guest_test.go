@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/bench/report"
+	"github.com/espd/espd/bench/system"
+	"github.com/espd/espd/testbed"
+	"github.com/espd/espd/xfrmguest"
+)
+
+// guestCommand returns the -xfrm-guest command BENCHMARKS.md documents
+// (the line of its fenced block that starts with "sudo go run ./bench
+// -xfrm-guest"), as arguments of the harness.
+func guestCommand(t *testing.T) []string {
+	t.Helper()
+	doc, err := os.ReadFile("../BENCHMARKS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const prefix = "sudo go run ./bench -xfrm-guest"
+	for _, line := range strings.Split(string(doc), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			return strings.Fields(strings.TrimPrefix(line, "sudo go run ./bench"))
+		}
+	}
+	t.Fatalf("BENCHMARKS.md has no line %q", prefix)
+	return nil
+}
+
+// TestXFRMGuest runs BENCHMARKS.md's "go run ./bench -xfrm-guest" command
+// in process (with its outputs in a temporary directory): the harness,
+// built static, runs inside Debian's kernel under qemu with routing,
+// espd, kernel XFRM and XFRM with pcrypt, for an AEAD (aes128gcm16), a CBC
+// suite (aes128-sha256) and the suites only the kernel does (3des-sha1,
+// camellia128-sha256). It fails unless the XFRM rows, and xfrm-pcrypt's
+// for the AEAD, have figures, every tunnel's states counted the packets
+// of each run, pcrypt says why it does not do CBC, espd says it refuses
+// 3DES and Camellia, and every figure is labelled as an emulated
+// correctness run. It skips only where qemu cannot run at all, and fails
+// instead under CI=true.
+func TestXFRMGuest(t *testing.T) {
+	if err := testbed.Available(); err != nil {
+		t.Skip(err)
+	}
+	if err := xfrmguest.Available(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	out := t.TempDir()
+	args := guestCommand(t)
+	for i := range args {
+		if args[i] == "-out" && i+1 < len(args) {
+			args[i+1] = out
+		}
+	}
+	if !slices.Contains(args, out) {
+		args = append(args, "-out", out)
+	}
+	var stdout, stderr bytes.Buffer
+	if err := run(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("bench %s: %v\nstderr:\n%s\nstdout:\n%s", strings.Join(args, " "), err, stderr.String(), stdout.String())
+	}
+	t.Logf("stdout:\n%s", stdout.String())
+
+	rep, err := report.ReadJSON(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Emulated != GuestLabel || !strings.Contains(rep.Machine.Hypervisor, "qemu TCG") || rep.Machine.Cores != 1 {
+		t.Errorf("the report is not labelled as emulated: %q, machine %+v", rep.Emulated, rep.Machine)
+	}
+	// Every run of a tunnel succeeded and its states counted packets.
+	ok := map[string]int{}
+	for _, r := range rep.Runs {
+		cell := fmt.Sprintf("%s %s %s", r.System, r.Suite, r.Kind)
+		if !r.OK() {
+			t.Errorf("%s failed: %s", cell, r.Error)
+			continue
+		}
+		if r.System != "routing" && (r.SA == nil || r.SA.OutPackets == 0 || r.SA.InPackets == 0) {
+			t.Errorf("%s: the states counted %+v", cell, r.SA)
+			continue
+		}
+		if r.Kind == report.KindTCP && r.BitsPerSecond <= 0 {
+			t.Errorf("%s: %v bit/s", cell, r.BitsPerSecond)
+			continue
+		}
+		ok[cell]++
+	}
+	want := map[string]string{} // cell -> "" (figures) or the reason it has none
+	var aeads, cbcs, refused int
+	for _, name := range rep.Suites {
+		s, err := system.ParseSuite(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		set := func(sys, reason string) {
+			for _, kind := range []string{report.KindTCP, report.KindPing} {
+				want[fmt.Sprintf("%s %s %s", sys, name, kind)] = reason
+			}
+		}
+		set("xfrm", "")
+		switch {
+		case s.AEAD():
+			aeads++
+			set("xfrm-pcrypt", "")
+		default:
+			cbcs++
+			set("xfrm-pcrypt", "pcrypt wraps AEADs only")
+		}
+		if s.Validate() != nil {
+			refused++
+			set("espd", system.RefusedByEspd)
+		} else {
+			set("espd", "")
+		}
+	}
+	if aeads == 0 || cbcs == 0 || refused == 0 {
+		t.Fatalf("BENCHMARKS.md's guest run has %d AEAD, %d CBC and %d suites espd refuses: it needs each", aeads, cbcs, refused)
+	}
+	want["routing  tcp"], want["routing  ping"] = "", ""
+	for cell, reason := range want {
+		sys, suite, _ := strings.Cut(cell, " ")
+		suite, _, _ = strings.Cut(suite, " ")
+		switch {
+		case reason == "" && ok[cell] != 1:
+			t.Errorf("%s: %d good runs, want 1", cell, ok[cell])
+		case reason != "":
+			s, _ := rep.System(sys)
+			if ok[cell] != 0 || !strings.Contains(s.Unavailable[suite], reason) {
+				t.Errorf("%s: %d runs, unavailable %q, want %q", cell, ok[cell], s.Unavailable[suite], reason)
+			}
+		}
+	}
+	for _, s := range rep.Systems {
+		if s.Skipped != "" || len(s.Failed) > 0 {
+			t.Errorf("%s: skipped %q, failed %v", s.Name, s.Skipped, s.Failed)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "tables.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Emulated correctness run (qemu TCG, 1 vCPU: says nothing about speed): it shows", "**Emulated correctness run (qemu TCG, 1 vCPU: says nothing about speed). TCP goodput",
+		"| kernel XFRM, pcrypt | aes128gcm16 |", "refused by espd (RFC 8221)"} {
+		if !bytes.Contains(md, []byte(want)) {
+			t.Errorf("tables.md lacks %q:\n%s", want, md)
+		}
+	}
+	if bytes.Contains(md, []byte("Ratios of medians")) {
+		t.Errorf("an emulated run has a table of speed ratios:\n%s", md)
+	}
+	if svg, err := os.ReadFile(filepath.Join(out, "throughput.svg")); err != nil || !bytes.Contains(svg, []byte("says nothing about speed")) {
+		t.Errorf("the chart is not labelled (%v)", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(testbed.NetnsDir, fmt.Sprintf("%s-*-%d-*", namespacePrefix, os.Getpid()))); len(left) > 0 {
+		t.Errorf("namespaces left behind: %v", left)
+	}
+}
