@@ -363,8 +363,10 @@ func (l *lab) pingFromEspd(t *testing.T, ctx context.Context, p *pair, n int) {
 	if p.guestI.Is6() {
 		fam = "-6"
 	}
-	// -A: the next request as soon as the reply is in.
-	out, _ := l.node.Run(ctx, "ping", fam, "-n", "-A", "-c", strconv.Itoa(n), "-W", "10",
+	// Not -A: after the last request iputils ping waits only two round
+	// trips for its reply once it had one, too short under emulation; 200
+	// ms apart, the last reply has that long.
+	out, _ := l.node.Run(ctx, "ping", fam, "-n", "-i", "0.2", "-c", strconv.Itoa(n), "-W", "10",
 		"-p", espdMarkerHex, "-I", p.espdI.String(), p.guestI.String())
 	if m := pingSummary.FindStringSubmatch(out); m == nil || m[1] != strconv.Itoa(n) || m[2] != m[1] {
 		g, _, _ := l.g.Run(ctx, "ip -s xfrm state; cat /proc/net/xfrm_stat")

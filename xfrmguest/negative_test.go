@@ -104,6 +104,10 @@ func (l *lab) espdCounters(t *testing.T, spi uint32) counters {
 	return c
 }
 
+// bitmapRE finds the window's bitmap in "ip xfrm state" output of an ESN
+// state (the words after "bitmap-length N").
+var bitmapRE = regexp.MustCompile(`bitmap-length \d+\s+([0-9a-f \t\n]+)`)
+
 var stateStatsRE = regexp.MustCompile(`replay-window (\d+) replay (\d+) failed (\d+)`)
 
 // kernelCounters returns the guest's /proc/net/xfrm_stat and the counters
@@ -321,23 +325,30 @@ func negativeKernel(t *testing.T, ctx context.Context, l *lab, udp, v6 bool) {
 // kernelESNEmptyState records what the guest's kernel does with an
 // inbound ESN state that has seen nothing when the first packet's
 // sequence number lies just below 2^32 (high half 0): xfrm_replay_seqhi's
-// case B infers a high half of 2^32-1, the ICV over the wrong high half
-// fails, and the packet is dropped as an integrity failure. With the
-// state's replay state set below the packet (replay-seq 0xffffffe0) the
-// same packets are taken and cross 2^32. The packets are built with espd's
-// own esp and crypto packages, so that the sequence numbers are the
-// test's to choose.
+// case B infers a high half of 2^32-1, so the ICV (which covers the high
+// half) fails and the packet is dropped as an integrity failure; the same
+// low half sent with a high half of 2^32-1 is taken, which shows the
+// inference, as an old number inside the window below 0: the replay state
+// stays at 0 (seq-hi 0x0, seq 0x0) and only the window's bitmap records
+// it. With the state's replay state set below the packet
+// (replay-seq 0xffffffe0) the packets of high half 0 are taken and cross
+// 2^32. The packets are built with espd's own esp and crypto packages, so
+// that the sequence numbers are the test's to choose.
 func kernelESNEmptyState(t *testing.T, ctx context.Context, l *lab) {
 	for _, c := range []struct {
 		name      string
 		replaySeq uint64
 		seqs      []uint64
 		want      map[string]int64
+		seqHi     string // the state's replay state afterwards
+		bitmap    bool   // whether its window's bitmap records a packet
 	}{
 		{"empty", 0, []uint64{1<<32 - 2},
-			map[string]int64{"state.failed": 1, "XfrmInStateProtoError": 1}},
+			map[string]int64{"state.failed": 1, "XfrmInStateProtoError": 1}, "seq-hi 0x0, seq 0x0,", false},
+		{"empty-high-half-2^32-1", 0, []uint64{1<<64 - 2},
+			map[string]int64{"state.packets": 1}, "seq-hi 0x0, seq 0x0,", true},
 		{"replay-seq-0xffffffe0", 0xffffffe0, []uint64{1<<32 - 2, 1<<32 - 1, 1 << 32, 1<<32 + 1},
-			map[string]int64{"state.packets": 4}},
+			map[string]int64{"state.packets": 4}, "seq-hi 0x1, seq 0x1,", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := l.newPair(t, "aes128gcm16-esn", false, false, false)
@@ -363,11 +374,10 @@ func kernelESNEmptyState(t *testing.T, ctx context.Context, l *lab) {
 				})
 			}
 			checkDiff(t, "the kernel's counters", got, c.want)
-			if c.replaySeq != 0 {
-				st := l.guestStateOut(t, ctx, p.out, p.espdO, p.guestO)
-				if !strings.Contains(st, "seq-hi 0x1,") {
-					t.Errorf("the guest's state did not cross 2^32:\n%s", st)
-				}
+			st := l.guestStateOut(t, ctx, p.out, p.espdO, p.guestO)
+			m := bitmapRE.FindStringSubmatch(st)
+			if !strings.Contains(st, c.seqHi) || m == nil || strings.Trim(m[1], "0 \t\n") != "" != c.bitmap {
+				t.Errorf("the guest's state's replay state is not %q with a bitmap that records a packet: %v:\n%s", c.seqHi, c.bitmap, st)
 			}
 		})
 	}
