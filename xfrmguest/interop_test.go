@@ -3,6 +3,7 @@ package xfrmguest_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -118,7 +119,7 @@ func TestInterop(t *testing.T) {
 		if out.Stats.SeqOut != 1<<32+1 {
 			t.Errorf("espd's outbound state's last sequence number is 0x%x, want 0x%x", out.Stats.SeqOut, uint64(1<<32+1))
 		}
-		st := l.guestStateOut(t, ctx, p.out, p.espdO, p.guestO)
+		st := l.guestShowState(t, ctx, p.out, p.espdO, p.guestO)
 		if n := packets(st); n != 4 || !strings.Contains(st, "seq-hi 0x1, seq 0x1,") {
 			t.Errorf("the guest's inbound state counted %d packets (want 4) or did not cross 2^32:\n%s", n, st)
 		}
@@ -160,8 +161,8 @@ func espdOseqFlags(t *testing.T, l *lab, oseq uint64) []string {
 func (l *lab) checkCounts(t *testing.T, ctx context.Context, p *pair, n int) {
 	t.Helper()
 	eOut, eIn := l.espdSA(t, p.out, p.guestO), l.espdSA(t, p.in, p.espdO)
-	gIn := packets(l.guestStateOut(t, ctx, p.out, p.espdO, p.guestO))
-	gOut := packets(l.guestStateOut(t, ctx, p.in, p.guestO, p.espdO))
+	gIn := packets(l.guestShowState(t, ctx, p.out, p.espdO, p.guestO))
+	gOut := packets(l.guestShowState(t, ctx, p.in, p.guestO, p.espdO))
 	if uint64(gIn) != eOut.Stats.Packets || gIn < n {
 		t.Errorf("espd -> guest: espd sent %d packets, the guest received %d (want at least %d)", eOut.Stats.Packets, gIn, n)
 	}
@@ -205,7 +206,7 @@ func (l *lab) checkCapture(t *testing.T) {
 		t.Errorf("the capture is incomplete: %s", res.Summary())
 	}
 	outer := map[netip.Addr]bool{espdOuter4: true, guestOuter4: true, espdOuter6: true, guestOuter6: true}
-	marker, err := hexBytes(espdMarkerHex)
+	marker, err := hex.DecodeString(espdMarkerHex)
 	if err != nil {
 		t.Fatal(err)
 	}

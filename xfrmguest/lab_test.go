@@ -229,17 +229,16 @@ func kernelAlgo(s crypto.Suite, k keys) (string, error) {
 // SPI out) and in (guest -> espd, SPI in), with their outer and inner
 // addresses and options.
 type pair struct {
-	suite            crypto.Suite
-	out, in          uint32
-	espdO, guestO    netip.Addr
-	espdI, guestI    netip.Addr
-	udp              bool
-	reqid            int
-	kOut, kIn        keys
-	guestOseq        uint64   // the guest's outbound state's replay-oseq (ESN: 64 bits); 0: none
-	guestReplaySeq   uint64   // the guest's inbound state's replay-seq; 0: none
-	espdOutExtra     []string // extra espctl flags for espd's outbound state
-	skipGuestInState bool     // key no inbound state in the guest
+	suite          crypto.Suite
+	out, in        uint32
+	espdO, guestO  netip.Addr
+	espdI, guestI  netip.Addr
+	udp            bool
+	reqid          int
+	kOut, kIn      keys
+	guestOseq      uint64   // the guest's outbound state's replay-oseq (ESN: 64 bits); 0: none
+	guestReplaySeq uint64   // the guest's inbound state's replay-seq; 0: none
+	espdOutExtra   []string // extra espctl flags for espd's outbound state
 }
 
 // newPair returns a case's pair for suite name, outer and inner families
@@ -296,15 +295,14 @@ func (l *lab) install(t *testing.T, ctx context.Context, p *pair) {
 	l.espctl(t, "policy", "add", "--src", hostPrefix(p.espdI), "--dst", hostPrefix(p.guestI), "--dir", "out", "--action", "protect", "--reqid", reqid)
 	l.espctl(t, "policy", "add", "--src", hostPrefix(p.guestI), "--dst", hostPrefix(p.espdI), "--dir", "in", "--action", "protect", "--reqid", reqid)
 
-	var cmds []string
-	if !p.skipGuestInState {
-		cmds = append(cmds, l.guestState(t, p, p.out, p.espdO, p.guestO, p.kOut, 0, p.guestReplaySeq))
-	}
-	cmds = append(cmds, l.guestState(t, p, p.in, p.guestO, p.espdO, p.kIn, p.guestOseq, 0),
+	cmds := []string{
+		l.guestState(t, p, p.out, p.espdO, p.guestO, p.kOut, 0, p.guestReplaySeq),
+		l.guestState(t, p, p.in, p.guestO, p.espdO, p.kIn, p.guestOseq, 0),
 		fmt.Sprintf("ip xfrm policy add src %s dst %s dir out tmpl src %s dst %s proto esp reqid %s mode tunnel",
 			hostPrefix(p.guestI), hostPrefix(p.espdI), p.guestO, p.espdO, reqid),
 		fmt.Sprintf("ip xfrm policy add src %s dst %s dir in tmpl src %s dst %s proto esp reqid %s mode tunnel",
-			hostPrefix(p.espdI), hostPrefix(p.guestI), p.espdO, p.guestO, reqid))
+			hostPrefix(p.espdI), hostPrefix(p.guestI), p.espdO, p.guestO, reqid),
+	}
 	l.guest(t, ctx, strings.Join(cmds, " && "))
 }
 
@@ -413,9 +411,9 @@ func (l *lab) espdSA(t *testing.T, spi uint32, dst netip.Addr) saJSON {
 	return v
 }
 
-// guestStateOut returns "ip -s xfrm state get" of the guest's state spi
+// guestShowState returns "ip -s xfrm state get" of the guest's state spi
 // from src to dst.
-func (l *lab) guestStateOut(t *testing.T, ctx context.Context, spi uint32, src, dst netip.Addr) string {
+func (l *lab) guestShowState(t *testing.T, ctx context.Context, spi uint32, src, dst netip.Addr) string {
 	t.Helper()
 	out, err := l.g.MustRun(ctx, fmt.Sprintf("ip -s xfrm state get src %s dst %s proto esp spi 0x%x", src, dst, spi))
 	if err != nil {

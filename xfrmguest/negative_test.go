@@ -3,7 +3,6 @@ package xfrmguest_test
 import (
 	"context"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -18,8 +17,6 @@ import (
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/testbed"
 )
-
-func hexBytes(s string) ([]byte, error) { return hex.DecodeString(s) }
 
 // counters is a snapshot of one side's counters, by name.
 type counters map[string]uint64
@@ -117,7 +114,7 @@ var stateStatsRE = regexp.MustCompile(`replay-window (\d+) replay (\d+) failed (
 func (l *lab) kernelCounters(t *testing.T, ctx context.Context, spi uint32, src, dst netip.Addr) counters {
 	t.Helper()
 	c := counters(l.xfrmStat(t, ctx))
-	st := l.guestStateOut(t, ctx, spi, src, dst)
+	st := l.guestShowState(t, ctx, spi, src, dst)
 	m := stateStatsRE.FindStringSubmatch(st)
 	if m == nil || packets(st) < 0 {
 		t.Fatalf("no stats in the guest's state:\n%s", st)
@@ -374,7 +371,7 @@ func kernelESNEmptyState(t *testing.T, ctx context.Context, l *lab) {
 				})
 			}
 			checkDiff(t, "the kernel's counters", got, c.want)
-			st := l.guestStateOut(t, ctx, p.out, p.espdO, p.guestO)
+			st := l.guestShowState(t, ctx, p.out, p.espdO, p.guestO)
 			m := bitmapRE.FindStringSubmatch(st)
 			if !strings.Contains(st, c.seqHi) || m == nil || strings.Trim(m[1], "0 \t\n") != "" != c.bitmap {
 				t.Errorf("the guest's state's replay state is not %q with a bitmap that records a packet: %v:\n%s", c.seqHi, c.bitmap, st)
