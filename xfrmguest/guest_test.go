@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,12 +30,7 @@ func bootT(t *testing.T, files map[string]string) (*testbed.Node, *xfrmguest.Gue
 	node := testbed.NewNodeT(t, "xfrmguest")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	start := time.Now()
-	img, err := xfrmguest.Build(ctx, "build.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("image %s (kernel %s) ready in %v", img.Dir, img.KernelVersion, time.Since(start).Round(time.Millisecond))
+	img := buildT(t, ctx)
 	g, err := xfrmguest.Boot(ctx, img, xfrmguest.Options{
 		Node: node, Tap: "tap0", Addr: "198.18.0.2/24", Addr6: "2001:db8::2/64",
 		Files: files, WorkDir: t.TempDir(),
@@ -51,6 +47,31 @@ func bootT(t *testing.T, files map[string]string) (*testbed.Node, *xfrmguest.Gue
 	node.MustIP(t, "addr", "add", "198.18.0.1/24", "dev", "tap0")
 	node.MustIP(t, "addr", "add", "2001:db8::1/64", "dev", "tap0", "nodad")
 	return node, g
+}
+
+// image is the guest image, built (or found in the cache) once for the
+// package's tests.
+var image struct {
+	sync.Mutex
+	img   xfrmguest.Image
+	built bool
+}
+
+// buildT returns the guest image, running build.sh the first time.
+func buildT(t *testing.T, ctx context.Context) xfrmguest.Image {
+	t.Helper()
+	image.Lock()
+	defer image.Unlock()
+	if !image.built {
+		start := time.Now()
+		img, err := xfrmguest.Build(ctx, "build.sh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("image %s (kernel %s) ready in %v", img.Dir, img.KernelVersion, time.Since(start).Round(time.Millisecond))
+		image.img, image.built = img, true
+	}
+	return image.img
 }
 
 // TestGuestKernelHasESP boots the guest and checks what this machine's own

@@ -1,0 +1,69 @@
+// Command udpencap runs inside the xfrmguest guest so that its kernel
+// decapsulates ESP-in-UDP (RFC 3948): XFRM only takes UDP-encapsulated ESP
+// that arrives on a UDP socket with the UDP_ENCAP socket option set to
+// UDP_ENCAP_ESPINUDP, and the guest has no IKE daemon to open one. It opens
+// UDP port 4500 (or -port) on IPv4 and IPv6 with that option, prints
+// "udpencap: ready" once both are bound, and then holds them until it is
+// killed. It never reads the sockets: the kernel takes the ESP packets off
+// them before they would be queued.
+//
+// It is built as a static binary (CGO_ENABLED=0) by the tests and given to
+// the guest with xfrmguest.Options.Files.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+func main() {
+	port := flag.Int("port", 4500, "UDP port to open")
+	flag.Parse()
+	if *port < 1 || *port > 65535 {
+		fmt.Fprintf(os.Stderr, "udpencap: -port %d out of range 1-65535\n", *port)
+		os.Exit(2)
+	}
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		if _, err := open(fam, *port); err != nil {
+			fmt.Fprintln(os.Stderr, "udpencap:", err)
+			os.Exit(1)
+		}
+	}
+	fmt.Println("udpencap: ready")
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+}
+
+// open returns a UDP socket of family fam bound to the wildcard address
+// and port, with UDP_ENCAP_ESPINUDP set (and IPV6_V6ONLY for IPv6, so
+// that the IPv4 socket gets IPv4's packets).
+func open(fam, port int) (int, error) {
+	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	if err != nil {
+		return -1, fmt.Errorf("socket: %w", err)
+	}
+	var sa unix.Sockaddr = &unix.SockaddrInet4{Port: port}
+	name := "IPv4"
+	if fam == unix.AF_INET6 {
+		sa, name = &unix.SockaddrInet6{Port: port}, "IPv6"
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("%s: IPV6_V6ONLY: %w", name, err)
+		}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("%s: bind to port %d: %w", name, port, err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_UDP, unix.UDP_ENCAP, unix.UDP_ENCAP_ESPINUDP); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("%s: UDP_ENCAP_ESPINUDP: %w", name, err)
+	}
+	return fd, nil
+}
