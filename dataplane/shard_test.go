@@ -13,8 +13,9 @@ import (
 	"github.com/espd/espd/sa"
 )
 
-// manyTunnels returns n tunnels, tunnel k protecting 198.19.k.0/24 (k
-// from 1) with SPI 0x1000+k.
+// manyTunnels returns n (at most 256) tunnels, tunnel k protecting
+// 198.19.k+1.0/24 (198.19.0.0/24 for the 256th) with SPI 0x1001+k, and a
+// destination in each.
 func manyTunnels(n int) ([]tunnel, []netip.Addr) {
 	tns := make([]tunnel, n)
 	dsts := make([]netip.Addr, n)
