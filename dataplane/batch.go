@@ -57,11 +57,12 @@ type elem struct {
 	reason     sa.DropReason // for dropSA
 }
 
-// batch is the unit every stage passes on. mu is locked while the batch
-// waits for its crypto; the worker that processes it unlocks it, and the
-// in-order stages lock (and at once unlock) it to wait for that.
+// batch is the unit every stage passes on. crypto counts one while a
+// handed-off batch waits for its crypto: the reader adds it, the worker
+// that processes the batch marks it done, and the in-order stages of the
+// batch's shards wait for that.
 type batch struct {
-	mu sync.Mutex
+	crypto sync.WaitGroup
 	// refs, for a handed-off batch, counts the in-order shards that are to
 	// finish it and the worker that is to do its crypto: whoever drops the
 	// last one returns it to the pool (queues.unref).
@@ -244,8 +245,9 @@ func (p *producer) reset() {
 // that shard (its packets are not queued) and goes on giving up at once
 // until the stage moves. b goes to the workers as soon as one shard has
 // taken it, before the push waits for another, so that the shards that
-// took it never wait for one that is stuck. b must be locked; if no shard
-// took it, push unlocks it and returns it to the pool. p is reset.
+// took it never wait for one that is stuck. b's crypto must be pending
+// (batch.crypto); if no shard took it, push marks it done and returns b to
+// the pool. p is reset.
 func (q *queues) push(b *batch, p *producer) (dropped int) {
 	b.refs.Store(int32(bits.OnesCount64(p.mask)) + 1) // the shards and the worker
 	queued := false
@@ -283,7 +285,7 @@ func (q *queues) push(b *batch, p *producer) (dropped int) {
 	}
 	p.reset()
 	if !queued {
-		b.mu.Unlock()
+		b.crypto.Done()
 		q.pool.put(b)
 	}
 	return dropped

@@ -67,7 +67,7 @@ func TestPushCountsInFlight(t *testing.T) {
 	q := newQueues(2, 1, bp)
 	p := newProducer(2)
 	b1, b2 := bp.get(), bp.get()
-	b1.mu.Lock()
+	b1.crypto.Add(1)
 	p.add(0)
 	p.add(1)
 	if dropped := q.push(b1, p); dropped != 0 {
@@ -82,7 +82,7 @@ func TestPushCountsInFlight(t *testing.T) {
 	// Shard 1 is full and stuck: the push gives up on it and counts its
 	// packets, but shard 0 takes the batch.
 	<-q.shards[0].inorder
-	b2.mu.Lock()
+	b2.crypto.Add(1)
 	p.add(0)
 	p.add(1)
 	p.add(1)
@@ -97,7 +97,7 @@ func TestPushCountsInFlight(t *testing.T) {
 	}
 	// The worker finishes both; then the stages.
 	for _, b := range []*batch{<-q.crypto, <-q.crypto} {
-		b.mu.Unlock()
+		b.crypto.Done()
 		q.unref(b)
 	}
 	q.finished(b1, 0)
@@ -116,14 +116,18 @@ func TestPushCountsInFlight(t *testing.T) {
 	}
 	// Nothing takes a batch: the push returns it unlocked.
 	b3 := bp.get()
-	b3.mu.Lock()
+	b3.crypto.Add(1)
 	q.shards[0].inorder <- b1
 	p.stalled[0], p.at[0] = true, q.shards[0].done.Load()
 	p.add(0)
 	if dropped := q.push(b3, p); dropped != 1 {
 		t.Fatalf("push into a stalled shard dropped %d packets, want 1", dropped)
 	}
-	if !b3.mu.TryLock() {
-		t.Fatal("a batch no shard took is still locked")
+	waited := make(chan struct{})
+	go func() { b3.crypto.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a batch no shard took still waits for its crypto")
 	}
 }

@@ -131,7 +131,7 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 		d.pool.put(b)
 		l[cCompletedBatches]++
 	default:
-		b.mu.Lock()
+		b.crypto.Add(1)
 		l[cHandedOff]++
 		l[cQueueDrops] += uint64(d.in.push(b, prod))
 	}
@@ -206,8 +206,7 @@ func (d *Device) writeLoop(k int) {
 	defer d.wg.Done()
 	w := d.newInWriter()
 	for b := range d.in.shards[k].inorder {
-		b.mu.Lock() // wait for the crypto
-		b.mu.Unlock()
+		b.crypto.Wait()
 		d.writeBatch(w, b, k)
 		d.in.finished(b, k)
 	}
@@ -275,7 +274,7 @@ func (d *Device) worker() {
 			}
 			d.outGauge.timeCrypto(b, encrypt)
 			b.release()
-			b.mu.Unlock()
+			b.crypto.Done()
 			d.out.unref(b)
 		case b, ok := <-in:
 			if !ok {
@@ -284,7 +283,7 @@ func (d *Device) worker() {
 			}
 			d.inGauge.timeCrypto(b, decrypt)
 			b.release()
-			b.mu.Unlock()
+			b.crypto.Done()
 			d.in.unref(b)
 		}
 	}

@@ -159,7 +159,7 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 		l[cCompletedBatches]++
 	default:
 		r.reserve(b)
-		b.mu.Lock()
+		b.crypto.Add(1)
 		l[cHandedOff]++
 		l[cQueueDrops] += uint64(d.out.push(b, r.prod))
 	}
@@ -306,8 +306,7 @@ func (d *Device) sendLoop(k int) {
 	defer d.wg.Done()
 	s := d.newOutSender()
 	for b := range d.out.shards[k].inorder {
-		b.mu.Lock() // wait for the crypto
-		b.mu.Unlock()
+		b.crypto.Wait()
 		d.sendBatch(s, b, k)
 		d.out.finished(b, k)
 	}
