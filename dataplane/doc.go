@@ -69,8 +69,8 @@
 // direction however many states there are, a state costs no goroutine and
 // no queue, and a direction holds at most n*(QueueLen+1) batches in its
 // in-order queues and stages (a batch with packets of several shards counts
-// once) plus one per worker and per reader, each batch Batch buffers of
-// BufferSize bytes. Several states in one shard share its order: one of
+// once) plus one per worker and per reader, each batch
+// max(Config.Batch, the TUN's batch size) buffers of BufferSize bytes. Several states in one shard share its order: one of
 // them stuck holds up the others of its shard, as with pcrypt's instance,
 // but never another shard.
 //
@@ -85,9 +85,10 @@
 // stallTimeout the reader drops the batch's packets of that shard, and goes
 // on dropping them at once until the stage moves again, counting
 // QueueDrops. The batch goes to the workers as soon as one shard has taken
-// it, so the shards that did never wait for one that is stuck. Buffers and
-// batches come from a sync.Pool and the steady state allocates nothing per
-// packet.
+// it, so the shards that did never wait for one that is stuck; the reader
+// itself, shared by all shards, still waits up to stallTimeout for a full
+// shard the first time it finds it stuck. Buffers and batches come from a
+// sync.Pool and the steady state allocates nothing per packet.
 //
 // The kernel side (TUN device, outer sockets, routes) is behind small
 // interfaces (TUN, Receiver, Sender) so that tests and benchmarks run the
