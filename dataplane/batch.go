@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"math/bits"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -51,15 +52,21 @@ type elem struct {
 	from       netip.AddrPort // inbound ESP-in-UDP: the outer source, for NAT mapping changes
 	mtu        int            // outbound: path MTU to the peer
 	frag       fragMode       // outbound: whether the outer packet may be fragmented
+	shard      uint8          // the in-order shard of sa (shardOf), when sa is set
 	drop       cause
 	reason     sa.DropReason // for dropSA
 }
 
-// batch is the unit every stage passes on. mu is locked while the batch
-// waits for its crypto; the worker that processes it unlocks it, and the
-// in-order stage locks it to wait for that.
+// batch is the unit every stage passes on. crypto counts one while a
+// handed-off batch waits for its crypto: the reader adds it, the worker
+// that processes the batch marks it done, and the in-order stages of the
+// batch's shards wait for that.
 type batch struct {
-	mu    sync.Mutex
+	crypto sync.WaitGroup
+	// refs, for a handed-off batch, counts the in-order shards that are to
+	// finish it and the worker that is to do its crypto: whoever drops the
+	// last one returns it to the pool (queues.unref).
+	refs  atomic.Int32
 	out   bool // outbound
 	elems []elem
 	n     int // elements in use
@@ -140,22 +147,57 @@ func (b *batch) release() {
 	b.held = b.held[:0]
 }
 
-// queues are one direction's bounded queues. A batch enters inorder
-// before crypto, and the in-order stage, which holds at most one batch it
-// has taken out of inorder, cannot finish it before a worker took it out of
-// crypto. So crypto never holds more than len(inorder)+1 batches, and with
-// one more slot than inorder a push to it after a successful push to
-// inorder never blocks.
-type queues struct {
-	crypto  chan *batch
-	inorder chan *batch
-	wg      sync.WaitGroup // producers; the last one closes the queues
-	pushed  atomic.Uint64  // batches pushed (counted before they are visible)
-	done    atomic.Uint64  // batches the in-order stage has finished
+// maxShards bounds the number of in-order shards per direction: a
+// batch's shards are a bit mask (producer.mask) and an element's shard a
+// byte.
+const maxShards = 64
+
+// shardCount is the number of in-order shards per direction for a device
+// with the given number of workers: one per worker, so that every core can
+// run an in-order stage, at least one and at most maxShards. It does not
+// grow with the number of states.
+func shardCount(workers int) int { return min(max(workers, 1), maxShards) }
+
+// shardOf is the in-order shard of the state with SPI spi among n: a
+// multiplicative hash of the SPI, so that states spread over the shards
+// whatever their SPIs have in common (IKE daemons allocate them at random,
+// manual keying often in sequence).
+func shardOf(spi uint32, n int) uint8 {
+	return uint8(uint64(spi*0x9e3779b1) * uint64(n) >> 32)
 }
 
-func newQueues(n int) *queues {
-	return &queues{crypto: make(chan *batch, n+1), inorder: make(chan *batch, n)}
+// shard is one in-order stage's queue: the batches holding packets of its
+// states, in the order its producers pushed them.
+type shard struct {
+	inorder chan *batch
+	done    atomic.Uint64 // batches the shard's stage has finished
+}
+
+// queues are one direction's bounded queues: the crypto queue, served by
+// the workers, and the in-order queue of each shard, served by the
+// shard's stage (a sender or TUN writer). A batch enters the in-order
+// queue of every shard it holds packets of (one for a batch of one state)
+// before it enters crypto, once, and a shard's stage, which holds at most
+// one batch it has taken out of its queue, cannot finish it before a
+// worker took it out of crypto. So crypto never holds more than
+// len(shards)*(QueueLen+1) batches, and with that many slots a push to it
+// after a successful push to a shard never blocks.
+type queues struct {
+	crypto chan *batch
+	shards []shard
+	pool   *pool          // where the last reference of a batch returns it
+	wg     sync.WaitGroup // producers; the last one closes the queues
+	pushed atomic.Uint64  // pushes to the shards (counted before they are visible)
+	done   atomic.Uint64  // batches the shards' stages have finished, summed
+}
+
+// newQueues returns the queues of nShards shards of n slots each.
+func newQueues(nShards, n int, p *pool) *queues {
+	q := &queues{crypto: make(chan *batch, nShards*(n+1)), shards: make([]shard, nShards), pool: p}
+	for k := range q.shards {
+		q.shards[k].inorder = make(chan *batch, n)
+	}
+	return q
 }
 
 // stallTimeout is how long a producer waits for room in a full queue
@@ -164,64 +206,129 @@ func newQueues(n int) *queues {
 // of waiting, until the stage moves again.
 const stallTimeout = 100 * time.Millisecond
 
-// producer is one producer's state for push.
+// producer is one producer's state for push. mask and live describe the
+// batch being pushed; stalled and at, each shard's stall.
 type producer struct {
 	timer   *time.Timer
-	stalled bool   // the last push gave up on a stuck stage
-	at      uint64 // queues.done when it did
+	mask    uint64   // the shards the batch holds live packets of
+	live    []int    // the batch's live packets per shard
+	stalled []bool   // the last push to the shard gave up on a stuck stage
+	at      []uint64 // the shard's done count when it did
 }
 
-func newProducer() *producer {
+func newProducer(nShards int) *producer {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	return &producer{timer: t}
+	return &producer{timer: t, live: make([]int, nShards), stalled: make([]bool, nShards), at: make([]uint64, nShards)}
 }
 
-// push hands b to the workers and the in-order stage. When the in-order
-// queue is full it waits for room, so that a burst is held by the kernel
-// (the TUN's queue, the socket's receive buffer) rather than dropped here,
-// as long as the in-order stage keeps finishing batches; when the stage
-// has finished none for stallTimeout it reports false (b is not queued)
-// and goes on reporting false at once until the stage moves. b must be
-// locked.
-func (q *queues) push(b *batch, p *producer) bool {
-	q.pushed.Add(1) // before b is visible to the in-order stage
-	if q.enqueue(b, p) {
-		return true
+// add counts a live packet of shard k in the batch being classified.
+func (p *producer) add(k uint8) {
+	p.mask |= 1 << k
+	p.live[k]++
+}
+
+// reset forgets the batch classified last.
+func (p *producer) reset() {
+	for m := p.mask; m != 0; m &= m - 1 {
+		p.live[bits.TrailingZeros64(m)] = 0
 	}
-	q.pushed.Add(^uint64(0))
-	return false
+	p.mask = 0
 }
 
-// enqueue is push without the count.
-func (q *queues) enqueue(b *batch, p *producer) bool {
-	select {
-	case q.inorder <- b:
+// push hands b to the workers and to the in-order stage of each shard in
+// p.mask, and returns how many of b's live packets it could not queue.
+// When a shard's queue is full it waits for room, so that a burst is held
+// by the kernel (the TUN's queue, the socket's receive buffer) rather than
+// dropped here, as long as that shard's stage keeps finishing batches;
+// when the stage has finished none for stallTimeout the push gives up on
+// that shard (its packets are not queued) and goes on giving up at once
+// until the stage moves. b goes to the workers as soon as one shard has
+// taken it, before the push waits for another, so that the shards that
+// took it never wait for one that is stuck. b's crypto must be pending
+// (batch.crypto); if no shard took it, push marks it done and returns b to
+// the pool. p is reset.
+func (q *queues) push(b *batch, p *producer) (dropped int) {
+	b.refs.Store(int32(bits.OnesCount64(p.mask)) + 1) // the shards and the worker
+	queued := false
+	var pending uint64
+	for m := p.mask; m != 0; m &= m - 1 {
+		k := bits.TrailingZeros64(m)
+		q.pushed.Add(1) // before b is visible to the stage
+		select {
+		case q.shards[k].inorder <- b:
+			p.stalled[k] = false
+			queued = true
+		default:
+			q.pushed.Add(^uint64(0))
+			pending |= 1 << k
+		}
+	}
+	if queued {
 		q.crypto <- b
-		p.stalled = false
-		return true
-	default:
 	}
-	done := q.done.Load()
-	if p.stalled && p.at == done {
+	for m := pending; m != 0; m &= m - 1 {
+		k := bits.TrailingZeros64(m)
+		q.pushed.Add(1)
+		if q.wait(b, p, k) {
+			if !queued {
+				q.crypto <- b
+				queued = true
+			}
+			continue
+		}
+		q.pushed.Add(^uint64(0))
+		dropped += p.live[k]
+		if queued {
+			q.unref(b)
+		}
+	}
+	p.reset()
+	if !queued {
+		b.crypto.Done()
+		q.pool.put(b)
+	}
+	return dropped
+}
+
+// wait waits for room for b in shard k's full queue, and reports whether
+// b went in: see push.
+func (q *queues) wait(b *batch, p *producer, k int) bool {
+	sh := &q.shards[k]
+	done := sh.done.Load()
+	if p.stalled[k] && p.at[k] == done {
 		return false
 	}
-	p.stalled = false
+	p.stalled[k] = false
 	for {
 		p.timer.Reset(stallTimeout)
 		select {
-		case q.inorder <- b:
+		case sh.inorder <- b:
 			p.timer.Stop()
-			q.crypto <- b
 			return true
 		case <-p.timer.C:
-			now := q.done.Load()
+			now := sh.done.Load()
 			if now == done {
-				p.stalled, p.at = true, now
+				p.stalled[k], p.at[k] = true, now
 				return false
 			}
 			done = now
 		}
+	}
+}
+
+// finished is called by shard k's stage when it has finished b.
+func (q *queues) finished(b *batch, k int) {
+	q.shards[k].done.Add(1)
+	q.done.Add(1)
+	q.unref(b)
+}
+
+// unref drops a reference to b (a shard's or the worker's) and returns b
+// to the pool with the last one.
+func (q *queues) unref(b *batch) {
+	if b.refs.Add(-1) == 0 {
+		q.pool.put(b)
 	}
 }
 
@@ -232,5 +339,7 @@ func (q *queues) producerDone() { q.wg.Done() }
 func (q *queues) closeWhenDone() {
 	q.wg.Wait()
 	close(q.crypto)
-	close(q.inorder)
+	for k := range q.shards {
+		close(q.shards[k].inorder)
+	}
 }

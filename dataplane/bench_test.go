@@ -113,3 +113,57 @@ func BenchmarkOutbound(b *testing.B) { benchmarkPipeline(b, false) }
 // BenchmarkRoundTrip: the outbound path, then receive, replay check,
 // decryption, selector check and TUN write of the same packets.
 func BenchmarkRoundTrip(b *testing.B) { benchmarkPipeline(b, true) }
+
+// BenchmarkTunnels: the round trip of BenchmarkRoundTrip, 1400-byte
+// packets, through 1 tunnel and through 256, whose packets are mixed in
+// every batch (batch i carries one packet of each of 64 tunnels, the next
+// 64 in the next batch): the hub case, where the in-order stages of
+// several shards run at once.
+func BenchmarkTunnels(b *testing.B) {
+	for _, m := range pipelineModes {
+		for _, n := range []int{1, 256} {
+			b.Run(fmt.Sprintf("%v/tunnels=%d", m, n), func(b *testing.B) { benchmarkTunnels(b, m, n) })
+		}
+	}
+}
+
+func benchmarkTunnels(b *testing.B, m pipelineMode, n int) {
+	const size = 1400
+	h := newHarness(b, Config{Workers: m.workers, HandOffBelow: m.below, QueueLen: 64}, true)
+	h.tun.record, h.tx.record = false, false
+	done := make(chan int, 4096)
+	h.tun.notify = done
+	tns, dsts := manyTunnels(n)
+	for _, tn := range tns {
+		h.add(tn)
+	}
+	bs := h.tun.BatchSize()
+	tmpls := make([][][]byte, max(n/bs, 1))
+	for i := range tmpls {
+		tmpls[i] = make([][]byte, bs)
+		for j := range tmpls[i] {
+			tmpls[i][j] = udpPacket(innerSrc4, dsts[(i*bs+j)%n], 1000, 2000, uint64(j), size, false)
+		}
+	}
+	driveAll := func(total int) {
+		sent, got, i := 0, 0, 0
+		for got < total {
+			if sent < total && sent-got+bs <= bs*8 {
+				h.tun.in <- tmpls[i%len(tmpls)]
+				i++
+				sent += bs
+				continue
+			}
+			got += <-done
+		}
+	}
+	driveAll(bs * 16)
+	b.SetBytes(size)
+	b.ReportAllocs()
+	b.ResetTimer()
+	driveAll(b.N)
+	b.StopTimer()
+	if st := h.d.Stats(); st.QueueDrops != 0 || st.CryptoDrops != 0 {
+		b.Errorf("drops: %+v", st)
+	}
+}

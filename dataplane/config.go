@@ -57,8 +57,10 @@ type Config struct {
 	// writes them itself (run to completion), saving the two goroutine
 	// handoffs, and the thread wakeups they cost, of every batch; it is
 	// the faster choice where system calls, not crypto, are the limit
-	// (BENCHMARKS.md). n > 0 hands the batches to n workers and an in-order
-	// stage per direction, spreading one flow's crypto over n cores.
+	// (BENCHMARKS.md). n > 0 hands the batches to n workers and to n
+	// in-order stages per direction, each serving the states of one shard,
+	// spreading one flow's crypto over n cores and different states' I/O
+	// over the stages (see the package documentation).
 	Workers int
 	// HandOffBelow, with workers, is a crypto rate in MB/s: while the
 	// crypto of a direction's batches runs slower than this (as measured
@@ -78,8 +80,9 @@ type Config struct {
 	// the route to each peer (refreshed every 30 s), or DefaultOuterMTU
 	// without a router (fakes).
 	OuterMTU int
-	// QueueLen is how many batches per direction may wait for crypto and
-	// sending; 0 means DefaultQueueLen.
+	// QueueLen is how many batches may wait for crypto and sending in
+	// each in-order shard of each direction (one shard per worker); 0
+	// means DefaultQueueLen.
 	QueueLen int
 	// Batch is the number of outer packets per recvmmsg; 0 means
 	// DefaultBatch.

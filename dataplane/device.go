@@ -25,8 +25,9 @@ type TUN interface {
 	// Read reads packets into bufs[i][offset:] and their sizes into sizes.
 	Read(bufs [][]byte, sizes []int, offset int) (int, error)
 	// Write writes the packets bufs[i][offset:]; offset is at least
-	// tun.MinWriteOffset. It is called from two goroutines at once (the
-	// inbound writer and the outbound reader's ICMP errors).
+	// tun.MinWriteOffset. It is called from several goroutines at once
+	// (the inbound in-order stage of each shard, the inbound readers that
+	// run batches to completion, and the outbound reader's ICMP errors).
 	Write(bufs [][]byte, offset int) error
 	// Stats returns the device's system-call counters (zero on fakes
 	// that do not count).
@@ -66,6 +67,9 @@ type Device struct {
 	pool *pool
 	out  *queues
 	in   *queues
+	// shards is the number of in-order shards per direction
+	// (shardCount): a state's packets go through the stage of its shard.
+	shards int
 
 	noWorkers bool // no workers: readers run every batch to completion
 	// readersComplete: readers run some or all batches to completion (no
@@ -185,8 +189,9 @@ func (d *Device) StartWith(io IO) error {
 	d.io = io
 	d.live.Store(&d.io)
 	d.pool = newPool(max(io.TUN.BatchSize(), d.cfg.Batch))
-	d.out = newQueues(d.cfg.QueueLen)
-	d.in = newQueues(d.cfg.QueueLen)
+	d.shards = shardCount(d.cfg.Workers)
+	d.out = newQueues(d.shards, d.cfg.QueueLen, d.pool)
+	d.in = newQueues(d.shards, d.cfg.QueueLen, d.pool)
 
 	d.out.wg.Add(1)
 	d.wg.Add(1)
@@ -200,12 +205,14 @@ func (d *Device) StartWith(io IO) error {
 	go func() { defer d.wg.Done(); d.out.closeWhenDone() }()
 	go func() { defer d.wg.Done(); d.in.closeWhenDone() }()
 	if !d.noWorkers {
-		d.wg.Add(2 + d.cfg.Workers)
+		d.wg.Add(d.cfg.Workers + 2*d.shards)
 		for range d.cfg.Workers {
 			go d.worker()
 		}
-		go d.sendLoop()
-		go d.writeLoop()
+		for k := range d.shards {
+			go d.sendLoop(k)
+			go d.writeLoop(k)
+		}
 	}
 	if d.cfg.Keepalive > 0 {
 		d.wg.Add(1)
@@ -215,7 +222,7 @@ func (d *Device) StartWith(io IO) error {
 		d.wg.Add(1)
 		go d.reportHandOff()
 	}
-	d.log.Info("data plane started", "workers", d.cfg.Workers, "batch", d.pool.size, "queue", d.cfg.QueueLen)
+	d.log.Info("data plane started", "workers", d.cfg.Workers, "shards", d.shards, "batch", d.pool.size, "queue", d.cfg.QueueLen)
 	return nil
 }
 

@@ -13,7 +13,7 @@ import (
 func TestOffloaderDecisions(t *testing.T) {
 	var o handOffGauge
 	o.below.Store(1000) // MB/s
-	q := newQueues(4)
+	q := newQueues(1, 4, nil)
 	if o.handsOff(q) {
 		t.Fatal("no sample yet: want inline")
 	}
@@ -59,27 +59,75 @@ func TestOffloaderDecisions(t *testing.T) {
 }
 
 // TestPushCountsInFlight checks that a push counts the batch as in flight
-// until the in-order stage finishes it, and that a failed push does not.
+// in each shard until that shard's stage finishes it, that a failed push
+// does not, and that the batch returns to the pool with the last of its
+// references (its shards' and the worker's).
 func TestPushCountsInFlight(t *testing.T) {
-	q := newQueues(1)
-	p := newProducer()
-	b1, b2 := &batch{}, &batch{}
-	if !q.push(b1, p) {
-		t.Fatal("push into an empty queue failed")
+	bp := newPool(4)
+	q := newQueues(2, 1, bp)
+	p := newProducer(2)
+	b1, b2 := bp.get(), bp.get()
+	b1.crypto.Add(1)
+	p.add(0)
+	p.add(1)
+	if dropped := q.push(b1, p); dropped != 0 {
+		t.Fatalf("push into empty queues dropped %d packets", dropped)
 	}
-	if got := q.inFlight(); got != 1 {
-		t.Fatalf("in flight %d, want 1", got)
+	if got := q.inFlight(); got != 2 {
+		t.Fatalf("in flight %d, want 2 (one per shard)", got)
 	}
-	if q.push(b2, p) { // the in-order stage finishes nothing: the push stalls and gives up
-		t.Fatal("push into a full, stuck queue succeeded")
+	if p.mask != 0 || p.live[0] != 0 || p.live[1] != 0 {
+		t.Fatalf("producer not reset: mask %b, live %v", p.mask, p.live)
 	}
-	if got := q.inFlight(); got != 1 {
-		t.Fatalf("in flight %d after a failed push, want 1", got)
+	// Shard 1 is full and stuck: the push gives up on it and counts its
+	// packets, but shard 0 takes the batch.
+	<-q.shards[0].inorder
+	b2.crypto.Add(1)
+	p.add(0)
+	p.add(1)
+	p.add(1)
+	if dropped := q.push(b2, p); dropped != 2 {
+		t.Fatalf("push with shard 1 stuck dropped %d packets, want 2", dropped)
 	}
-	<-q.inorder
-	<-q.crypto
-	q.done.Add(1)
+	if got := q.inFlight(); got != 3 {
+		t.Fatalf("in flight %d after a push that shard 1 refused, want 3", got)
+	}
+	if got := b2.refs.Load(); got != 2 {
+		t.Fatalf("b2 holds %d references, want 2 (shard 0 and the worker)", got)
+	}
+	// The worker finishes both; then the stages.
+	for _, b := range []*batch{<-q.crypto, <-q.crypto} {
+		b.crypto.Done()
+		q.unref(b)
+	}
+	q.finished(b1, 0)
+	if got := b1.refs.Load(); got != 1 {
+		t.Fatalf("b1 holds %d references after the worker and shard 0, want 1", got)
+	}
+	<-q.shards[1].inorder
+	q.finished(b1, 1)
+	<-q.shards[0].inorder
+	q.finished(b2, 0)
 	if got := q.inFlight(); got != 0 {
-		t.Fatalf("in flight %d after the stage finished, want 0", got)
+		t.Fatalf("in flight %d after the stages finished, want 0", got)
+	}
+	if b1.refs.Load() != 0 || b2.refs.Load() != 0 {
+		t.Fatalf("references left: %d, %d", b1.refs.Load(), b2.refs.Load())
+	}
+	// Nothing takes a batch: the push returns it unlocked.
+	b3 := bp.get()
+	b3.crypto.Add(1)
+	q.shards[0].inorder <- b1
+	p.stalled[0], p.at[0] = true, q.shards[0].done.Load()
+	p.add(0)
+	if dropped := q.push(b3, p); dropped != 1 {
+		t.Fatalf("push into a stalled shard dropped %d packets, want 1", dropped)
+	}
+	waited := make(chan struct{})
+	go func() { b3.crypto.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a batch no shard took still waits for its crypto")
 	}
 }

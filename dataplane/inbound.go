@@ -20,10 +20,10 @@ func (d *Device) readOuter(r conn.Receiver) {
 	defer d.wg.Done()
 	defer d.in.producerDone()
 	bs := min(d.cfg.Batch, d.pool.size)
-	prod := newProducer()
+	prod := newProducer(d.shards)
 	var w *inWriter
 	if d.readersComplete {
-		w = &inWriter{}
+		w = d.newInWriter()
 	}
 	for {
 		b := d.pool.get()
@@ -63,6 +63,7 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 		spi     uint32
 		s       *sa.SA
 		dec     *esp.Decapsulator
+		k       uint8
 	)
 	b.n = n
 	live := 0
@@ -102,37 +103,37 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 			s, dec = d.db.LookupInbound(id), nil
 			if s != nil && b.hold(s) {
 				dec = s.Decapsulator()
+				k = shardOf(id, d.shards)
 			}
 		}
 		if dec == nil {
 			l[cInvalidSPI]++
 			continue
 		}
-		e.sa, e.dec = s, dec
+		e.sa, e.dec, e.shard = s, dec, k
 		e.start, e.end, e.tos = m.Start, m.End, m.TOS
 		if m.UDP {
 			e.from = m.Src
 		}
 		e.drop = pass
+		prod.add(k)
 		live++
 	}
 	switch {
 	case live == 0:
+		prod.reset()
 		d.pool.put(b)
 	case d.noWorkers || !d.inGauge.handsOff(d.in): // run to completion
+		prod.reset()
 		d.inGauge.timeCrypto(b, decrypt)
 		b.release()
-		d.writeBatch(w, b)
+		d.writeBatch(w, b, allShards)
 		d.pool.put(b)
 		l[cCompletedBatches]++
 	default:
-		b.mu.Lock()
+		b.crypto.Add(1)
 		l[cHandedOff]++
-		if !d.in.push(b, prod) {
-			b.mu.Unlock()
-			l[cQueueDrops] += uint64(live)
-			d.pool.put(b)
-		}
+		l[cQueueDrops] += uint64(d.in.push(b, prod))
 	}
 	l.flush(&d.stats)
 }
@@ -185,30 +186,42 @@ func offsetIn(buf, sub []byte) int {
 	return int(uintptr(unsafe.Pointer(unsafe.SliceData(sub))) - uintptr(unsafe.Pointer(unsafe.SliceData(buf))))
 }
 
-// inWriter is the in-order TUN writer's state.
+// inWriter is an in-order TUN writer's state.
 type inWriter struct {
 	acct accounting
+	// bufs is the Write vector: the writer's own, since the stages of
+	// several shards write the packets of one batch at once.
+	bufs [][]byte
 }
 
-// writeLoop is the inbound in-order stage: it takes batches in the order
-// they were received, waits for their crypto and writes them to the TUN.
-func (d *Device) writeLoop() {
+func (d *Device) newInWriter() *inWriter {
+	return &inWriter{bufs: make([][]byte, d.pool.size)}
+}
+
+// writeLoop is shard k's inbound in-order stage: it takes the batches
+// holding packets of its states in the order they were received, waits
+// for their crypto, records the sequence numbers and writes those packets
+// to the TUN.
+func (d *Device) writeLoop(k int) {
 	defer d.wg.Done()
-	w := &inWriter{}
-	for b := range d.in.inorder {
-		b.mu.Lock()
-		d.writeBatch(w, b)
-		b.mu.Unlock()
-		d.pool.put(b)
-		d.in.done.Add(1)
+	w := d.newInWriter()
+	for b := range d.in.shards[k].inorder {
+		b.crypto.Wait()
+		d.writeBatch(w, b, k)
+		d.in.finished(b, k)
 	}
 }
 
-func (d *Device) writeBatch(w *inWriter, b *batch) {
+// writeBatch records the sequence numbers of the packets of b whose
+// states are in shard k (all with allShards) and writes them to the TUN.
+func (d *Device) writeBatch(w *inWriter, b *batch, k int) {
 	var l local
 	j := 0
 	for i := range b.n {
 		e := &b.elems[i]
+		if k != allShards && (e.sa == nil || int(e.shard) != k) {
+			continue
+		}
 		if e.record {
 			if err := e.dec.Replay.Update(e.seq); err != nil {
 				// Another packet with this number was in flight.
@@ -222,17 +235,18 @@ func (d *Device) writeBatch(w *inWriter, b *batch) {
 			checkMapping(d.db, e.sa, e.from)
 		}
 		w.acct.add(e.sa, e.innerLen)
-		b.bufs[j] = e.buf[e.start-tun.MinWriteOffset : e.end]
+		w.bufs[j] = e.buf[e.start-tun.MinWriteOffset : e.end]
 		j++
 		l[cTUNTxBytes] += uint64(e.innerLen)
 	}
 	w.acct.flush()
 	if j > 0 {
 		l[cTUNTxPackets] += uint64(j)
-		if err := d.io.TUN.Write(b.bufs[:j], tun.MinWriteOffset); err != nil {
+		if err := d.io.TUN.Write(w.bufs[:j], tun.MinWriteOffset); err != nil {
 			l[cTUNWriteErrors]++
 			d.logf(logTUNWrite, "TUN write failed", "packets", j, "err", err)
 		}
+		clear(w.bufs[:j]) // drop the references to the batch's buffers
 	}
 	l.flush(&d.stats)
 }
@@ -260,7 +274,8 @@ func (d *Device) worker() {
 			}
 			d.outGauge.timeCrypto(b, encrypt)
 			b.release()
-			b.mu.Unlock()
+			b.crypto.Done()
+			d.out.unref(b)
 		case b, ok := <-in:
 			if !ok {
 				in = nil
@@ -268,7 +283,8 @@ func (d *Device) worker() {
 			}
 			d.inGauge.timeCrypto(b, decrypt)
 			b.release()
-			b.mu.Unlock()
+			b.crypto.Done()
+			d.in.unref(b)
 		}
 	}
 }

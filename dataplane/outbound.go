@@ -27,6 +27,7 @@ type outReader struct {
 	reqid    uint32
 	s        *sa.SA
 	enc      *esp.Encapsulator
+	shard    uint8
 	mtu      int
 	innerMTU int
 
@@ -49,7 +50,7 @@ type seqRun struct {
 func (d *Device) readTUN() {
 	defer d.wg.Done()
 	defer d.out.producerDone()
-	r := &outReader{runs: make([]seqRun, 0, 16), prod: newProducer()}
+	r := &outReader{runs: make([]seqRun, 0, 16), prod: newProducer(d.shards)}
 	if d.readersComplete {
 		r.send = d.newOutSender()
 	}
@@ -139,29 +140,28 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 				continue
 			}
 		}
-		e.sa, e.enc, e.mtu, e.innerLen = r.s, r.enc, r.mtu, len(pkt)
+		e.sa, e.enc, e.mtu, e.innerLen, e.shard = r.s, r.enc, r.mtu, len(pkt), r.shard
 		e.drop = pass
+		r.prod.add(r.shard)
 		live++
 	}
 	switch {
 	case live == 0:
+		r.prod.reset()
 		d.pool.put(b)
 	case d.noWorkers || !d.outGauge.handsOff(d.out):
+		r.prod.reset()
 		r.reserve(b)
 		d.outGauge.timeCrypto(b, encrypt)
 		b.release()
-		d.sendBatch(r.send, b)
+		d.sendBatch(r.send, b, allShards)
 		d.pool.put(b)
 		l[cCompletedBatches]++
 	default:
 		r.reserve(b)
-		b.mu.Lock()
+		b.crypto.Add(1)
 		l[cHandedOff]++
-		if !d.out.push(b, r.prod) {
-			b.mu.Unlock()
-			l[cQueueDrops] += uint64(live)
-			d.pool.put(b)
-		}
+		l[cQueueDrops] += uint64(d.out.push(b, r.prod))
 	}
 	l.flush(&d.stats)
 }
@@ -179,7 +179,7 @@ func (r *outReader) lookupSA(d *Device, b *batch, reqid uint32) {
 	if enc == nil {
 		return
 	}
-	r.s, r.enc = s, enc
+	r.s, r.enc, r.shard = s, enc, shardOf(s.SPI(), d.shards)
 	r.mtu = r.pmtu.get(enc.Outer.Dst)
 	r.innerMTU = enc.InnerMTU(r.mtu)
 }
@@ -299,26 +299,34 @@ func (d *Device) newOutSender() *outSender {
 	return &outSender{pkts: make([]conn.Packet, 0, d.pool.size)}
 }
 
-// sendLoop is the outbound in-order stage: it takes batches in the order
-// they were read, waits for their crypto and sends them.
-func (d *Device) sendLoop() {
+// sendLoop is shard k's outbound in-order stage: it takes the batches
+// holding packets of its states in the order they were read, waits for
+// their crypto and sends those packets.
+func (d *Device) sendLoop(k int) {
 	defer d.wg.Done()
 	s := d.newOutSender()
-	for b := range d.out.inorder {
-		b.mu.Lock()
-		d.sendBatch(s, b)
-		b.mu.Unlock()
-		d.pool.put(b)
-		d.out.done.Add(1)
+	for b := range d.out.shards[k].inorder {
+		b.crypto.Wait()
+		d.sendBatch(s, b, k)
+		d.out.finished(b, k)
 	}
 }
 
-func (d *Device) sendBatch(s *outSender, b *batch) {
+// allShards, as sendBatch's or writeBatch's shard, takes the packets of
+// every shard: the batch is run to completion.
+const allShards = -1
+
+// sendBatch sends the packets of b whose states are in shard k (all with
+// allShards).
+func (d *Device) sendBatch(s *outSender, b *batch, k int) {
 	var l local
 	s.pkts = s.pkts[:0]
 	var want int // outer packets the Bind is to send, fragments counted
 	for i := range b.n {
 		e := &b.elems[i]
+		if k != allShards && (e.sa == nil || int(e.shard) != k) {
+			continue
+		}
 		if !s.acct.passes(e, &l) {
 			continue
 		}

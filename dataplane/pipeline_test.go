@@ -51,7 +51,9 @@ func TestOrderAcrossHandOff(t *testing.T) {
 		mu.Unlock()
 	}
 	cfg := Config{Workers: 8, QueueLen: 1024, HandOffBelow: DefaultHandOffBelow, OnHandOff: onHandOff}
+	var hd *Device
 	st := checkOrder(t, cfg, func(h *harness, i, sent int) {
+		hd = h.d
 		above := int64(1 << 40)
 		if i/5%2 == 0 {
 			// Let what is in flight drain now and then, so that the
@@ -69,12 +71,19 @@ func TestOrderAcrossHandOff(t *testing.T) {
 	}
 	// OnHandOff hears of the changes at most every
 	// handOffReportInterval, so not of each: only changes, alternating,
-	// the first a start, and in the end the state the gauges settled in.
+	// the first a start, and in the end the state the gauges settled in
+	// (the last batches ran slower than the threshold: handing off). The
+	// run may end before the reporter's next look: wait for it.
+	if !hd.outGauge.handing.Load() && !hd.inGauge.handing.Load() {
+		t.Fatal("the gauges settled on running batches to completion after a phase slower than the threshold")
+	}
+	waitFor(t, "OnHandOff to report the state the gauges settled in", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(calls) > 0 && calls[len(calls)-1]
+	})
 	mu.Lock()
 	defer mu.Unlock()
-	if len(calls) < 1 {
-		t.Fatalf("OnHandOff never called")
-	}
 	for i, h := range calls {
 		if h != (i%2 == 0) {
 			t.Fatalf("OnHandOff calls %v: want true, false, true, ... (only changes)", calls)
