@@ -158,6 +158,17 @@ const maxShards = 64
 // grow with the number of states.
 func shardCount(workers int) int { return min(max(workers, 1), maxShards) }
 
+// minShardQueue is the least in-order queue length of a shard.
+const minShardQueue = 2
+
+// shardQueueLen is the in-order queue length of each of n shards when a
+// direction may queue queueLen batches: the shards share that budget
+// (rounded up, at least minShardQueue each), so that the memory a
+// direction may hold does not grow with the number of workers.
+func shardQueueLen(queueLen, n int) int {
+	return max((queueLen+n-1)/n, minShardQueue)
+}
+
 // shardOf is the in-order shard of the state with SPI spi among n: a
 // multiplicative hash of the SPI, so that states spread over the shards
 // whatever their SPIs have in common (IKE daemons allocate them at random,

@@ -81,8 +81,9 @@ type Config struct {
 	// without a router (fakes).
 	OuterMTU int
 	// QueueLen is how many batches may wait for crypto and sending in
-	// each in-order shard of each direction (one shard per worker); 0
-	// means DefaultQueueLen.
+	// each direction, shared by its in-order shards (one per worker):
+	// each shard's queue holds QueueLen/shards, rounded up, and at least
+	// 2. 0 means DefaultQueueLen.
 	QueueLen int
 	// Batch is the number of outer packets per recvmmsg; 0 means
 	// DefaultBatch.

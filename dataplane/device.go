@@ -190,8 +190,9 @@ func (d *Device) StartWith(io IO) error {
 	d.live.Store(&d.io)
 	d.pool = newPool(max(io.TUN.BatchSize(), d.cfg.Batch))
 	d.shards = shardCount(d.cfg.Workers)
-	d.out = newQueues(d.shards, d.cfg.QueueLen, d.pool)
-	d.in = newQueues(d.shards, d.cfg.QueueLen, d.pool)
+	perShard := shardQueueLen(d.cfg.QueueLen, d.shards)
+	d.out = newQueues(d.shards, perShard, d.pool)
+	d.in = newQueues(d.shards, perShard, d.pool)
 
 	d.out.wg.Add(1)
 	d.wg.Add(1)

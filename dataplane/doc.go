@@ -67,12 +67,17 @@
 //
 // Memory does not grow with the number of states: there are n shards per
 // direction however many states there are, a state costs no goroutine and
-// no queue, and a direction holds at most n*(QueueLen+1) batches in its
-// in-order queues and stages (a batch with packets of several shards counts
-// once) plus one per worker and per reader, each batch
-// max(Config.Batch, the TUN's batch size) buffers of BufferSize bytes. Several states in one shard share its order: one of
-// them stuck holds up the others of its shard, as with pcrypt's instance,
-// but never another shard.
+// no queue, and the shards share one budget of Config.QueueLen batches per
+// direction (each shard's queue holds QueueLen/n rounded up, at least 2):
+// a direction holds at most n*(max(QueueLen/n, 2)+1) batches in its
+// in-order queues and stages (a batch with packets of several shards
+// counts once) plus one per worker and per reader, each batch
+// max(Config.Batch, the TUN's batch size) buffers of BufferSize bytes, and
+// only while they are in flight (the pool allocates on demand). With the
+// defaults on 2 cores that is the 16 batches of one queue before shards
+// existed. Several states in one shard share its order: one of them stuck
+// holds up the others of its shard, as with pcrypt's instance, but never
+// another shard.
 //
 // A batch holds each state it uses (sa.SA.Hold) from the reader's lookup
 // until its crypto is done, so that a state deleted or expired meanwhile

@@ -338,3 +338,15 @@ func TestStatesDoNotWaitInbound(t *testing.T) {
 		}
 	}
 }
+
+// TestShardQueueLen: the shards share the direction's QueueLen, at least
+// minShardQueue each, so more workers do not mean more queued memory.
+func TestShardQueueLen(t *testing.T) {
+	for _, c := range []struct{ queueLen, shards, want int }{
+		{16, 1, 16}, {16, 2, 8}, {16, 3, 6}, {16, 16, 2}, {16, 64, 2}, {1, 1, 2}, {1024, 8, 128},
+	} {
+		if got := shardQueueLen(c.queueLen, c.shards); got != c.want {
+			t.Errorf("shardQueueLen(%d, %d) = %d, want %d", c.queueLen, c.shards, got, c.want)
+		}
+	}
+}
