@@ -119,6 +119,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 
 	h := &harness{o: o, stdout: stdout, stderr: stderr}
 	h.env = &system.Env{Dir: work, Family: o.family, Prefix: namespacePrefix, WireGuardBin: o.wgBin}
+	h.env.Profile = o.profile != ""
 	if o.verbose {
 		h.env.Logf = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	}
@@ -414,13 +415,22 @@ func (h *harness) runStep(ctx context.Context, st step, suite crypto.Suite) {
 	dst := h.server()
 	h.settle(ctx, s)
 	var c0, c1 cpuSample
+	profiled := func() error { return nil }
 	window := func(start bool) {
 		if start {
 			c0 = h.sample(s)
+			if st.pt.kind != report.KindPing {
+				profiled = h.startProfile(ctx, s, runName(r.Seq, r.System, r.Suite, pointName(st.pt)+fmt.Sprintf(" run %d", r.Rep)))
+			}
 		} else {
 			c1 = h.sample(s)
 		}
 	}
+	defer func() {
+		if err := profiled(); err != nil {
+			h.prog.note("bench: %s: profile: %v", s.Label(), err)
+		}
+	}()
 	before, hasCounters, cerr := s.Counters(ctx)
 	var result string
 	err := cerr

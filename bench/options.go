@@ -47,6 +47,9 @@ type options struct {
 	quick       bool
 	render      string
 	args        []string
+	// profile, if set, is the directory that receives CPU profiles of
+	// espd's gateways over each measured window (profile.go).
+	profile string
 	// scale is the many-tunnel, many-stream mode (scale.go).
 	scale scaleOptions
 	// xfrmGuest runs the harness inside the xfrmguest guest (a kernel
@@ -87,6 +90,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.mdPath, "md", "", "Markdown tables (default OUT/tables.md)")
 	fs.StringVar(&o.espdBin, "espd", "", "espd binary to run (default: go build ./cmd/espd into a temporary directory)")
 	fs.StringVar(&o.wgBin, "wireguard-go", "", "wireguard-go binary (default: wireguard-go on PATH or in Go's bin directory)")
+	fs.StringVar(&o.profile, "profile", "", "directory that receives a CPU profile of each espd gateway over each measured window (go tool pprof FILE)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the working directory (logs, configurations) instead of removing it")
 	fs.BoolVar(&o.verbose, "v", false, "log every setup step")
 	fs.StringVar(&o.render, "render", "", "print the tables and write the chart and Markdown of an earlier run's JSON file, measuring nothing")

@@ -291,14 +291,19 @@ func (h *harness) scaleRun(ctx context.Context, s system.System, tun system.Tunn
 		return "", err
 	}
 	var c0, c1 cpuSample
+	profiled := func() error { return nil }
 	res, err := load.Streams(ctx, load.StreamsOptions{From: top.Client, To: top.Server, Flows: flows, MSS: r.MSS,
 		Omit: h.o.omit, Duration: h.o.duration, Window: func(start bool) {
 			if start {
 				c0 = h.sample(s)
+				profiled = h.startProfile(ctx, s, runName(r.Seq, r.System, r.Suite, fmt.Sprintf("%dx%d run %d", sp.Tunnels, sp.Streams, r.Rep)))
 			} else {
 				c1 = h.sample(s)
 			}
 		}})
+	if perr := profiled(); perr != nil {
+		h.prog.note("bench: %s: profile: %v", s.Label(), perr)
+	}
 	probe.Stop(200 * time.Millisecond)
 	whole := probe.Snapshot()
 	r.BitsPerSecond, r.Bytes, r.Seconds = res.Bitrate(), res.Bytes, res.Elapsed.Seconds()

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,7 +34,8 @@ func TestQuickSmoke(t *testing.T) {
 	defer cancel()
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
-	if err := run(ctx, []string{"-quick", "-out", out}, &stdout, &stderr); err != nil {
+	prof := filepath.Join(out, "profiles")
+	if err := run(ctx, []string{"-quick", "-out", out, "-profile", prof}, &stdout, &stderr); err != nil {
 		t.Fatalf("bench -quick: %v\nstderr:\n%s\nstdout:\n%s", err, stderr.String(), stdout.String())
 	}
 	t.Logf("stdout:\n%s", stdout.String())
@@ -100,6 +103,32 @@ func TestQuickSmoke(t *testing.T) {
 	}
 	if !bytes.Contains(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("espd")) {
 		t.Errorf("chart is not an SVG naming espd (%d bytes)", len(svg))
+	}
+	// -profile: one CPU profile per espd gateway of the espd run (none
+	// for routing), gzip'd pprof protobufs of CPU samples.
+	profiles, _ := filepath.Glob(filepath.Join(prof, "*.pprof"))
+	if len(profiles) != 2 {
+		t.Errorf("profiles %q, want gwA's and gwB's of the espd run", profiles)
+	}
+	for _, p := range profiles {
+		if !strings.Contains(p, "espd") {
+			t.Errorf("profile %s is not of an espd run", p)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			t.Errorf("profile %s: %v", p, err)
+			f.Close()
+			continue
+		}
+		b, err := io.ReadAll(zr)
+		f.Close()
+		if err != nil || !bytes.Contains(b, []byte("samples")) || !bytes.Contains(b, []byte("cpu")) {
+			t.Errorf("profile %s is no CPU profile (%d bytes, %v)", p, len(b), err)
+		}
 	}
 	// Nothing is left behind.
 	// Only this process's: namespace names carry the pid, and another

@@ -126,7 +126,7 @@ func (c *Charon) Setup(ctx context.Context, env *Env) error {
 			// charon's socket-default owns UDP 500 and 4500 (no IKE
 			// hand-off), so espd's ESP-in-UDP port moves aside; the
 			// gateways see no NAT and use raw ESP.
-			p, err := startEspd(ctx, env.EspdBin, node, c.dir, "", "--udp-port", "4501")
+			p, err := startEspd(ctx, env.EspdBin, node, c.dir, "", append([]string{"--udp-port", "4501"}, env.espdExtra()...)...)
 			if err != nil {
 				return err
 			}

@@ -75,7 +75,7 @@ func (e *Espd) Setup(ctx context.Context, env *Env) error {
 		return err
 	}
 	for i, node := range []*testbed.Node{e.top.GwA, e.top.GwB} {
-		p, err := startEspd(ctx, env.EspdBin, node, e.dir, e.godebug)
+		p, err := startEspd(ctx, env.EspdBin, node, e.dir, e.godebug, env.espdExtra()...)
 		if err != nil {
 			return err
 		}

@@ -40,6 +40,9 @@ type Env struct {
 	WireGuardBin string
 	// Logf receives progress details (verbose mode); may be nil.
 	Logf func(format string, args ...any)
+	// Profile starts every espd with its pprof server on ProfileAddr, so
+	// that the harness can record CPU profiles (Profiler).
+	Profile bool
 }
 
 // dir returns (creating it) the system's working directory.
