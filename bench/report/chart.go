@@ -74,20 +74,8 @@ func (r *Report) Chart(w io.Writer) error {
 					top = max(top, vals[k])
 				}
 			}
-			bars, err := plotter.NewBarChart(vals, barW)
-			if err != nil {
+			if err := addBars(p, &legend, i == 0, s, vals, j, len(systems), barW); err != nil {
 				return err
-			}
-			bars.Color = plotutil.Color(j)
-			bars.LineStyle.Width = 0
-			bars.Offset = barW*vg.Length(j) - barW*vg.Length(len(systems)-1)/2
-			p.Add(bars)
-			if i == 0 {
-				label := s.Label
-				if !s.PerSuite && s.Cipher != "" {
-					label += " (" + s.Cipher + ")"
-				}
-				legend.Add(label, bars)
 			}
 		}
 		p.Y.Min, p.Y.Max = 0, top*1.1
@@ -104,4 +92,25 @@ func (r *Report) Chart(w io.Writer) error {
 	}
 	_, err := c.WriteTo(w)
 	return err
+}
+
+// addBars adds system s's bars (vals, one per group) to panel p as the j-th
+// of n systems, barW wide, and names the system in the legend if named.
+func addBars(p *plot.Plot, legend *plot.Legend, named bool, s System, vals plotter.Values, j, n int, barW vg.Length) error {
+	bars, err := plotter.NewBarChart(vals, barW)
+	if err != nil {
+		return err
+	}
+	bars.Color = plotutil.Color(j)
+	bars.LineStyle.Width = 0
+	bars.Offset = barW*vg.Length(j) - barW*vg.Length(n-1)/2
+	p.Add(bars)
+	if named {
+		label := s.Label
+		if !s.PerSuite && s.Cipher != "" {
+			label += " (" + s.Cipher + ")"
+		}
+		legend.Add(label, bars)
+	}
+	return nil
 }

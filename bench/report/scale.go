@@ -6,7 +6,6 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgsvg"
@@ -274,20 +273,8 @@ func (r *Report) ScaleChart(w io.Writer) error {
 					top = max(top, vals[k])
 				}
 			}
-			bars, err := plotter.NewBarChart(vals, barW)
-			if err != nil {
+			if err := addBars(p, &legend, i == 0, s, vals, j, len(systems), barW); err != nil {
 				return err
-			}
-			bars.Color = plotutil.Color(j)
-			bars.LineStyle.Width = 0
-			bars.Offset = barW*vg.Length(j) - barW*vg.Length(len(systems)-1)/2
-			p.Add(bars)
-			if i == 0 {
-				label := s.Label
-				if !s.PerSuite && s.Cipher != "" {
-					label += " (" + s.Cipher + ")"
-				}
-				legend.Add(label, bars)
 			}
 		}
 		p.Y.Min, p.Y.Max = 0, max(top*1.1, 0.001)
