@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
@@ -167,21 +166,9 @@ func Streams(ctx context.Context, o StreamsOptions) (StreamsResult, error) {
 
 	var stopping atomic.Bool
 	sendErr := make(chan error, len(conns))
-	buf := make([]byte, writeSize)
-	rand.NewChaCha8([32]byte{'e', 's', 'p', 'd'}).Read(buf)
+	buf := payload()
 	for _, c := range conns {
-		go func() {
-			for !stopping.Load() {
-				if _, err := c.Write(buf); err != nil {
-					if stopping.Load() {
-						err = nil
-					}
-					sendErr <- err
-					return
-				}
-			}
-			sendErr <- nil
-		}()
+		go send(c, buf, &stopping, sendErr)
 	}
 	stop := func() {
 		stopping.Store(true)

@@ -137,20 +137,7 @@ func TCP(ctx context.Context, o TCPOptions) (TCPResult, error) {
 
 	var stopping atomic.Bool
 	sendDone := make(chan error, 1)
-	go func() {
-		buf := make([]byte, writeSize)
-		rand.NewChaCha8([32]byte{'e', 's', 'p', 'd'}).Read(buf)
-		for !stopping.Load() {
-			if _, err := conn.Write(buf); err != nil {
-				if stopping.Load() {
-					err = nil
-				}
-				sendDone <- err
-				return
-			}
-		}
-		sendDone <- nil
-	}()
+	go send(conn, payload(), &stopping, sendDone)
 
 	stop := func() {
 		stopping.Store(true)
@@ -229,4 +216,28 @@ func tcpInfo(conn *net.TCPConn) (retrans, mss uint32, err error) {
 		return 0, 0, fmt.Errorf("load: TCP_INFO: %w", ierr)
 	}
 	return retrans, mss, nil
+}
+
+// payload returns the buffer a sender writes over and over: writeSize
+// random bytes, the same in every run.
+func payload() []byte {
+	buf := make([]byte, writeSize)
+	rand.NewChaCha8([32]byte{'e', 's', 'p', 'd'}).Read(buf)
+	return buf
+}
+
+// send writes buf to c until stopping is set or a write fails, then
+// reports on done: nil if it was stopped (a write failing because of the
+// stop included), else the write's error.
+func send(c net.Conn, buf []byte, stopping *atomic.Bool, done chan<- error) {
+	for !stopping.Load() {
+		if _, err := c.Write(buf); err != nil {
+			if stopping.Load() {
+				err = nil
+			}
+			done <- err
+			return
+		}
+	}
+	done <- nil
 }
