@@ -120,6 +120,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	h := &harness{o: o, stdout: stdout, stderr: stderr}
 	h.env = &system.Env{Dir: work, Family: o.family, Prefix: namespacePrefix, WireGuardBin: o.wgBin}
 	h.env.Profile = o.profile != ""
+	h.env.BaselineBin = o.baselineBin
 	if o.verbose {
 		h.env.Logf = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
 	}
@@ -204,7 +205,10 @@ func (h *harness) setup(ctx context.Context, cl *cleanups) {
 			continue
 		}
 		info.Version = version(s.Name(), h.env)
-		if strings.HasPrefix(s.Name(), "espd") {
+		switch {
+		case strings.HasSuffix(s.Name(), "-baseline"):
+			info.Version = "espd " + h.o.baselineBin
+		case strings.HasPrefix(s.Name(), "espd"):
 			info.Version = strings.TrimSuffix(h.espdVersion+"; "+info.Version, "; ")
 		}
 	}

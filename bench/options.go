@@ -41,6 +41,7 @@ type options struct {
 	svgPath     string
 	mdPath      string
 	espdBin     string
+	baselineBin string
 	wgBin       string
 	keep        bool
 	verbose     bool
@@ -90,6 +91,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.mdPath, "md", "", "Markdown tables (default OUT/tables.md)")
 	fs.StringVar(&o.espdBin, "espd", "", "espd binary to run (default: go build ./cmd/espd into a temporary directory)")
 	fs.StringVar(&o.wgBin, "wireguard-go", "", "wireguard-go binary (default: wireguard-go on PATH or in Go's bin directory)")
+	fs.StringVar(&o.baselineBin, "espd-baseline", "", "another espd binary (e.g. an earlier commit's) that the systems espd-baseline and espd-udp-baseline run, for a before/after comparison in one run")
 	fs.StringVar(&o.profile, "profile", "", "directory that receives a CPU profile of each espd gateway over each measured window (go tool pprof FILE)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the working directory (logs, configurations) instead of removing it")
 	fs.BoolVar(&o.verbose, "v", false, "log every setup step")

@@ -33,6 +33,7 @@ type Espd struct {
 	name, label string
 	godebug     string
 	encap       bool
+	baseline    bool // runs Env.BaselineBin instead of Env.EspdBin
 
 	top *testbed.Topology
 	gw  [2]*espdProc
@@ -62,7 +63,27 @@ func (*Espd) PerSuite() bool { return true }
 func (*Espd) Cipher() string { return "" }
 
 // Available implements System: the harness builds espd itself.
-func (*Espd) Available(*Env) error { return nil }
+func (e *Espd) Available(env *Env) error {
+	if e.baseline && env.BaselineBin == "" {
+		return &SkipError{Reason: "no baseline espd binary given", Enable: "-espd-baseline BIN"}
+	}
+	return nil
+}
+
+// NewEspdBaseline returns the espd system called name that runs the
+// baseline binary (Env.BaselineBin), for before/after comparisons in one
+// run.
+func NewEspdBaseline(name, label string, encap bool) *Espd {
+	return &Espd{name: name, label: label, encap: encap, baseline: true}
+}
+
+// bin returns the espd binary the system runs.
+func (e *Espd) bin(env *Env) string {
+	if e.baseline {
+		return env.BaselineBin
+	}
+	return env.EspdBin
+}
 
 // Setup implements System: a line with espd started on both gateways.
 func (e *Espd) Setup(ctx context.Context, env *Env) error {
@@ -75,7 +96,7 @@ func (e *Espd) Setup(ctx context.Context, env *Env) error {
 		return err
 	}
 	for i, node := range []*testbed.Node{e.top.GwA, e.top.GwB} {
-		p, err := startEspd(ctx, env.EspdBin, node, e.dir, e.godebug, env.espdExtra()...)
+		p, err := startEspd(ctx, e.bin(env), node, e.dir, e.godebug, env.espdExtra()...)
 		if err != nil {
 			return err
 		}

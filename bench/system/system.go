@@ -36,6 +36,9 @@ type Env struct {
 	Prefix string
 	// EspdBin is the espd binary the harness built.
 	EspdBin string
+	// BaselineBin, if set, is another espd binary (an earlier commit's)
+	// that the espd-baseline systems run beside espd in the same run.
+	BaselineBin string
 	// WireGuardBin is the wireguard-go binary, if any.
 	WireGuardBin string
 	// Logf receives progress details (verbose mode); may be nil.
@@ -130,6 +133,8 @@ func All() []System {
 		NewEspd("espd", "espd", "", false),
 		NewEspd("espd-noaesni", "espd, no AES-NI/AVX2", NoAESNI, false),
 		NewEspd("espd-udp", "espd, ESP-in-UDP", "", true),
+		NewEspdBaseline("espd-baseline", "espd, baseline binary", false),
+		NewEspdBaseline("espd-udp-baseline", "espd, ESP-in-UDP, baseline binary", true),
 		&XFRM{},
 		&XFRM{Pcrypt: true},
 		NewCharon(CharonLibipsec),
