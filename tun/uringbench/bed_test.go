@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/espd/espd/packet"
 	"github.com/espd/espd/testbed"
@@ -119,15 +120,20 @@ func packets(tb testing.TB, n, size int) [][]byte {
 	return pkts
 }
 
-// writeOne writes each of pkts with one write(2), as tun.Device writes a
-// packet it does not coalesce.
+// writeOne writes each of pkts with its own system call, as
+// tun.(*Device).writeOne does for a packet it does not coalesce: writev(2)
+// of one iovec through unix.RawSyscall (a TUN write never blocks, so espd
+// skips the scheduler's entersyscall/exitsyscall).
 func writeOne(fd int, pkts [][]byte) error {
+	var iov [1]unix.Iovec
 	for i, p := range pkts {
-		n, err := unix.Write(fd, p)
-		if err != nil {
-			return fmt.Errorf("write %d: %w", i, err)
+		iov[0].Base = &p[0]
+		iov[0].SetLen(len(p))
+		n, _, e := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), 1)
+		if e != 0 {
+			return fmt.Errorf("write %d: %w", i, e)
 		}
-		if n != len(p) {
+		if int(n) != len(p) {
 			return fmt.Errorf("write %d: wrote %d of %d bytes", i, n, len(p))
 		}
 	}

@@ -13,7 +13,7 @@
 // needs root and a network namespace of its own (testbed.NewNodeT); run
 // it with
 //
-//	go test -run XXX -bench TUNWrite ./tun/uringbench
+//	go test -run XXX -bench . ./tun/uringbench
 //
 // It is a separate package so that `go test ./tun` stays quick, and espd
 // imports nothing from it.
