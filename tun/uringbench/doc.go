@@ -9,7 +9,8 @@
 // io_uring_enter), TestURingWritesEveryPacket, which checks that the ring
 // path hands every packet to the kernel's stack, and BenchmarkTUNWrite,
 // which reports wall time and CPU time (user+sys from getrusage, which
-// counts the kernel's work and io_uring's worker threads) per packet. It
+// counts the kernel's work and io_uring's worker threads) per packet, and
+// BenchmarkNullSyscall, the cost of one kernel entry and exit here. It
 // needs root and a network namespace of its own (testbed.NewNodeT); run
 // it with
 //
