@@ -105,26 +105,14 @@ func goBuildStatic(ctx context.Context, dir, out, pkg string) error {
 // progress, brings its JSON back over the command port and writes the
 // report here, labelled as an emulated correctness run.
 func runInGuest(ctx context.Context, o *options, stdout, stderr io.Writer) error {
-	if err := testbed.Available(); err != nil {
-		return err
-	}
 	if err := xfrmguest.Available(); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	cl := &cleanups{}
-	defer cl.run()
-	defer testbed.HandleSignals(func(sig os.Signal) {
-		fmt.Fprintf(stderr, "\nbench: %v: stopping the guest\n", sig)
-		cancel()
-		cl.run()
-	})()
-	if removed, err := testbed.RemoveStale(namespacePrefix); err != nil {
+	ctx, cl, done, err := prepare(ctx, stderr, "stopping the guest")
+	if err != nil {
 		return err
-	} else if len(removed) > 0 {
-		fmt.Fprintf(stderr, "bench: removed %d namespaces left by a killed run\n", len(removed))
 	}
+	defer done()
 	root, err := moduleRoot(ctx)
 	if err != nil {
 		return err

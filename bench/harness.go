@@ -85,26 +85,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if o.xfrmGuest {
 		return runInGuest(ctx, o, stdout, stderr)
 	}
-	if err := testbed.Available(); err != nil {
+	ctx, cl, done, err := prepare(ctx, stderr, "tearing down")
+	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	cl := &cleanups{}
-	defer cl.run()
-
-	// Ctrl-C (and SIGTERM, SIGHUP) tears everything down and exits.
-	defer testbed.HandleSignals(func(sig os.Signal) {
-		fmt.Fprintf(stderr, "\nbench: %v: tearing down\n", sig)
-		cancel()
-		cl.run()
-	})()
-
-	if removed, err := testbed.RemoveStale(namespacePrefix); err != nil {
-		return err
-	} else if len(removed) > 0 {
-		fmt.Fprintf(stderr, "bench: removed %d namespaces left by a killed run\n", len(removed))
-	}
+	defer done()
 	work, err := os.MkdirTemp("", "espd-bench-")
 	if err != nil {
 		return err
@@ -573,4 +558,33 @@ func hasTCP(r *report.Report) bool {
 		}
 	}
 	return false
+}
+
+// prepare checks that namespaces work here, arranges that Ctrl-C (and
+// SIGTERM, SIGHUP) cancels the returned context and runs the cleanups
+// (saying what it does: doing), and removes the namespaces a killed run
+// left. The caller defers done, which runs the cleanups too.
+func prepare(ctx context.Context, stderr io.Writer, doing string) (context.Context, *cleanups, func(), error) {
+	if err := testbed.Available(); err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	cl := &cleanups{}
+	restore := testbed.HandleSignals(func(sig os.Signal) {
+		fmt.Fprintf(stderr, "\nbench: %v: %s\n", sig, doing)
+		cancel()
+		cl.run()
+	})
+	done := func() {
+		restore()
+		cl.run()
+		cancel()
+	}
+	if removed, err := testbed.RemoveStale(namespacePrefix); err != nil {
+		done()
+		return nil, nil, nil, err
+	} else if len(removed) > 0 {
+		fmt.Fprintf(stderr, "bench: removed %d namespaces left by a killed run\n", len(removed))
+	}
+	return ctx, cl, done, nil
 }
