@@ -31,7 +31,14 @@ func startServer(t *testing.T, cfg ServerConfig) *testServer {
 	if cfg.Logf == nil {
 		cfg.Logf = t.Logf
 	}
-	s, err := Listen(dbBackend{db}, cfg)
+	s := serveT(t, dbBackend{db}, cfg)
+	return &testServer{Server: s, db: db, path: cfg.Path}
+}
+
+// serveT starts a Server over b with cfg, serving until the test ends.
+func serveT(t *testing.T, b Backend, cfg ServerConfig) *Server {
+	t.Helper()
+	s, err := Listen(b, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +50,7 @@ func startServer(t *testing.T, cfg ServerConfig) *testServer {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return &testServer{Server: s, db: db, path: cfg.Path}
+	return s
 }
 
 func testCtx(t *testing.T) context.Context {

@@ -84,18 +84,7 @@ func startIKEServer(t *testing.T) (*ikeBackend, string) {
 	t.Helper()
 	b := &ikeBackend{dbBackend: dbBackend{sa.NewDB(sa.Options{})}, sent: make(chan sockets.IKEPacket, 16)}
 	path := filepath.Join(t.TempDir(), "espd.sock")
-	s, err := Listen(b, ServerConfig{Path: path, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve() }()
-	t.Cleanup(func() {
-		s.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
+	serveT(t, b, ServerConfig{Path: path, Logf: t.Logf})
 	return b, path
 }
 

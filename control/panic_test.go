@@ -22,23 +22,12 @@ func TestHandlerPanic(t *testing.T) {
 	var mu sync.Mutex
 	var logged []string
 	path := t.TempDir() + "/espd.sock"
-	s, err := Listen(panickyBackend{dbBackend{db}}, ServerConfig{Path: path, Logf: func(f string, a ...any) {
+	serveT(t, panickyBackend{dbBackend{db}}, ServerConfig{Path: path, Logf: func(f string, a ...any) {
 		mu.Lock()
 		defer mu.Unlock()
 		logged = append(logged, f)
 		t.Logf(f, a...)
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Serve() }()
-	t.Cleanup(func() {
-		s.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
 	other := dial(t, path)
 
 	rc := rawDial(t, path)
