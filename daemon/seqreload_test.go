@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"net/netip"
+	"os"
+	"strings"
 	"testing"
 )
 
@@ -54,6 +56,22 @@ func TestReloadSeq(t *testing.T) {
 	if rw.Top() != 1<<32+101 || rw.Check(1<<32+99) == nil || rw.Check(1<<32+102) != nil {
 		t.Fatalf("replay state not merged: top %#x", rw.Top())
 	}
+	// A file whose sequence settings are refused (a bitmap without
+	// replay_seq; the other state's oseq raised in the same file) leaves
+	// everything as it was: the counter and the window unmoved.
+	top := rw.Top()
+	if err := os.WriteFile(r.cfg, []byte(out("oseq = 17179869184\n")+in("replay_bitmap = \"0x01\"\n")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.d.Reload(); err == nil || !strings.Contains(err.Error(), "replay") {
+		t.Fatalf("reload with a bitmap and no replay_seq: %v", err)
+	}
+	if f, _ := s.ReserveSeq(1); f != 1<<33+2 {
+		t.Fatalf("a refused reload moved the counter: %#x, want 2^33+2", f)
+	}
+	if rw.Top() != top {
+		t.Fatalf("a refused reload moved the window: top %#x, want %#x", rw.Top(), top)
+	}
 	// A suite change replaces the state under the same key: it continues
 	// above the old one's counter even with a lower oseq.
 	r.reloadWith(t, reloadSA("0x1001", "out", gwLocal, gwPeer, "aes128gcm16-esn", keyOut, 2, "oseq = 100\n")+in(""))
@@ -61,7 +79,7 @@ func TestReloadSeq(t *testing.T) {
 	if n == nil || n == s {
 		t.Fatal("not replaced")
 	}
-	if f, _ := n.ReserveSeq(1); f != 1<<33+2 {
-		t.Fatalf("replacement starts at %#x, want 2^33+2", f)
+	if f, _ := n.ReserveSeq(1); f != 1<<33+3 {
+		t.Fatalf("replacement starts at %#x, want 2^33+3", f)
 	}
 }
