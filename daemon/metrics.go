@@ -374,6 +374,7 @@ var dataplaneHelp = map[string]string{
 	"TUNRxBytes":       "Bytes of the packets in espd_dataplane_tun_rx_packets_total.",
 	"TUNTxPackets":     "Packets handed to the TUN: decapsulated packets and the ICMP errors the data path writes.",
 	"TUNTxBytes":       "Bytes of the packets in espd_dataplane_tun_tx_packets_total.",
+	"TUNQueueDrops":    "Packets the kernel routed into the TUN and dropped because its transmit queue (--tun-txqueuelen) was full: espd had not read them yet (the interface's tx_dropped).",
 	"RxPackets":        "Outer packets received from the sockets (ESP, ESP-in-UDP, NAT-keepalives, IKE, malformed).",
 	"RxBytes":          "ESP (or UDP payload) bytes of the outer packets received that could be read.",
 	"TxPackets":        "Outer packets handed to the sockets, each fragment and NAT-keepalive included.",

@@ -47,6 +47,8 @@ var movedElsewhere = map[string]struct {
 		"dataplane/pipeline_test.go", "TestReadErrorsCounted", "ReadErrors"},
 	"espd_dataplane_tun_super_reads_total": {"tun's Read of a TSO/USO super-packet (tun.Stats.SuperReads, copied by dataplane.Device.Stats)",
 		"tun/offload_test.go", "TestCoalesceAndSplit", "SuperReads"},
+	"espd_dataplane_tun_queue_drops_total": {"the kernel, when the TUN's transmit queue is full (tun.Stats.QueueDrops, the interface's tx_dropped, copied by dataplane.Device.Stats)",
+		"tun/queue_test.go", "TestQueueDrops", "QueueDrops"},
 	"espd_dataplane_tun_super_writes_total": {"tun's Write of a coalesced super-packet (tun.Stats.SuperWrites, copied by dataplane.Device.Stats)",
 		"tun/offload_test.go", "TestCoalesceAndSplit", "SuperWrites"},
 }

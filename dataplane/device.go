@@ -274,6 +274,7 @@ func (d *Device) Stats() Stats {
 	}
 	ts := io.TUN.Stats()
 	st.TUNReads, st.TUNSuperReads, st.TUNWrites, st.TUNSuperWrites = ts.Reads, ts.SuperReads, ts.Writes, ts.SuperWrites
+	st.TUNQueueDrops = ts.QueueDrops
 	cs := io.Bind.Stats()
 	st.RecvCalls, st.RecvDatagrams = cs.RecvCalls, cs.RecvDatagrams
 	st.SendCalls, st.SendMessages = cs.SendCalls, cs.SendMessages

@@ -47,6 +47,10 @@ type Stats struct {
 	SendErrors     uint64 // outer packets the kernel refused
 	TUNWriteErrors uint64 // TUN writes (of a batch, or of one ICMP error) that failed
 	ReadErrors     uint64 // TUN or outer socket reads that failed
+	// TUNQueueDrops counts the packets the kernel dropped at the TUN's
+	// transmit queue before espd read them (tun.Stats.QueueDrops: the
+	// interface's tx_dropped; zero on fakes).
+	TUNQueueDrops uint64
 
 	// System calls, to tell the batch sizes achieved: TUNRxPackets per
 	// TUNReads (read(2) of the TUN; TUNSuperReads of them returned a

@@ -58,6 +58,10 @@ type Config struct {
 	Name string
 	// MTU of the interface; 0 means DefaultMTU.
 	MTU int
+	// TxQueueLen is the length of the interface's transmit queue, the
+	// packets routed into it that espd has not read yet (queue.go); 0
+	// means DefaultTxQueueLen.
+	TxQueueLen int
 }
 
 // Device is an open TUN interface, up. Read and Write may be called
@@ -91,6 +95,11 @@ type Device struct {
 
 	stats stats
 
+	// nl is a netlink handle in the device's namespace, for the
+	// interface's own counters (queue.go).
+	nlmu sync.Mutex
+	nl   *netlink.Handle
+
 	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -108,6 +117,9 @@ func Create(cfg Config) (*Device, error) {
 	}
 	if cfg.MTU < 576 || cfg.MTU > 65535 {
 		return nil, fmt.Errorf("tun: MTU %d out of range 576..65535", cfg.MTU)
+	}
+	if err := checkTxQueueLen(&cfg.TxQueueLen); err != nil {
+		return nil, err
 	}
 	if len(cfg.Name) >= 16 {
 		return nil, fmt.Errorf("tun: interface name %q longer than 15 bytes", cfg.Name)
@@ -145,12 +157,15 @@ func Create(cfg Config) (*Device, error) {
 	if err != nil {
 		return fail(fmt.Errorf("tun: netlink: %w", err))
 	}
-	defer h.Close()
+	d.nl = h
 	link, err := h.LinkByName(d.name)
 	if err != nil {
 		return fail(fmt.Errorf("tun: find link %s: %w", d.name, err))
 	}
 	d.index = link.Attrs().Index
+	if err := setTxQueueLen(h, link, cfg.TxQueueLen); err != nil {
+		return fail(err)
+	}
 	if err := h.LinkSetUp(link); err != nil {
 		return fail(fmt.Errorf("tun: set %s up: %w", d.name, err))
 	}
@@ -423,6 +438,12 @@ func (d *Device) Close() error {
 	d.closeOnce.Do(func() {
 		d.closeErr = d.dev.Close()
 		<-d.drained
+		d.nlmu.Lock()
+		if d.nl != nil {
+			d.nl.Close()
+			d.nl = nil
+		}
+		d.nlmu.Unlock()
 	})
 	return d.closeErr
 }

@@ -12,6 +12,10 @@ type Stats struct {
 	// Writes counts write system calls, SuperWrites those that wrote a
 	// coalesced super-packet, WritePackets the packets written.
 	Writes, SuperWrites, WritePackets uint64
+	// QueueDrops counts the packets the kernel routed into the TUN and
+	// dropped because its transmit queue was full (Config.TxQueueLen):
+	// the interface's tx_dropped, read from the kernel at each Stats call.
+	QueueDrops uint64
 }
 
 type stats struct {
@@ -19,11 +23,14 @@ type stats struct {
 	writes, superWrites, writePackets atomic.Uint64
 }
 
-// Stats returns the counters.
+// Stats returns the counters. QueueDrops costs a netlink request; it is
+// 0 if the kernel did not answer.
 func (d *Device) Stats() Stats {
 	s := &d.stats
+	drops, _ := d.queueDrops()
 	return Stats{
 		Reads: s.reads.Load(), SuperReads: s.superReads.Load(), ReadPackets: s.readPackets.Load(),
 		Writes: s.writes.Load(), SuperWrites: s.superWrites.Load(), WritePackets: s.writePackets.Load(),
+		QueueDrops: drops,
 	}
 }
