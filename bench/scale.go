@@ -286,6 +286,11 @@ func (h *harness) scaleRun(ctx context.Context, s system.System, tun system.Tunn
 	if err != nil {
 		return "", err
 	}
+	dropsA, errA := linkDrops(top.GwA)
+	dropsB, errB := linkDrops(top.GwB)
+	if err := errors.Join(errA, errB); err != nil {
+		return "", fmt.Errorf("gateways' interface counters: %w", err)
+	}
 	probe, err := load.StartProbe(ctx, load.ProbeOptions{From: top.Client, To: top.Server, Flows: probeFlows, Rate: h.o.scale.probeRate})
 	if err != nil {
 		return "", err
@@ -306,6 +311,12 @@ func (h *harness) scaleRun(ctx context.Context, s system.System, tun system.Tunn
 	}
 	probe.Stop(200 * time.Millisecond)
 	whole := probe.Snapshot()
+	if after, err := linkDrops(top.GwA); err == nil {
+		r.Scale.GwADrops = dropsDelta(dropsA, after)
+	}
+	if after, err := linkDrops(top.GwB); err == nil {
+		r.Scale.GwBDrops = dropsDelta(dropsB, after)
+	}
 	r.BitsPerSecond, r.Bytes, r.Seconds = res.Bitrate(), res.Bytes, res.Elapsed.Seconds()
 	r.Retransmits, r.MSSSeen = res.Retransmits, res.MSS
 	r.Scale.ReordSeen, r.Scale.IdleStreams = res.ReordSeen, res.Idle
@@ -361,5 +372,8 @@ func (h *harness) scaleRun(ctx context.Context, s system.System, tun system.Tunn
 	}
 	result := fmt.Sprintf("%.0f Mbit/s, %d retransmits, %d/%d probe datagrams reordered", res.Bitrate()/1e6,
 		res.Retransmits, r.Scale.Reordered, r.Scale.ProbeReceived)
+	if d := dropsSummary(r.Scale.GwADrops, r.Scale.GwBDrops); d != "" {
+		result += ", interface drops: " + d
+	}
 	return result, errors.Join(errs...)
 }

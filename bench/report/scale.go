@@ -81,8 +81,14 @@ type ScaleRun struct {
 	ReordSeen uint32 `json:"reord_seen"`
 	// IdleStreams counts the streams that moved nothing in the window
 	// (starved; each moved something in the run, or the run failed).
-	IdleStreams int         `json:"idle_streams"`
-	PerTunnel   []TunnelRun `json:"per_tunnel,omitempty"`
+	IdleStreams int `json:"idle_streams"`
+	// GwADrops and GwBDrops: the packets the gateway's interfaces
+	// dropped over the whole run, by interface name (tx_dropped plus
+	// rx_dropped; only those that moved): a TUN's tx_dropped counts what
+	// the kernel routed into it while its transmit queue was full.
+	GwADrops  map[string]uint64 `json:"gw_a_drops,omitempty"`
+	GwBDrops  map[string]uint64 `json:"gw_b_drops,omitempty"`
+	PerTunnel []TunnelRun       `json:"per_tunnel,omitempty"`
 }
 
 // scaleRuns returns a copy of the report holding only the scale runs at
