@@ -178,9 +178,10 @@ func (d *Device) BatchSize() int { return d.dev.BatchSize() }
 
 // Read reads one or more packets into bufs, each starting at offset, and
 // stores their lengths in sizes. len(sizes) >= len(bufs); each buffer must
-// hold offset+MTU bytes. It returns the number of packets read: the
-// segments of a TSO/USO super-packet, as many as bufs hold, the rest at
-// the next calls. Errors other than os.ErrClosed concern one read and are
+// hold offset+MTU bytes. It waits for one packet or super-packet, then
+// adds what else is queued without waiting (fill), and returns the number
+// of packets read: the segments of TSO/USO super-packets count one each,
+// and those of a super-packet that does not fit come with the next calls. Errors other than os.ErrClosed concern one read and are
 // not fatal.
 func (d *Device) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	if !d.vnet {
@@ -192,11 +193,16 @@ func (d *Device) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 	}
 	d.rmu.Lock()
 	defer d.rmu.Unlock()
-	for {
+	n := 0
+	for n == 0 {
 		if d.spl.pending() {
-			n, err := d.spl.split(bufs, sizes, offset)
-			d.stats.readPackets.Add(uint64(n))
-			return n, err
+			k, err := d.spl.split(bufs, sizes, offset)
+			if err != nil {
+				d.stats.readPackets.Add(uint64(k))
+				return k, err
+			}
+			n = k
+			break
 		}
 		if err := d.rc.Read(d.readFn); err != nil {
 			return 0, d.closedErr(err)
@@ -205,35 +211,44 @@ func (d *Device) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 			return 0, d.closedErr(d.rerr)
 		}
 		d.stats.reads.Add(1)
-		n, err := d.spl.start(d.rbuf[:d.rn], bufs[0][offset:], &sizes[0])
+		k, err := d.spl.start(d.rbuf[:d.rn], bufs[0][offset:], &sizes[0])
 		if err != nil {
 			return 0, err
 		}
-		if n == 0 {
+		if k == 0 {
 			d.stats.superReads.Add(1)
-			continue
 		}
-		// A single packet (an ACK, a datagram): read what else is queued
-		// without waiting, so that a stream of small packets travels in
-		// batches too.
-		for n < len(bufs) && !d.spl.pending() {
-			if err := d.rc.Read(d.tryReadFn); err != nil || d.rerr != nil {
-				break // EAGAIN, or an error the next Read reports
-			}
-			d.stats.reads.Add(1)
-			k, err := d.spl.start(d.rbuf[:d.rn], bufs[n][offset:], &sizes[n])
-			if err != nil {
-				break
-			}
-			if k == 0 {
-				d.stats.superReads.Add(1)
-				k, _ = d.spl.split(bufs[n:], sizes[n:], offset)
-			}
-			n += k
-		}
-		d.stats.readPackets.Add(uint64(n))
-		return n, nil
+		n = k // 0: a super-packet, split at the top of the loop
 	}
+	n = d.fill(bufs, sizes, offset, n)
+	d.stats.readPackets.Add(uint64(n))
+	return n, nil
+}
+
+// fill reads what else is queued, without waiting, into the buffers from
+// bufs[n] on, packets and super-packets alike, and returns the number of
+// buffers filled: a batch of small packets (ACKs, datagrams), or of the
+// short super-packets that many TCP senders interleave, travels through
+// the pipeline and out of the sockets together rather than one read each.
+// It stops at a super-packet whose segments do not all fit (they come
+// with the next Read: the read buffer holds them until then).
+func (d *Device) fill(bufs [][]byte, sizes []int, offset, n int) int {
+	for n < len(bufs) && !d.spl.pending() {
+		if err := d.rc.Read(d.tryReadFn); err != nil || d.rerr != nil {
+			break // EAGAIN, or an error the next Read reports
+		}
+		d.stats.reads.Add(1)
+		k, err := d.spl.start(d.rbuf[:d.rn], bufs[n][offset:], &sizes[n])
+		if err != nil {
+			break
+		}
+		if k == 0 {
+			d.stats.superReads.Add(1)
+			k, _ = d.spl.split(bufs[n:], sizes[n:], offset)
+		}
+		n += k
+	}
+	return n
 }
 
 // tryRead reads without waiting: EAGAIN ends the attempt.
