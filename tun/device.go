@@ -536,7 +536,7 @@ func (d *Device) initURing(off bool) {
 	case !d.vnet:
 		d.setRingErr(errors.New("tun: no IFF_VNET_HDR, the driver writes"))
 	default:
-		r, err := newRing(ringEntries)
+		r, err := ringSetup(ringEntries)
 		if err != nil {
 			d.setRingErr(fmt.Errorf("tun: %w", err))
 			return

@@ -124,6 +124,9 @@ type ring struct {
 	queued  uint32 // entries queued since the last submit
 }
 
+// ringSetup is newRing; tests replace it to see the kernel refuse.
+var ringSetup = newRing
+
 // newRing sets up an io_uring with room for entries submissions. The
 // error wraps io_uring_setup's errno: ENOSYS without io_uring, EPERM when
 // a seccomp filter or kernel.io_uring_disabled refuses it.
