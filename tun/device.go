@@ -11,8 +11,12 @@
 // losing none (vnet.go). Write coalesces consecutive segments of a flow into
 // one super-packet, written with one writev whose vectors point at the
 // packets where they lie: nothing is copied, and a super-packet does not need
-// to fit in a caller's buffer (coalesce.go). Only a device without
-// IFF_VNET_HDR is read and written through the driver, a packet at a time.
+// to fit in a caller's buffer (coalesce.go). The writes of one Write, when
+// there are two or more, go to the kernel together through an io_uring,
+// with one io_uring_enter instead of a writev each (uring.go); where the
+// kernel refuses io_uring, and with Config.NoURing, each is a writev. Only
+// a device without IFF_VNET_HDR is read and written through the driver, a
+// packet at a time.
 //
 // A library that reads and writes one packet per system call and knows no
 // offloads (github.com/songgao/water) would cost a TCP stream two system
@@ -419,8 +423,9 @@ type writeOp struct {
 // IORING_OP_WRITEV submissions, ringEntries per io_uring_enter, and waits
 // for their completions; each completion's result counts and fails as
 // the writev it replaces would (Write's other path). A submission the
-// kernel did not take, or that completed with EAGAIN, is written with
-// writev(2) after the others. A super-packet the kernel refused is
+// kernel did not take, or that completed with EAGAIN (which a TUN does
+// not answer: its send buffer is unlimited), is written with writev(2)
+// after the others. A super-packet the kernel refused is
 // written again as its packets, one by one with writev(2), as writeGroup
 // does.
 func (d *Device) writeURing(bufs [][]byte, offset int) error {
