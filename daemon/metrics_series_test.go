@@ -49,6 +49,8 @@ var movedElsewhere = map[string]struct {
 		"tun/offload_test.go", "TestCoalesceAndSplit", "SuperReads"},
 	"espd_dataplane_tun_queue_drops_total": {"the kernel, when the TUN's transmit queue is full (tun.Stats.QueueDrops, the interface's tx_dropped, copied by dataplane.Device.Stats)",
 		"tun/queue_test.go", "TestQueueDrops", "QueueDrops"},
+	"espd_dataplane_tun_uring_enters_total": {"tun's Write of two or more writes through io_uring (tun.Stats.URingEnters, copied by dataplane.Device.Stats)",
+		"tun/uring_internal_test.go", "TestURingEnterRefused", "URingEnters"},
 	"espd_dataplane_tun_super_writes_total": {"tun's Write of a coalesced super-packet (tun.Stats.SuperWrites, copied by dataplane.Device.Stats)",
 		"tun/offload_test.go", "TestCoalesceAndSplit", "SuperWrites"},
 }

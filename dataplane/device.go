@@ -132,6 +132,9 @@ func (d *Device) Start() (err error) {
 	}
 	io.TUN = dev
 	d.cfg.TUN.Name = dev.Name()
+	if err := dev.URingErr(); err != nil && !errors.Is(err, tun.ErrURingOff) {
+		d.log.Warn("TUN writes without io_uring: one writev(2) per packet the TUN cannot coalesce (under systemd, SystemCallFilter must allow io_uring_setup and io_uring_enter)", "err", err)
+	}
 	r, err := routing.New(routing.Config{
 		LinkIndex: dev.Index(), LinkName: dev.Name(),
 		Table: d.cfg.Table, Mark: d.cfg.Mark, Priority: d.cfg.RulePriority, NoIPv6: d.cfg.NoIPv6,
@@ -274,7 +277,7 @@ func (d *Device) Stats() Stats {
 	}
 	ts := io.TUN.Stats()
 	st.TUNReads, st.TUNSuperReads, st.TUNWrites, st.TUNSuperWrites = ts.Reads, ts.SuperReads, ts.Writes, ts.SuperWrites
-	st.TUNQueueDrops = ts.QueueDrops
+	st.TUNQueueDrops, st.TUNUringEnters = ts.QueueDrops, ts.URingEnters
 	cs := io.Bind.Stats()
 	st.RecvCalls, st.RecvDatagrams = cs.RecvCalls, cs.RecvDatagrams
 	st.SendCalls, st.SendMessages = cs.SendCalls, cs.SendMessages

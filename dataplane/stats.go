@@ -54,13 +54,15 @@ type Stats struct {
 
 	// System calls, to tell the batch sizes achieved: TUNRxPackets per
 	// TUNReads (read(2) of the TUN; TUNSuperReads of them returned a
-	// TSO/USO super-packet), TUNTxPackets per TUNWrites (TUNSuperWrites
-	// of them a coalesced super-packet); RecvDatagrams per RecvCalls
+	// TSO/USO super-packet), TUNTxPackets per TUNWrites (each a writev or
+	// an io_uring submission; TUNSuperWrites of them a coalesced
+	// super-packet; TUNUringEnters the io_uring_enter calls); RecvDatagrams per RecvCalls
 	// (recvmmsg; a UDP_GRO datagram counts once) and RxPackets per
 	// RecvDatagrams; SendMessages per SendCalls (sendmmsg; a UDP_SEGMENT
 	// message counts once) and TxPackets per SendMessages. Zero on
 	// fakes.
 	TUNReads, TUNSuperReads, TUNWrites, TUNSuperWrites uint64
+	TUNUringEnters                                     uint64
 	RecvCalls, RecvDatagrams, SendCalls, SendMessages  uint64
 
 	// CompletedBatches counts the batches a reader ran to completion itself,

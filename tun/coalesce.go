@@ -231,6 +231,21 @@ func ipHeaderLen(pkt []byte) int {
 	return ipv6HeaderLen
 }
 
+// writes returns the number of writes the plan comes to (packets written
+// alone and super-packets), counting up to limit at most.
+func (c *coalescer) writes(limit int) int {
+	n := 0
+	for i, m := range c.member {
+		if n == limit {
+			break
+		}
+		if m < 0 || c.groups[m].first == i {
+			n++
+		}
+	}
+	return n
+}
+
 // superHeader turns the first packet of g, whose virtio header room
 // starts at b[0], into the head of the super-packet: IP length (and IPv4
 // header checksum), the pseudo-header sum in the transport checksum field

@@ -11,8 +11,12 @@
 // losing none (vnet.go). Write coalesces consecutive segments of a flow into
 // one super-packet, written with one writev whose vectors point at the
 // packets where they lie: nothing is copied, and a super-packet does not need
-// to fit in a caller's buffer (coalesce.go). Only a device without
-// IFF_VNET_HDR is read and written through the driver, a packet at a time.
+// to fit in a caller's buffer (coalesce.go). The writes of one Write, when
+// there are two or more, go to the kernel together through an io_uring,
+// with one io_uring_enter instead of a writev each (uring.go); where the
+// kernel refuses io_uring, and with Config.NoURing, each is a writev. Only
+// a device without IFF_VNET_HDR is read and written through the driver, a
+// packet at a time.
 //
 // A library that reads and writes one packet per system call and knows no
 // offloads (github.com/songgao/water) would cost a TCP stream two system
@@ -62,7 +66,13 @@ type Config struct {
 	// packets routed into it that espd has not read yet (queue.go); 0
 	// means DefaultTxQueueLen.
 	TxQueueLen int
+	// NoURing makes Write use one writev(2) per packet or super-packet
+	// even where the kernel has io_uring (uring.go).
+	NoURing bool
 }
+
+// ErrURingOff is URingErr's answer when Config.NoURing turned io_uring off.
+var ErrURingOff = errors.New("tun: io_uring turned off (NoURing)")
 
 // Device is an open TUN interface, up. Read and Write may be called
 // concurrently with each other and from several goroutines.
@@ -89,9 +99,21 @@ type Device struct {
 	wmu     sync.Mutex
 	co      coalescer
 	iovs    []unix.Iovec
-	saved   [vnetHdrLen + 60 + 60]byte // the head of a super-packet, to undo
+	iov1    [1]unix.Iovec
+	wiov    []unix.Iovec   // what write writes: iovs or iov1, or a part
+	saved   [savedLen]byte // the head of a super-packet, to undo
 	werr    error
 	writeFn func(uintptr) bool
+
+	// io_uring (uring.go, writeURing), under wmu; ring is nil where Write
+	// uses writev(2) only, and ringErr says why.
+	ring     *ring
+	ringErr  atomic.Pointer[error]
+	ops      []writeOp
+	res      []int32          // each op's result, from its completion
+	heads    [][savedLen]byte // the heads of the ops' super-packets, to undo
+	enterErr error            // io_uring_enter's failure, in submitURing
+	uringFn  func(uintptr) bool
 
 	stats stats
 
@@ -153,6 +175,7 @@ func Create(cfg Config) (*Device, error) {
 	if err := d.initOffloads(); err != nil {
 		return fail(err)
 	}
+	d.initURing(cfg.NoURing)
 	h, err := netlink.NewHandle()
 	if err != nil {
 		return fail(fmt.Errorf("tun: netlink: %w", err))
@@ -289,6 +312,11 @@ func (d *Device) closedErr(err error) error {
 // may modify the offset bytes in front of each packet and the headers of
 // the first packet of each super-packet. offset must be at least
 // MinWriteOffset. The error joins the failures of individual packets.
+//
+// When the call comes to two or more writes (packets and super-packets)
+// and the kernel has io_uring, they are submitted together with one
+// io_uring_enter (writeURing); else each is one writev(2). Either way
+// Write returns once the kernel has taken or refused every packet.
 func (d *Device) Write(bufs [][]byte, offset int) error {
 	if offset < MinWriteOffset {
 		return fmt.Errorf("tun: write offset %d below %d", offset, MinWriteOffset)
@@ -301,6 +329,9 @@ func (d *Device) Write(bufs [][]byte, offset int) error {
 	defer d.wmu.Unlock()
 	c := &d.co
 	c.plan(bufs, offset)
+	if d.ring != nil && c.writes(2) >= 2 {
+		return d.writeURing(bufs, offset)
+	}
 	var errs []error
 	for i := range bufs {
 		m := c.member[i]
@@ -327,8 +358,8 @@ func (d *Device) Write(bufs [][]byte, offset int) error {
 // packet.
 func (d *Device) writeOne(b []byte) error {
 	clear(b[:vnetHdrLen])
-	d.iovs = d.iovs[:1]
-	setIov(&d.iovs[0], b)
+	setIov(&d.iov1[0], b)
+	d.wiov = d.iov1[:]
 	d.stats.writePackets.Add(1)
 	return d.writev()
 }
@@ -337,16 +368,10 @@ func (d *Device) writeOne(b []byte) error {
 // restores the first packet and writes the packets one by one.
 func (d *Device) writeGroup(bufs [][]byte, offset int, g *group) error {
 	b := bufs[g.first][offset-vnetHdrLen:]
-	head := b[:vnetHdrLen+g.hl]
-	copy(d.saved[:], head)
+	copy(d.saved[:], b[:vnetHdrLen+g.hl])
 	superHeader(b, g)
-	d.iovs = d.iovs[:0]
-	d.iovs = append(d.iovs, unix.Iovec{})
-	setIov(&d.iovs[0], b)
-	for j := d.co.next[g.first]; j >= 0; j = d.co.next[j] {
-		d.iovs = append(d.iovs, unix.Iovec{})
-		setIov(&d.iovs[len(d.iovs)-1], bufs[j][offset+g.hl:])
-	}
+	d.iovs = d.groupIovs(d.iovs[:0], bufs, offset, g)
+	d.wiov = d.iovs
 	err := d.writev()
 	if err == nil {
 		d.stats.writePackets.Add(uint64(g.count))
@@ -356,17 +381,39 @@ func (d *Device) writeGroup(bufs [][]byte, offset int, g *group) error {
 	if err == os.ErrClosed {
 		return err
 	}
-	copy(head, d.saved[:len(head)])
+	return d.ungroup(bufs, offset, g, d.saved[:])
+}
+
+// groupIovs appends to iovs the vectors of g's super-packet: the first
+// packet, with the super-packet's headers, and the payloads of the others.
+func (d *Device) groupIovs(iovs []unix.Iovec, bufs [][]byte, offset int, g *group) []unix.Iovec {
+	iovs = append(iovs, unix.Iovec{})
+	setIov(&iovs[len(iovs)-1], bufs[g.first][offset-vnetHdrLen:])
+	for j := d.co.next[g.first]; j >= 0; j = d.co.next[j] {
+		iovs = append(iovs, unix.Iovec{})
+		setIov(&iovs[len(iovs)-1], bufs[j][offset+g.hl:])
+	}
+	return iovs
+}
+
+// ungroup restores the first packet of g, whose super-packet the kernel
+// refused, from saved, and writes g's packets one by one.
+func (d *Device) ungroup(bufs [][]byte, offset int, g *group, saved []byte) error {
+	b := bufs[g.first][offset-vnetHdrLen:]
+	copy(b[:vnetHdrLen+g.hl], saved)
 	var errs []error
 	for j := g.first; j >= 0; j = d.co.next[j] {
 		if err := d.writeOne(bufs[j][offset-vnetHdrLen:]); err != nil {
+			if err == os.ErrClosed {
+				return err
+			}
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// writev writes d.iovs as one packet.
+// writev writes d.wiov as one packet.
 func (d *Device) writev() error {
 	if err := d.rc.Write(d.writeFn); err != nil {
 		return d.closedErr(err)
@@ -377,7 +424,7 @@ func (d *Device) writev() error {
 
 func (d *Device) write(fd uintptr) bool {
 	// Raw: non-blocking, see rawRead.
-	_, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&d.iovs[0])), uintptr(len(d.iovs)))
+	_, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&d.wiov[0])), uintptr(len(d.wiov)))
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false
 	}
@@ -386,6 +433,175 @@ func (d *Device) write(fd uintptr) bool {
 		d.werr = e
 	}
 	return true
+}
+
+// savedLen is room for the head of a super-packet: virtio header, IP
+// header (no options or extension headers) and TCP header (with options).
+const savedLen = vnetHdrLen + 60 + 60
+
+// writeOp is one write of a Write through io_uring: a packet, or the
+// super-packet of a group.
+type writeOp struct {
+	pkt  int // index in bufs of the (first) packet
+	grp  int // index in the coalescer's groups, or -1: a packet alone
+	head int // with grp: index in Device.heads of its saved head
+	iov  int // its vectors: Device.iovs[iov : iov+niov]
+	niov int
+}
+
+// writeURing writes the packets and super-packets of a Write as
+// IORING_OP_WRITEV submissions, ringEntries per io_uring_enter, and waits
+// for their completions; each completion's result counts and fails as
+// the writev it replaces would (Write's other path). A submission the
+// kernel did not take, or that completed with EAGAIN (which a TUN does
+// not answer: its send buffer is unlimited), is written with writev(2)
+// after the others. A super-packet the kernel refused is
+// written again as its packets, one by one with writev(2), as writeGroup
+// does.
+func (d *Device) writeURing(bufs [][]byte, offset int) error {
+	c := &d.co
+	if cap(d.iovs) < len(bufs) {
+		d.iovs = make([]unix.Iovec, 0, len(bufs))
+	}
+	d.iovs, d.ops = d.iovs[:0], d.ops[:0]
+	nheads := 0
+	for i := range bufs {
+		m := c.member[i]
+		if m >= 0 && c.groups[m].first != i {
+			continue // written with its group
+		}
+		op := writeOp{pkt: i, grp: -1, iov: len(d.iovs)}
+		b := bufs[i][offset-vnetHdrLen:]
+		if m < 0 || c.groups[m].count == 1 {
+			clear(b[:vnetHdrLen])
+			d.iovs = append(d.iovs, unix.Iovec{})
+			setIov(&d.iovs[op.iov], b)
+		} else {
+			g := &c.groups[m]
+			if nheads == len(d.heads) {
+				d.heads = append(d.heads, [savedLen]byte{})
+			}
+			op.grp, op.head = m, nheads
+			nheads++
+			copy(d.heads[op.head][:], b[:vnetHdrLen+g.hl])
+			superHeader(b, g)
+			d.iovs = d.groupIovs(d.iovs, bufs, offset, g)
+		}
+		op.niov = len(d.iovs) - op.iov
+		d.ops = append(d.ops, op)
+	}
+	if cap(d.res) < len(d.ops) {
+		d.res = make([]int32, len(d.ops))
+	}
+	d.res = d.res[:len(d.ops)]
+	// Inside the RawConn's Write, which holds a reference to the
+	// descriptor, so that Close cannot release its number to another file
+	// while the kernel writes: submitURing returns only when every
+	// submission has completed.
+	d.enterErr = nil
+	if err := d.rc.Write(d.uringFn); err != nil {
+		return d.closedErr(err)
+	}
+	if d.enterErr != nil {
+		// io_uring_enter refused (a seccomp filter that allows
+		// io_uring_setup only, say): writev(2) from now on.
+		d.dropRing(d.enterErr)
+	}
+	var errs []error
+	for k := range d.ops {
+		op := &d.ops[k]
+		var err error
+		switch r := d.res[k]; {
+		case r == resPending || r == -int32(unix.EAGAIN) || r == -int32(unix.EINTR):
+			d.wiov = d.iovs[op.iov : op.iov+op.niov]
+			err = d.writev()
+		case r < 0:
+			d.stats.writes.Add(1)
+			err = d.closedErr(unix.Errno(-r))
+		default:
+			d.stats.writes.Add(1)
+		}
+		if op.grp < 0 {
+			d.stats.writePackets.Add(1)
+		} else if g := &c.groups[op.grp]; err == nil {
+			d.stats.writePackets.Add(uint64(g.count))
+			d.stats.superWrites.Add(1)
+		} else if err != os.ErrClosed {
+			err = d.ungroup(bufs, offset, g, d.heads[op.head][:vnetHdrLen+g.hl])
+		}
+		if err != nil {
+			if err == os.ErrClosed {
+				return err
+			}
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// submitURing queues d.ops on the ring and submits them, in runs of the
+// ring's entries, each run waiting for its completions.
+func (d *Device) submitURing(fd uintptr) bool {
+	r := d.ring
+	for k := 0; k < len(d.ops); {
+		end := min(k+r.entries(), len(d.ops))
+		for ; k < end; k++ {
+			op := &d.ops[k]
+			r.queueWritev(int(fd), &d.iovs[op.iov], op.niov, k)
+		}
+		enters, err := r.submit(d.res)
+		d.stats.uringEnters.Add(uint64(enters))
+		if err != nil {
+			d.enterErr = err
+			for ; k < len(d.ops); k++ {
+				d.res[k] = resPending
+			}
+		}
+	}
+	return true
+}
+
+// initURing sets up the ring through which Write submits its writes,
+// unless off or the device is written through the driver. Where the
+// kernel refuses io_uring, Write uses writev(2), and URingErr says why.
+func (d *Device) initURing(off bool) {
+	switch {
+	case off:
+		d.setRingErr(ErrURingOff)
+	case !d.vnet:
+		d.setRingErr(errors.New("tun: no IFF_VNET_HDR, the driver writes"))
+	default:
+		r, err := ringSetup(ringEntries)
+		if err != nil {
+			d.setRingErr(fmt.Errorf("tun: %w", err))
+			return
+		}
+		d.ring = r
+		d.uringFn = d.submitURing
+	}
+}
+
+// dropRing closes the ring, with err the reason. Under wmu.
+func (d *Device) dropRing(err error) {
+	if d.ring != nil {
+		d.ring.close()
+		d.ring = nil
+	}
+	d.setRingErr(err)
+}
+
+func (d *Device) setRingErr(err error) { d.ringErr.Store(&err) }
+
+// URingErr returns nil when Write submits its writes through io_uring,
+// and otherwise why it writes with writev(2) (ErrURingOff, io_uring_setup
+// refused: ENOSYS without io_uring, EPERM from a seccomp filter or
+// kernel.io_uring_disabled), for the daemon to log. After Close it
+// returns os.ErrClosed.
+func (d *Device) URingErr() error {
+	if p := d.ringErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // initOffloads takes the descriptor from the driver and turns on checksum
@@ -459,6 +675,10 @@ func (d *Device) Close() error {
 			d.nl = nil
 		}
 		d.nlmu.Unlock()
+		// A Write waiting for the descriptor has returned now.
+		d.wmu.Lock()
+		d.dropRing(os.ErrClosed)
+		d.wmu.Unlock()
 	})
 	return d.closeErr
 }

@@ -119,9 +119,11 @@ func readUntil(t *testing.T, dev *tun.Device, match func([]byte) bool) [][]byte 
 	}
 }
 
-func TestCreateUpAndMTU(t *testing.T) {
+func TestCreateUpAndMTU(t *testing.T) { forEachPath(t, testCreateUpAndMTU) }
+
+func testCreateUpAndMTU(t *testing.T, noURing bool) {
 	ns := testbed.NewNodeT(t, "tun")
-	dev := createIn(t, ns, tun.Config{Name: "esptest0", MTU: 1380})
+	dev := createPath(t, ns, tun.Config{Name: "esptest0", MTU: 1380}, noURing)
 	if dev.Name() != "esptest0" || dev.MTU() != 1380 || dev.Index() <= 0 {
 		t.Fatalf("name %q mtu %d index %d", dev.Name(), dev.MTU(), dev.Index())
 	}
@@ -164,9 +166,11 @@ func TestDefaults(t *testing.T) {
 
 // TestForwardBack writes a packet into the TUN whose destination the
 // namespace routes back into the TUN, and reads the forwarded packet.
-func TestForwardBack(t *testing.T) {
+func TestForwardBack(t *testing.T) { forEachPath(t, testForwardBack) }
+
+func testForwardBack(t *testing.T, noURing bool) {
 	ns := testbed.NewNodeT(t, "tun")
-	dev := createIn(t, ns, tun.Config{Name: "esptest1"})
+	dev := createPath(t, ns, tun.Config{Name: "esptest1"}, noURing)
 	if err := ns.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
 		t.Fatal(err)
 	}

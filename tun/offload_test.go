@@ -76,9 +76,11 @@ func l4Valid(p []byte) bool {
 // segments, forwarded (TTL or hop limit one less) with valid checksums,
 // also when a small MSS makes it longer than a Read's batch. A segment
 // with a bad checksum and a FIN are written alone, in their place.
-func TestCoalesceAndSplit(t *testing.T) {
+func TestCoalesceAndSplit(t *testing.T) { forEachPath(t, testCoalesceAndSplit) }
+
+func testCoalesceAndSplit(t *testing.T, noURing bool) {
 	ns := testbed.NewNodeT(t, "tun")
-	dev := createIn(t, ns, tun.Config{Name: "esptest3"})
+	dev := createPath(t, ns, tun.Config{Name: "esptest3"}, noURing)
 	for _, k := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
 		if err := ns.Sysctl(k, "1"); err != nil {
 			t.Fatal(err)
@@ -171,9 +173,11 @@ func TestCoalesceAndSplit(t *testing.T) {
 			t.Fatal(err)
 		}
 		// [0 1] [2 bad] [3 4] [5 FIN]
-		if w := dev.Stats(); w.Writes-before.Writes != 4 || w.SuperWrites-before.SuperWrites != 2 {
-			t.Errorf("%d writes, %d super-packets; want 4 and 2", w.Writes-before.Writes, w.SuperWrites-before.SuperWrites)
+		w := dev.Stats()
+		if w.Writes-before.Writes != 4 || w.SuperWrites-before.SuperWrites != 2 || w.WritePackets-before.WritePackets != 6 {
+			t.Errorf("%d writes, %d super-packets, %d packets; want 4, 2 and 6", w.Writes-before.Writes, w.SuperWrites-before.SuperWrites, w.WritePackets-before.WritePackets)
 		}
+		checkEnters(t, before, w, noURing, 1)
 		got := readN(t, dev, 6, func(p []byte) bool { return len(p) > 20 && string(p[16:20]) == string(dst.AsSlice()) })
 		for i, p := range got {
 			if s := binary.BigEndian.Uint32(p[20+4:]); s != seqs[i] {
@@ -239,9 +243,11 @@ func readN(t *testing.T, dev *tun.Device, n int, match func([]byte) bool) [][]by
 // TestReadBatchesSmallPackets forwards packets that the kernel hands to
 // the TUN one by one (datagrams of different flows) and expects one Read
 // to return all that are queued, not one per call.
-func TestReadBatchesSmallPackets(t *testing.T) {
+func TestReadBatchesSmallPackets(t *testing.T) { forEachPath(t, testReadBatchesSmallPackets) }
+
+func testReadBatchesSmallPackets(t *testing.T, noURing bool) {
 	ns := testbed.NewNodeT(t, "tun")
-	dev := createIn(t, ns, tun.Config{Name: "esptest4"})
+	dev := createPath(t, ns, tun.Config{Name: "esptest4"}, noURing)
 	if err := ns.Sysctl("net/ipv4/ip_forward", "1"); err != nil {
 		t.Fatal(err)
 	}
@@ -253,9 +259,11 @@ func TestReadBatchesSmallPackets(t *testing.T) {
 	for i := range n {
 		bufs = append(bufs, append(make([]byte, 16), udp4(src, dst, 40000, uint16(1000+i), 17, []byte("small"))...))
 	}
+	before := dev.Stats()
 	if err := dev.Write(bufs, 16); err != nil {
 		t.Fatal(err)
 	}
+	checkEnters(t, before, dev.Stats(), noURing, 1)
 	const off = 80
 	rb := make([][]byte, dev.BatchSize())
 	sizes := make([]int, len(rb))

@@ -45,6 +45,7 @@ func run(args []string) error {
 	)
 	fs.StringVar(&dp.TUN.Name, "tun", tun.DefaultName, "name of the cleartext TUN device")
 	fs.IntVar(&dp.TUN.MTU, "mtu", tun.DefaultMTU, "MTU of the TUN device")
+	fs.BoolVar(&dp.TUN.NoURing, "tun-no-uring", false, "write the TUN with one writev(2) per packet or super-packet, not through io_uring (one io_uring_enter per batch)")
 	fs.IntVar(&dp.TUN.TxQueueLen, "tun-txqueuelen", tun.DefaultTxQueueLen, "length of the TUN's transmit queue, the packets routed into it that espd has not read yet; a full queue drops (espd_dataplane_tun_queue_drops_total), a long one adds delay under load")
 	fs.IntVar(&dp.OuterMTU, "outer-mtu", 0, "MTU of the path to the peers (0: the route's MTU)")
 	fs.IntVar(&dp.Workers, "workers", runtime.GOMAXPROCS(0), "crypto worker goroutines, default one per CPU: batches are encrypted and decrypted in parallel and leave in order, as with pcrypt (0: none, each reader runs its own batches to completion, which saves two goroutine handoffs per batch where system calls and not crypto are the limit)")
