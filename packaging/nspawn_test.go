@@ -339,6 +339,16 @@ func unitUnderSystemd(t *testing.T, rootfs, deb, debs, name string) {
 		t.Fatalf("ping through the tunnel after the reload: %v\n%s", err, r.Output)
 	}
 
+	// The unit's system call filter lets the TUN writer have its io_uring:
+	// espd warns when it falls back (checked below with io_uring denied).
+	journal := func() string {
+		out, _ := c.run(nil, "journalctl", "--no-pager", "-o", "cat", "-u", name)
+		return out
+	}
+	if n := strings.Count(journal(), uringFallback); n != 0 {
+		t.Errorf("%s: espd wrote %q under the unit's SystemCallFilter=", name, uringFallback)
+	}
+
 	c.must(t, "systemctl", "stop", name)
 	if p := c.show(t, name, "ActiveState", "Result", "ExecMainStatus"); p["ActiveState"] != "inactive" || p["Result"] != "success" || p["ExecMainStatus"] != "0" {
 		t.Errorf("after systemctl stop: %v, want inactive, success, status 0", p)
@@ -360,5 +370,26 @@ func unitUnderSystemd(t *testing.T, rootfs, deb, debs, name string) {
 		t.Errorf("%s without DeviceAllow=: no %q in its journal:\n%s", name, want, testbed.Tail(out, 10))
 	}
 	c.must(t, "rm", dropIn)
+
+	// With io_uring_setup taken out of the filter, espd still carries the
+	// tunnel, through writev(2), and says why.
+	before := strings.Count(journal(), uringFallback)
+	if out, err := c.run([]byte("[Service]\nSystemCallFilter=~io_uring_setup\n"), "tee", dropIn); err != nil {
+		t.Fatalf("writing %s: %v\n%s", dropIn, err, out)
+	}
+	c.must(t, "systemctl", "daemon-reload")
+	c.must(t, "systemctl", "start", name)
+	if n := strings.Count(journal(), uringFallback) - before; n != 1 {
+		t.Errorf("%s with io_uring_setup denied: %d %q lines, want 1:\n%s", name, n, uringFallback, testbed.Tail(journal(), 10))
+	}
+	if r, err := top.Client.Ping(ctx, testbed.ServerV4.Addr(), testbed.PingOptions{Count: 3}); err != nil || !r.OK() {
+		t.Errorf("ping through the tunnel with io_uring denied: %v\n%s", err, r.Output)
+	}
+	c.must(t, "systemctl", "stop", name)
+	c.must(t, "rm", dropIn)
 	c.must(t, "systemctl", "daemon-reload")
 }
+
+// uringFallback begins the warning espd logs when the TUN writer cannot
+// have its io_uring (dataplane.Device.Start).
+const uringFallback = "TUN writes without io_uring"
