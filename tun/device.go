@@ -8,7 +8,8 @@
 // descriptor with raw non-blocking system calls, not through the driver. The
 // kernel hands Read TCP/UDP super-packets of up to 64 KiB, which Read splits
 // into MTU-sized packets over as many calls as the callers' buffers need,
-// losing none (vnet.go). Write coalesces consecutive segments of a flow into
+// losing none (vnet.go); after the packet or super-packet it waited for, a
+// Read adds what else is queued, without waiting. Write coalesces consecutive segments of a flow into
 // one super-packet, written with one writev whose vectors point at the
 // packets where they lie: nothing is copied, and a super-packet does not need
 // to fit in a caller's buffer (coalesce.go). The writes of one Write, when
@@ -16,7 +17,8 @@
 // with one io_uring_enter instead of a writev each (uring.go); where the
 // kernel refuses io_uring, and with Config.NoURing, each is a writev. Only
 // a device without IFF_VNET_HDR is read and written through the driver, a
-// packet at a time.
+// packet at a time. Create sets the length of the kernel's queue in front
+// of Read, and Stats reports what the kernel dropped there (queue.go).
 //
 // A library that reads and writes one packet per system call and knows no
 // offloads (github.com/songgao/water) would cost a TCP stream two system
