@@ -46,6 +46,15 @@
 // TUN queue; the stages' own work (accounting, replay windows, building the
 // vectors) runs in parallel.
 //
+// Run to completion, the outbound packets of every state pass through the
+// one goroutine that reads the TUN, and the inbound ones through one per
+// socket: order holds trivially and nothing is handed over, but one core
+// does a direction's system calls. That is the faster choice where the
+// crypto is fast and the cores are busy anyway (BENCHMARKS.md, "Every core,
+// or run to completion?": 256 tunnels on two cores, handing every batch
+// off cost more than it gave); Config.HandOffBelow 0 hands every batch to
+// the workers and the shards' stages where idle cores can take them.
+//
 // This is what the kernel's pcrypt does with a finer and a coarser grain,
 // and what wireguard-go does with a per-peer one. pcrypt numbers the
 // requests of each pcrypt instance (padata's seq_nr, per padata shell:
@@ -84,8 +93,8 @@
 // keeps its keys until then and has them zeroed right after.
 //
 // With workers, a reader that finds a shard's in-order queue full waits for
-// room, so that a burst is held by the kernel (the TUN's queue, the
-// socket's receive buffer) instead of being dropped here, but only while
+// room, so that a burst is held by the kernel (the TUN's transmit queue,
+// tun.Config.TxQueueLen; the socket's receive buffer) instead of being dropped here, but only while
 // that shard's stage keeps finishing batches: when it has finished none for
 // stallTimeout the reader drops the batch's packets of that shard, and goes
 // on dropping them at once until the stage moves again, counting
