@@ -64,6 +64,15 @@ func guestArgs(o *options) []string {
 		"-6=" + strconv.FormatBool(o.family == testbed.IPv6),
 		"-espd", guestEspd, "-out", guestOut,
 	}
+	if o.scale.on {
+		// The points, not how they were asked for: a correctness run of
+		// the scale mode (every tunnel keyed, carried and counted).
+		var pts []string
+		for _, p := range o.scale.points {
+			pts = append(pts, fmt.Sprintf("%dx%d", p.Tunnels, p.Streams))
+		}
+		args = append(args, "-scale-points", strings.Join(pts, ","), "-probe-rate", strconv.Itoa(o.scale.probeRate))
+	}
 	if o.verbose {
 		args = append(args, "-v")
 	}

@@ -18,15 +18,14 @@ import (
 )
 
 // guestCommand returns the -xfrm-guest command BENCHMARKS.md documents
-// (the line of its fenced block that starts with "sudo go run ./bench
-// -xfrm-guest"), as arguments of the harness.
-func guestCommand(t *testing.T) []string {
+// (the line of its fenced block that starts with prefix, "sudo go run
+// ./bench -xfrm-guest..."), as arguments of the harness.
+func guestCommand(t *testing.T, prefix string) []string {
 	t.Helper()
 	doc, err := os.ReadFile("../BENCHMARKS.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	const prefix = "sudo go run ./bench -xfrm-guest"
 	for _, line := range strings.Split(string(doc), "\n") {
 		if strings.HasPrefix(line, prefix) {
 			return strings.Fields(strings.TrimPrefix(line, "sudo go run ./bench"))
@@ -36,18 +35,12 @@ func guestCommand(t *testing.T) []string {
 	return nil
 }
 
-// TestXFRMGuest runs BENCHMARKS.md's "go run ./bench -xfrm-guest" command
-// in process (with its outputs in a temporary directory): the harness,
-// built static, runs inside Debian's kernel under qemu with routing,
-// espd, kernel XFRM and XFRM with pcrypt, for an AEAD (aes128gcm16), a CBC
-// suite (aes128-sha256) and the suites only the kernel does (3des-sha1,
-// camellia128-sha256). It fails unless the XFRM rows, and xfrm-pcrypt's
-// for the AEAD, have figures, every tunnel's states counted the packets
-// of each run, pcrypt says why it does not do CBC, espd says it refuses
-// 3DES and Camellia, and every figure is labelled as an emulated
-// correctness run. It skips only where qemu cannot run at all, and fails
-// instead under CI=true.
-func TestXFRMGuest(t *testing.T) {
+// runGuestCommand runs BENCHMARKS.md's command that starts with prefix in
+// process, with its outputs in a temporary directory, which it returns. It
+// skips only where qemu cannot run at all, and fails instead under
+// CI=true.
+func runGuestCommand(t *testing.T, prefix string) string {
+	t.Helper()
 	if err := testbed.Available(); err != nil {
 		t.Skip(err)
 	}
@@ -60,7 +53,7 @@ func TestXFRMGuest(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	out := t.TempDir()
-	args := guestCommand(t)
+	args := guestCommand(t, prefix)
 	for i := range args {
 		if args[i] == "-out" && i+1 < len(args) {
 			args[i+1] = out
@@ -74,6 +67,21 @@ func TestXFRMGuest(t *testing.T) {
 		t.Fatalf("bench %s: %v\nstderr:\n%s\nstdout:\n%s", strings.Join(args, " "), err, stderr.String(), stdout.String())
 	}
 	t.Logf("stdout:\n%s", stdout.String())
+	return out
+}
+
+// TestXFRMGuest runs BENCHMARKS.md's "go run ./bench -xfrm-guest" command
+// in process (with its outputs in a temporary directory): the harness,
+// built static, runs inside Debian's kernel under qemu with routing,
+// espd, kernel XFRM and XFRM with pcrypt, for an AEAD (aes128gcm16), a CBC
+// suite (aes128-sha256) and the suites only the kernel does (3des-sha1,
+// camellia128-sha256). It fails unless the XFRM rows, and xfrm-pcrypt's
+// for the AEAD, have figures, every tunnel's states counted the packets
+// of each run, pcrypt says why it does not do CBC, espd says it refuses
+// 3DES and Camellia, and every figure is labelled as an emulated
+// correctness run.
+func TestXFRMGuest(t *testing.T) {
+	out := runGuestCommand(t, "sudo go run ./bench -xfrm-guest -suites")
 
 	rep, err := report.ReadJSON(filepath.Join(out, "results.json"))
 	if err != nil {
@@ -168,5 +176,61 @@ func TestXFRMGuest(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(testbed.NetnsDir, fmt.Sprintf("%s-*-%d-*", namespacePrefix, os.Getpid()))); len(left) > 0 {
 		t.Errorf("namespaces left behind: %v", left)
+	}
+}
+
+// TestXFRMGuestScale runs BENCHMARKS.md's "go run ./bench -xfrm-guest
+// -tunnels" command: the scale mode inside Debian's kernel, where kernel
+// XFRM (and XFRM on pcrypt) key one state pair and policy pair per tunnel,
+// as espd does. It fails unless each system made its run, every tunnel's
+// states counted packets both ways and its probe datagrams arrived, and
+// the tables say the run is emulated.
+func TestXFRMGuestScale(t *testing.T) {
+	out := runGuestCommand(t, "sudo go run ./bench -xfrm-guest -tunnels")
+	rep, err := report.ReadJSON(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Emulated != GuestLabel || len(rep.ScalePoints) != 1 {
+		t.Fatalf("report: emulated %q, scale points %v", rep.Emulated, rep.ScalePoints)
+	}
+	p := rep.ScalePoints[0]
+	ok := map[string]int{}
+	for _, r := range rep.Runs {
+		if r.Kind != report.KindScale || r.Scale == nil {
+			t.Errorf("%s: a %s run in a scale run", r.System, r.Kind)
+			continue
+		}
+		if !r.OK() {
+			t.Errorf("%s %s: failed: %s", r.System, r.Suite, r.Error)
+			continue
+		}
+		if len(r.Scale.PerTunnel) != p.Tunnels {
+			t.Errorf("%s: %d tunnels recorded, want %d", r.System, len(r.Scale.PerTunnel), p.Tunnels)
+			continue
+		}
+		for i, tr := range r.Scale.PerTunnel {
+			if tr.SA == nil || tr.SA.OutPackets == 0 || tr.SA.InPackets == 0 || tr.ProbeReceived == 0 || tr.Bytes == 0 {
+				t.Errorf("%s tunnel %d: states %+v, %d probe datagrams received, %d bytes", r.System, i, tr.SA, tr.ProbeReceived, tr.Bytes)
+			}
+		}
+		ok[r.System]++
+	}
+	for _, sys := range []string{"xfrm", "xfrm-pcrypt", "espd"} {
+		if ok[sys] != 1 {
+			t.Errorf("%s: %d good scale runs, want 1", sys, ok[sys])
+		}
+	}
+	for _, s := range rep.Systems {
+		if s.Skipped != "" || len(s.Failed) > 0 || len(s.Unavailable) > 0 {
+			t.Errorf("%s: skipped %q, failed %v, unavailable %v", s.Name, s.Skipped, s.Failed, s.Unavailable)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "tables.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(md, []byte("**Emulated correctness run (qemu TCG, 1 vCPU: says nothing about speed). Many tunnels")) {
+		t.Errorf("tables.md's scale tables are not labelled:\n%s", md)
 	}
 }

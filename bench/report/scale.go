@@ -266,6 +266,9 @@ func (r *Report) ScaleChart(w io.Writer) error {
 	for i, pn := range panels {
 		p := plot.New()
 		p.Title.Text = fmt.Sprintf("Aggregate TCP goodput, %s, MSS %s", pn.suite, MSSName(pn.mss))
+		if r.Emulated != "" {
+			p.Title.Text = r.Emulated + "\n" + p.Title.Text
+		}
 		p.Y.Label.Text = "Gbit/s (median)"
 		p.NominalX(names...)
 		p.X.Min, p.X.Max = -0.5, float64(len(names))-0.5

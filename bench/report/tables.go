@@ -261,16 +261,19 @@ func (r *Report) Ratios(pairs []Ratio) Table {
 
 // Tables returns every table of the report, in order.
 func (r *Report) Tables() []Table {
-	if len(r.ScalePoints) > 0 {
-		return r.scaleTables()
-	}
-	ts := []Table{r.Throughput(), r.Cost()}
-	if r.UDP || r.Ping {
-		ts = append(ts, r.Small())
-	}
-	// Ratios compare speeds, which an emulated run does not measure.
-	if rt := r.Ratios(DefaultRatios); len(rt.Rows) > 0 && r.Emulated == "" {
-		ts = append(ts, rt)
+	var ts []Table
+	switch {
+	case len(r.ScalePoints) > 0:
+		ts = r.scaleTables()
+	default:
+		ts = []Table{r.Throughput(), r.Cost()}
+		if r.UDP || r.Ping {
+			ts = append(ts, r.Small())
+		}
+		// Ratios compare speeds, which an emulated run does not measure.
+		if rt := r.Ratios(DefaultRatios); len(rt.Rows) > 0 && r.Emulated == "" {
+			ts = append(ts, rt)
+		}
 	}
 	if r.Emulated != "" {
 		for i := range ts {

@@ -289,6 +289,7 @@ func (x *XFRM) KeyTunnels(ctx context.Context, s crypto.Suite, n int) error {
 			return err
 		}
 	}
+	tunnels := make([][2]xfrm.Tunnel, n)
 	for i := range n {
 		ab, ba := TunnelSPIs(i)
 		cAddr, sAddr := TunnelAddrs(f, i)
@@ -299,25 +300,38 @@ func (x *XFRM) KeyTunnels(ctx context.Context, s crypto.Suite, n int) error {
 		tb := xfrm.Tunnel{Suite: s, Local: x.a.gwB, Remote: x.a.gwA, LocalNet: hostPrefix(sAddr), RemoteNet: hostPrefix(cAddr),
 			OutSPI: ba, InSPI: ab, ReqID: i + 1, ReplayWindow: xfrm.MaxReplayWindow,
 			OutEncKey: ta.InEncKey, OutIntegKey: ta.InIntegKey, InEncKey: ta.OutEncKey, InIntegKey: ta.OutIntegKey}
-		for _, side := range []struct {
-			node *testbed.Node
-			t    xfrm.Tunnel
-		}{{x.top.GwA, ta}, {x.top.GwB, tb}} {
-			if err := xfrm.Install(xfrm.NodeHandle{Node: side.node}, side.t); err != nil {
-				_ = x.Unkey(ctx)
-				var ue *xfrm.UnavailableError
-				if errors.As(err, &ue) {
-					return &UnavailableError{Reason: ue.Reason}
-				}
-				return fmt.Errorf("xfrm on %s, tunnel %d: %w", side.node.Role, i, err)
-			}
-		}
+		tunnels[i] = [2]xfrm.Tunnel{ta, tb}
 	}
+	if err := x.install(ctx, s, tunnels); err != nil {
+		return err
+	}
+	x.keyed = n
 	return nil
 }
 
-// TunnelCounters implements Tunnels: the harness reads no XFRM counters.
-func (*XFRM) TunnelCounters(context.Context) ([]Counters, bool, error) { return nil, false, nil }
+// TunnelCounters implements Tunnels: per tunnel, gwA's outbound state and
+// gwB's inbound one of the direction client -> server, as for espd.
+func (x *XFRM) TunnelCounters(context.Context) ([]Counters, bool, error) {
+	a, err := xfrm.ReadAllStats(xfrm.NodeHandle{Node: x.top.GwA})
+	if err != nil {
+		return nil, true, err
+	}
+	b, err := xfrm.ReadAllStats(xfrm.NodeHandle{Node: x.top.GwB})
+	if err != nil {
+		return nil, true, err
+	}
+	out := make([]Counters, x.keyed)
+	for i := range out {
+		ab, _ := TunnelSPIs(i)
+		sa, okA := a[ab]
+		sb, okB := b[ab]
+		if !okA || !okB {
+			return nil, true, fmt.Errorf("xfrm: tunnel %d's state 0x%08x missing on gwA or gwB", i, ab)
+		}
+		out[i] = Counters{OutPackets: sa.Packets, InPackets: sb.Packets, InDrops: sb.Drops}
+	}
+	return out, true, nil
+}
 
 // wgSpokePort is the UDP port of spoke i on gwB: below the ephemeral
 // range (32768 and up) that sockets bound to port 0 in gwB draw from (in

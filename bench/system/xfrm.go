@@ -29,6 +29,8 @@ type XFRM struct {
 	a      addrs
 	pcrypt *xfrm.Pcrypt
 	aead   string // the keyed AEAD's kernel name, for Unkey
+	// keyed is the number of tunnels KeyTunnels keyed (TunnelCounters).
+	keyed int
 }
 
 // Name implements System.
@@ -76,14 +78,23 @@ func (x *XFRM) tunnels(s crypto.Suite) (a, b xfrm.Tunnel) {
 	return a, b
 }
 
-// statesPerTunnel is the number of states Key adds: an outbound and an
-// inbound one on each gateway.
+// statesPerTunnel is the number of states a tunnel adds: an outbound and
+// an inbound one on each gateway.
 const statesPerTunnel = 4
 
 // Key implements System.
 func (x *XFRM) Key(ctx context.Context, s crypto.Suite) error {
 	ta, tb := x.tunnels(s)
-	aead, _, _, err := xfrm.Algorithms(s, ta.OutEncKey, ta.OutIntegKey)
+	return x.install(ctx, s, [][2]xfrm.Tunnel{{ta, tb}})
+}
+
+// install adds the tunnels, each gwA's side and gwB's, for the suite s:
+// with Pcrypt on a pcrypt instance of the suite's AEAD, which it checks the
+// states use, and without it on no pcrypt instance. On failure it leaves
+// nothing keyed.
+func (x *XFRM) install(ctx context.Context, s crypto.Suite, tunnels [][2]xfrm.Tunnel) error {
+	first := tunnels[0][0]
+	aead, _, _, err := xfrm.Algorithms(s, first.OutEncKey, first.OutIntegKey)
 	if err != nil {
 		return fmt.Errorf("xfrm: %w", err)
 	}
@@ -98,7 +109,7 @@ func (x *XFRM) Key(ctx context.Context, s crypto.Suite) error {
 	case x.Pcrypt:
 		// Whether the kernel has ESP at all first: that is the reason to
 		// give where it has not, rather than what pcrypt lacks.
-		if err := xfrm.Install(xfrm.NodeHandle{Node: x.top.GwA}, ta); err != nil {
+		if err := xfrm.Install(xfrm.NodeHandle{Node: x.top.GwA}, first); err != nil {
 			_ = x.Unkey(ctx)
 			var ue *xfrm.UnavailableError
 			if errors.As(err, &ue) {
@@ -128,17 +139,19 @@ func (x *XFRM) Key(ctx context.Context, s crypto.Suite) error {
 			return fmt.Errorf("a pcrypt instance of %s is in place and would serve plain XFRM: %w", aead.Name, err)
 		}
 	}
-	for _, side := range []struct {
-		node *testbed.Node
-		t    xfrm.Tunnel
-	}{{x.top.GwA, ta}, {x.top.GwB, tb}} {
-		if err := xfrm.Install(xfrm.NodeHandle{Node: side.node}, side.t); err != nil {
-			_ = x.Unkey(ctx)
-			var ue *xfrm.UnavailableError
-			if errors.As(err, &ue) {
-				return &UnavailableError{Reason: ue.Reason}
+	for i, t := range tunnels {
+		for j, node := range []*testbed.Node{x.top.GwA, x.top.GwB} {
+			if err := xfrm.Install(xfrm.NodeHandle{Node: node}, t[j]); err != nil {
+				_ = x.Unkey(ctx)
+				var ue *xfrm.UnavailableError
+				if errors.As(err, &ue) {
+					return &UnavailableError{Reason: ue.Reason}
+				}
+				if len(tunnels) > 1 {
+					return fmt.Errorf("xfrm on %s, tunnel %d: %w", node.Role, i, err)
+				}
+				return fmt.Errorf("xfrm on %s: %w", node.Role, err)
 			}
-			return fmt.Errorf("xfrm on %s: %w", side.node.Role, err)
 		}
 	}
 	if aead != nil && x.pcrypt == nil {
@@ -153,10 +166,11 @@ func (x *XFRM) Key(ctx context.Context, s crypto.Suite) error {
 		}
 	}
 	if x.pcrypt != nil {
+		states := statesPerTunnel * len(tunnels)
 		after, err := x.pcrypt.Refcnt()
-		if err == nil && after-before < statesPerTunnel {
+		if err == nil && after-before < states {
 			err = fmt.Errorf("the states do not use %s: its /proc/crypto refcnt went from %d to %d for %d states",
-				x.pcrypt.Driver, before, after, statesPerTunnel)
+				x.pcrypt.Driver, before, after, states)
 		}
 		if err == nil {
 			var geniv string
@@ -175,6 +189,7 @@ func (x *XFRM) Key(ctx context.Context, s crypto.Suite) error {
 // Unkey implements System: it flushes the states and policies, and
 // removes the pcrypt instance it made.
 func (x *XFRM) Unkey(context.Context) error {
+	x.keyed = 0
 	err := errors.Join(xfrm.Flush(xfrm.NodeHandle{Node: x.top.GwA}), xfrm.Flush(xfrm.NodeHandle{Node: x.top.GwB}))
 	if x.pcrypt != nil {
 		err = errors.Join(err, xfrm.RemovePcrypt(x.aead))

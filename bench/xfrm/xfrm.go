@@ -304,21 +304,36 @@ type StateStats struct {
 // ReadStats returns the counters of the ESP state with the given SPI in
 // the node's namespace.
 func ReadStats(h NodeHandle, spi uint32) (StateStats, error) {
+	all, err := ReadAllStats(h)
+	if err != nil {
+		return StateStats{}, err
+	}
+	st, ok := all[spi]
+	if !ok {
+		return StateStats{}, fmt.Errorf("xfrm: no ESP state with SPI 0x%08x in %s", spi, h.Node.Name)
+	}
+	return st, nil
+}
+
+// ReadAllStats reads the counters of every ESP state in h's namespace, by
+// SPI, with one dump.
+func ReadAllStats(h NodeHandle) (map[uint32]StateStats, error) {
 	var states []netlink.XfrmState
 	if err := h.do(func() (err error) {
 		states, err = netlink.XfrmStateList(netlink.FAMILY_ALL)
 		return err
 	}); err != nil {
-		return StateStats{}, fmt.Errorf("xfrm: list states in %s: %w", h.Node.Name, err)
+		return nil, fmt.Errorf("xfrm: list states in %s: %w", h.Node.Name, err)
 	}
+	all := make(map[uint32]StateStats, len(states))
 	for _, st := range states {
-		if st.Proto == netlink.XFRM_PROTO_ESP && uint32(st.Spi) == spi {
+		if st.Proto == netlink.XFRM_PROTO_ESP {
 			s := st.Statistics
-			return StateStats{Packets: s.Packets, Bytes: s.Bytes,
-				Drops: uint64(s.ReplayWindow) + uint64(s.Replay) + uint64(s.Failed)}, nil
+			all[uint32(st.Spi)] = StateStats{Packets: s.Packets, Bytes: s.Bytes,
+				Drops: uint64(s.ReplayWindow) + uint64(s.Replay) + uint64(s.Failed)}
 		}
 	}
-	return StateStats{}, fmt.Errorf("xfrm: no ESP state with SPI 0x%08x in %s", spi, h.Node.Name)
+	return all, nil
 }
 
 // XfrmStateAdd adds a state.
