@@ -55,6 +55,21 @@ func udp4(src, dst netip.Addr, sport, dport uint16, ttl uint8, payload []byte) [
 	return p
 }
 
+// udpConnIn opens a UDP socket of network ("udp4", "udp6") in ns, closed
+// at the test's end.
+func udpConnIn(t *testing.T, ns *testbed.Node, network string) *net.UDPConn {
+	t.Helper()
+	var conn *net.UDPConn
+	if err := ns.Do(func() (err error) {
+		conn, err = net.ListenUDP(network, nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
 func createIn(t *testing.T, ns *testbed.Node, cfg tun.Config) *tun.Device {
 	t.Helper()
 	var dev *tun.Device
@@ -213,15 +228,7 @@ func TestGSOSplit(t *testing.T) {
 		{"udp4", "198.18.102.7:7777", 4},
 		{"udp6", "[2001:db8:102::7]:7777", 6},
 	} {
-		var conn *net.UDPConn
-		err := ns.Do(func() (err error) {
-			conn, err = net.ListenUDP(tc.network, nil)
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
+		conn := udpConnIn(t, ns, tc.network)
 		raddr := net.UDPAddrFromAddrPort(netip.MustParseAddrPort(tc.dst))
 		const seg = 500
 		payload := make([]byte, 3*seg)

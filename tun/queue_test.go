@@ -40,14 +40,7 @@ func TestQueueDrops(t *testing.T) {
 	if d := dev.Stats().QueueDrops; d != 0 {
 		t.Fatalf("QueueDrops %d before any packet", d)
 	}
-	var conn *net.UDPConn
-	if err := ns.Do(func() (err error) {
-		conn, err = net.ListenUDP("udp4", nil)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := udpConnIn(t, ns, "udp4")
 	raddr := net.UDPAddrFromAddrPort(netip.MustParseAddrPort("198.18.104.9:7777"))
 	for i := range sent {
 		if _, err := conn.WriteToUDP([]byte{byte(i)}, raddr); err != nil {

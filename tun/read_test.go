@@ -24,14 +24,7 @@ func TestReadBatchesSuperPackets(t *testing.T) {
 	dev := createIn(t, ns, tun.Config{Name: "esptest9"})
 	ns.MustIP(t, "addr", "add", "198.18.107.1/32", "dev", "lo")
 	ns.MustIP(t, "route", "add", "198.18.108.0/24", "dev", "esptest9", "src", "198.18.107.1")
-	var conn *net.UDPConn
-	if err := ns.Do(func() (err error) {
-		conn, err = net.ListenUDP("udp4", nil)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := udpConnIn(t, ns, "udp4")
 	const flows, segs, seg = 4, 3, 400
 	before := dev.Stats()
 	for f := range flows {
