@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -121,6 +122,57 @@ func TestLayering(t *testing.T) {
 	for pkg := range rows {
 		if _, ok := got[pkg]; !ok {
 			t.Errorf("architecture.md has a row for %s, which go list does not find", pkg)
+		}
+	}
+}
+
+// levels reads the level column of architecture.md's first table: for
+// each package of espd itself, its level.
+func levels(t *testing.T) map[string]int {
+	t.Helper()
+	b, err := os.ReadFile("architecture.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile("^`([a-z0-9/]+)`$")
+	lv := map[string]int{}
+	for _, line := range strings.Split(string(b), "\n") {
+		cells := strings.Split(strings.Trim(strings.TrimSpace(line), "|"), "|")
+		if len(cells) < 4 {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(cells[0]))
+		if err != nil {
+			continue // not a row of the levelled table
+		}
+		m := name.FindStringSubmatch(strings.TrimSpace(cells[1]))
+		if m == nil {
+			t.Errorf("architecture.md: level %d row without one package: %q", n, cells[1])
+			continue
+		}
+		lv[m[1]] = n
+	}
+	return lv
+}
+
+// TestLevels fails when a row of architecture.md's levelled table allows
+// an import that does not go down the table: a package of a higher level,
+// or one of the test and measurement packages, which espd never imports.
+func TestLevels(t *testing.T) {
+	lv := levels(t)
+	if len(lv) < 10 {
+		t.Fatalf("architecture.md: only %d levelled rows found", len(lv))
+	}
+	rows := layering(t)
+	for pkg, n := range lv {
+		for dep := range rows[pkg] {
+			d, ok := lv[dep]
+			switch {
+			case !ok:
+				t.Errorf("architecture.md: %s (level %d) may import %s, which is not one of espd's levelled packages", pkg, n, dep)
+			case d > n:
+				t.Errorf("architecture.md: %s (level %d) may import %s (level %d): imports only go down", pkg, n, dep, d)
+			}
 		}
 	}
 }
