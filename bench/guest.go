@@ -151,13 +151,13 @@ func runInGuest(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		return err
 	}
 
-	// The namespace that holds qemu's tap device; named as testbed names
-	// its nodes, so that RemoveStale clears it after a killed run.
-	node := &testbed.Node{Name: fmt.Sprintf("%s-guest-%d-0", namespacePrefix, os.Getpid()), Role: "guest"}
-	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", node.Name).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns add %s: %w: %s", node.Name, err, out)
+	// The namespace that holds qemu's tap device (RemoveStale clears it
+	// after a killed run).
+	node, err := testbed.NewNode(namespacePrefix, "guest")
+	if err != nil {
+		return err
 	}
-	cl.add(func() { _ = exec.Command("ip", "netns", "del", node.Name).Run() })
+	cl.add(func() { _ = node.Remove() })
 	fmt.Fprintf(stderr, "bench: booting Debian's kernel %s under qemu (TCG, 1 vCPU, %d MB)\n", img.KernelVersion, o.guestMemoryMB)
 	g, err := xfrmguest.Boot(ctx, img, xfrmguest.Options{
 		Node: node, Tap: "ebtap0", Addr: "198.19.255.2/30",

@@ -87,11 +87,35 @@ func NewNodeT(tb testing.TB, role string) *Node {
 	}
 	n.Role = role
 	tb.Cleanup(func() {
-		if err := errors.Join(n.stopAll(), deleteNamespace(name)); err != nil {
+		if err := n.Remove(); err != nil {
 			tb.Error(err)
 		}
 	})
 	return n
+}
+
+// NewNode creates a namespace for a program rather than a test, named
+// <prefix>-<role>-<pid>-<n> as NewNodeT names its own (so that RemoveStale
+// with the same prefix clears it after a killed run), with only its
+// loopback, up. The caller removes it with Remove.
+func NewNode(prefix, role string) (*Node, error) {
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	n, err := addNamespace(fmt.Sprintf("%s-%s-%d-%d", prefix, role, os.Getpid(), nameSeq.Add(1)))
+	if err != nil {
+		return nil, err
+	}
+	n.Role = role
+	return n, nil
+}
+
+// Remove stops the processes started in n and removes its namespace.
+func (n *Node) Remove() error {
+	return errors.Join(n.stopAll(), deleteNamespace(n.Name))
 }
 
 // VethT creates a veth pair between a (end an) and b (end bn) and brings

@@ -191,3 +191,27 @@ func TestRemoveStale(t *testing.T) {
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestNewNode creates a program's namespace and removes it.
+func TestNewNode(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Skip(err)
+	}
+	n, err := NewNode("etbprog", "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(NetnsDir, n.Name)
+	if _, err := os.Stat(path); err != nil || !strings.HasPrefix(n.Name, "etbprog-guest-") || n.Role != "guest" {
+		t.Fatalf("namespace %q (role %q): %v", n.Name, n.Role, err)
+	}
+	if out, err := n.IP(context.Background(), "-o", "link", "show", "lo"); err != nil || !strings.Contains(out, "UP") {
+		t.Errorf("loopback of %s: %v %q", n.Name, err, out)
+	}
+	if err := n.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("%s still exists after Remove: %v", path, err)
+	}
+}
