@@ -122,9 +122,6 @@ type Stats struct {
 	// SendCalls counts sendmmsg calls, SendMessages the messages they
 	// sent (a UDP_SEGMENT message counts once).
 	SendCalls, SendMessages uint64
-	// Fragments counts outer fragments sent (a packet split in k counts
-	// k).
-	Fragments uint64
 }
 
 // Errors set in Message.Err and returned by Send.

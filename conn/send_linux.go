@@ -2,6 +2,7 @@ package conn
 
 import (
 	"errors"
+	"net/netip"
 	"sync"
 	"time"
 	"unsafe"
@@ -114,7 +115,7 @@ func (s *rawSender) queueRaw(p *Packet) {
 		return
 	}
 	if p.FragmentAbove <= 0 || len(full) <= p.FragmentAbove {
-		s.queueIP(full, p.Dst.Is6())
+		s.queueIP(full, p.Dst)
 		return
 	}
 	frags, err := s.fragment(full, p.FragmentAbove)
@@ -123,15 +124,16 @@ func (s *rawSender) queueRaw(p *Packet) {
 		return
 	}
 	for _, f := range frags {
-		s.queueIP(f, p.Dst.Is6())
+		s.queueIP(f, p.Dst)
 	}
 }
 
-// queueIP queues the complete IP packet ip.
-func (s *rawSender) queueIP(ip []byte, v6 bool) {
-	if !v6 {
+// queueIP queues the complete IP packet ip (or fragment of one) to dst,
+// the packet's destination, IPv4 or IPv6 as PutOuter built its header.
+func (s *rawSender) queueIP(ip []byte, dst netip.Addr) {
+	if dst.Is4() {
 		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&s.v4.names[s.n4]))
-		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: [4]byte(ip[16:20])}
+		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: dst.As4()}
 		s.v4.prepare(s.n4, ip, false, unix.SizeofSockaddrInet4)
 		if s.n4++; s.n4 == len(s.v4.hdrs) {
 			s.flushRaw()
@@ -142,7 +144,7 @@ func (s *rawSender) queueIP(ip []byte, v6 bool) {
 		s.fail(ErrNoIPv6)
 		return
 	}
-	s.v6.names[s.n6] = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: [16]byte(ip[24:40])}
+	s.v6.names[s.n6] = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: dst.As16()}
 	s.v6.prepare(s.n6, ip, false, unix.SizeofSockaddrInet6)
 	if s.n6++; s.n6 == len(s.v6.hdrs) {
 		s.flushRaw()

@@ -303,3 +303,34 @@ func TestSocketsGSO(t *testing.T) {
 		})
 	}
 }
+
+// TestRawSendNoAllocs sends raw ESP, IPv4 and IPv6, whole and in
+// fragments, through the raw sockets, addressed from each packet's
+// endpoint, and checks that a warm Send allocates nothing.
+func TestRawSendNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	a, _ := twoNS(t)
+	s := openIn(t, a, SocketConfig{Mark: testMark, EncapPort: 4504})
+	esp := []byte{0, 0, 0x12, 0x34, 0, 0, 0, 1, 'e', 's', 'p', 'd', 1, 2, 3, 4}
+	big := make([]byte, 3000)
+	copy(big, esp)
+	a4, b4 := netip.MustParseAddr("198.18.1.1"), netip.MustParseAddr("198.18.1.2")
+	a6, b6 := netip.MustParseAddr("2001:db8:1::1"), netip.MustParseAddr("2001:db8:1::2")
+	pkts := []Packet{outPkt(a4, b4, 0, 0, 0, esp), outPkt(a6, b6, 0, 0, 0, esp)}
+	for _, p := range []Packet{outPkt(a4, b4, 0, 0, 0, big), outPkt(a6, b6, 0, 0, 0, big)} {
+		p.DF, p.FragmentAbove = false, 1280
+		pkts = append(pkts, p)
+	}
+	const want = 1 + 1 + 3 + 3 // two whole packets, two in three fragments each
+	send := func() {
+		if n, err := s.Send(pkts); n != want || err != nil {
+			t.Fatalf("Send: %d, %v; want %d", n, err, want)
+		}
+	}
+	send() // the fragment buffers
+	if n := testing.AllocsPerRun(100, send); n != 0 {
+		t.Errorf("%.2f allocations per Send of %d raw packets, want 0", n, want)
+	}
+}

@@ -367,8 +367,8 @@ var (
 		"Events (expiries, acquires, NAT mapping changes) not delivered to a control subscriber because its buffer was full, one per event and subscriber.", nil, nil)
 )
 
-// dataplaneHelp says what increments each dataplane.Stats counter that is
-// exported, as espd_dataplane_<name>_total (snake case).
+// dataplaneHelp says what increments each dataplane.Stats counter,
+// exported as espd_dataplane_<name>_total (snake case).
 var dataplaneHelp = map[string]string{
 	"TUNRxPackets":     "Packets read from the TUN (each packet of a super-packet counts).",
 	"TUNRxBytes":       "Bytes of the packets in espd_dataplane_tun_rx_packets_total.",
@@ -408,15 +408,6 @@ var dataplaneHelp = map[string]string{
 	"HandedOff":        "Batches a reader handed to the workers.",
 }
 
-// dataplaneNotExported are the dataplane.Stats counters that count again,
-// without the state, drops the states count by reason: they would export
-// espd_drops_total a second time.
-var dataplaneNotExported = map[string]string{
-	"TooBig":       `espd_drops_total{reason="too-big"}`,
-	"SelectorDrop": `espd_drops_total{reason="selector"}`,
-	"CryptoDrops":  "espd_drops_total of the other reasons",
-}
-
 // dpSeries is one exported dataplane.Stats counter.
 type dpSeries struct {
 	field int // index in dataplane.Stats
@@ -433,9 +424,6 @@ func dataplaneFields() []dpSeries {
 	var out []dpSeries
 	for i := range t.NumField() {
 		f := t.Field(i)
-		if _, skip := dataplaneNotExported[f.Name]; skip {
-			continue
-		}
 		help, ok := dataplaneHelp[f.Name]
 		if !ok {
 			help = "dataplane.Stats." + f.Name

@@ -351,9 +351,7 @@ func checkMovedElsewhere(t *testing.T, exported map[string]bool) {
 // TestMetricsOneSeriesPerCounter gives every counter of dataplane.Stats a
 // distinct value and checks that each exported espd_dataplane_* series
 // carries exactly one of them, under its own name, and that no other
-// series carries any; the counters not exported are the ones that count
-// again what espd_drops_total counts by reason. Every exported counter
-// has its help text.
+// series carries any. Every counter is exported and has its help text.
 func TestMetricsOneSeriesPerCounter(t *testing.T) {
 	var st dataplane.Stats
 	v := reflect.ValueOf(&st).Elem()
@@ -391,27 +389,16 @@ func TestMetricsOneSeriesPerCounter(t *testing.T) {
 	}
 	for i := range v.NumField() {
 		f := v.Type().Field(i).Name
-		_, skip := dataplaneNotExported[f]
-		_, help := dataplaneHelp[f]
-		switch {
-		case skip && help:
-			t.Errorf("dataplane.Stats.%s is both exported and not", f)
-		case skip && seen[f] != "":
-			t.Errorf("dataplane.Stats.%s is exported as %s, though it counts %s again", f, seen[f], dataplaneNotExported[f])
-		case !skip && !help:
-			t.Errorf("dataplane.Stats.%s has no help text (dataplaneHelp) and no reason not to be exported", f)
-		case !skip && seen[f] == "":
+		if _, help := dataplaneHelp[f]; !help {
+			t.Errorf("dataplane.Stats.%s has no help text (dataplaneHelp)", f)
+		}
+		if seen[f] == "" {
 			t.Errorf("dataplane.Stats.%s is not exported", f)
 		}
 	}
 	for f := range dataplaneHelp {
 		if _, ok := v.Type().FieldByName(f); !ok {
 			t.Errorf("dataplaneHelp names %s, which dataplane.Stats does not have", f)
-		}
-	}
-	for f := range dataplaneNotExported {
-		if _, ok := v.Type().FieldByName(f); !ok {
-			t.Errorf("dataplaneNotExported names %s, which dataplane.Stats does not have", f)
 		}
 	}
 	for name, f := range fams {

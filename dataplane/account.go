@@ -51,19 +51,14 @@ func (a *accounting) flush() {
 }
 
 // passes reports whether the in-order stage sends or writes e. Otherwise
-// it counts e's drop: on its state with its reason and in l (a drop that
-// the reader already counted, dropCounted, is only skipped).
-func (a *accounting) passes(e *elem, l *local) bool {
+// it counts e's drop on its state with its reason (a drop that the reader
+// already counted, dropCounted, is only skipped).
+func (a *accounting) passes(e *elem) bool {
 	switch e.drop {
 	case pass:
 		return true
 	case dropSA:
-		l[cCryptoDrops]++
-	case dropSelector:
-		l[cSelectorDrop]++
-	default:
-		return false
+		a.drop(e.sa, e.reason)
 	}
-	a.drop(e.sa, e.reason)
 	return false
 }

@@ -18,8 +18,7 @@ type cause uint8
 const (
 	pass        cause = iota
 	dropCounted       // counted where it was dropped (reader stage)
-	dropSA            // refused by esp/crypto: counted per state with reason
-	dropSelector
+	dropSA            // refused by the state (esp/crypto, selectors, ...): counted on it with reason
 )
 
 // fragMode says whether an outbound packet's outer packet may be

@@ -181,6 +181,16 @@ func counterOf(p []byte) uint64 {
 	return binary.BigEndian.Uint64(p[hl+packet.UDPHeaderLen:])
 }
 
+// totalDrops sums drops over their reasons: what states refused, by
+// sa.Stats.Drops or sa.GlobalStats.Drops.
+func totalDrops(drops [sa.NumDropReasons]uint64) uint64 {
+	var n uint64
+	for _, d := range drops {
+		n += d
+	}
+	return n
+}
+
 // waitFor polls cond every millisecond for up to 5 s.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()

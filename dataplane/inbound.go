@@ -175,7 +175,7 @@ func decrypt(b *batch) {
 			continue
 		}
 		if !e.sa.AllowsInner(f) {
-			e.drop, e.reason = dropSelector, sa.DropSelector
+			e.drop, e.reason = dropSA, sa.DropSelector
 		}
 	}
 }
@@ -228,7 +228,7 @@ func (d *Device) writeBatch(w *inWriter, b *batch, k int) {
 				e.drop, e.reason = dropSA, sa.DropReplay
 			}
 		}
-		if !w.acct.passes(e, &l) {
+		if !w.acct.passes(e) {
 			continue
 		}
 		if e.from.IsValid() {

@@ -202,7 +202,6 @@ func (d *Device) fragmentable(r *outReader, pkt []byte, l *local) fragMode {
 		}
 		mtu = max(mtu, minIPv6MTU)
 	}
-	l[cTooBig]++
 	r.icmp.tooBig(pkt, mtu, l)
 	return noFrag
 }
@@ -327,7 +326,7 @@ func (d *Device) sendBatch(s *outSender, b *batch, k int) {
 		if k != allShards && (e.sa == nil || int(e.shard) != k) {
 			continue
 		}
-		if !s.acct.passes(e, &l) {
+		if !s.acct.passes(e) {
 			continue
 		}
 		p := conn.Packet{
@@ -343,7 +342,6 @@ func (d *Device) sendBatch(s *outSender, b *batch, k int) {
 			var err error
 			if k, err = conn.FragmentCount(size, p.Dst.Is6(), e.mtu); err != nil {
 				s.acct.drop(e.sa, sa.DropTooBig)
-				l[cTooBig]++
 				continue
 			}
 			p.FragmentAbove = e.mtu

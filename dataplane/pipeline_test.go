@@ -276,8 +276,8 @@ func TestDropsCounted(t *testing.T) {
 	_, in2 := h.add(tn2)
 	h.wire.inject(h.oneOut(udpPacket(innerSrc4, netip.MustParseAddr("198.19.8.8"), 1, 2, 0, 100, false)))
 	waitFor(t, "a selector drop", func() bool { return in2.Stats().Drops[sa.DropSelector] == 1 })
-	if h.d.Stats().SelectorDrop != 1 {
-		t.Errorf("SelectorDrop = %d", h.d.Stats().SelectorDrop)
+	if n := h.db.Stats().Drops[sa.DropSelector]; n != 1 {
+		t.Errorf("%d selector drops over the states, want 1", n)
 	}
 
 	// No state: an acquire event.
@@ -328,8 +328,9 @@ func TestDropsCounted(t *testing.T) {
 	if n := h.tun.count.Load(); n != 2 {
 		t.Errorf("%d packets reached the TUN, want 2", n)
 	}
-	if s := h.d.Stats(); s.CryptoDrops != 3 {
-		t.Errorf("CryptoDrops = %d, want 3 (2 replays, integrity)", s.CryptoDrops)
+	want := [sa.NumDropReasons]uint64{sa.DropReplay: 2, sa.DropIntegrity: 1, sa.DropSelector: 1}
+	if g := h.db.Stats(); g.Drops != want {
+		t.Errorf("states' drops %v, want %v (2 replays, integrity, selector)", g.Drops, want)
 	}
 	if s, g := h.d.Stats(), h.db.Stats(); s.InvalidSPI != 1 || s.NoSA != 1 || g.Acquires != 1 {
 		t.Errorf("InvalidSPI %d, NoSA %d, acquires %d; want 1 each", s.InvalidSPI, s.NoSA, g.Acquires)

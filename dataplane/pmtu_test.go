@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/espd/espd/packet"
+	"github.com/espd/espd/sa"
 )
 
 // reassemble joins the outer fragments of one packet (IPv4, or IPv6 with a
@@ -109,8 +110,17 @@ func TestPathMTU(t *testing.T) {
 	if m6[0] != packet.ICMPv6PacketTooBigMsg || int(binary.BigEndian.Uint32(m6[4:8])) != mtu6 {
 		t.Errorf("ICMPv6 type %d MTU %d, want 2/%d", m6[0], binary.BigEndian.Uint32(m6[4:8]), mtu6)
 	}
-	if st := h.d.Stats(); st.ICMPSent != 2 || st.TooBig != 2 {
-		t.Errorf("ICMPSent %d TooBig %d, want 2 2", st.ICMPSent, st.TooBig)
+	// Each too-big packet is a drop of its state.
+	waitFor(t, "the too-big drops", func() bool {
+		return out4.Stats().Drops[sa.DropTooBig] == 1 && out6.Stats().Drops[sa.DropTooBig] == 1
+	})
+	for _, s := range []*sa.SA{out4, out6} {
+		if d := s.Stats().Drops; d != ([sa.NumDropReasons]uint64{sa.DropTooBig: 1}) {
+			t.Errorf("%v: drops %v, want one too-big", s, d)
+		}
+	}
+	if st := h.d.Stats(); st.ICMPSent != 2 {
+		t.Errorf("ICMPSent %d, want 2", st.ICMPSent)
 	}
 	if n := len(h.tx.packets()); n != 1 {
 		t.Errorf("%d packets sent, want only the one that fit", n)
@@ -153,13 +163,16 @@ func TestPathMTU(t *testing.T) {
 
 func TestICMPRateLimit(t *testing.T) {
 	h := newHarness(t, Config{OuterMTU: 1400, ICMPRate: 2}, false)
-	h.add(tunnel{reqid: 1, spi: 0x100, dst: netip.MustParsePrefix("198.19.1.0/24")})
+	out, _ := h.add(tunnel{reqid: 1, spi: 0x100, dst: netip.MustParsePrefix("198.19.1.0/24")})
 	var batch [][]byte
 	for i := range 5 {
 		batch = append(batch, udpPacket(innerSrc4, netip.MustParseAddr("198.19.1.1"), 1, 2, uint64(i), 1400, true))
 	}
 	h.tun.in <- batch
-	waitFor(t, "five too-big packets", func() bool { return h.d.Stats().TooBig == 5 })
+	waitFor(t, "five too-big packets", func() bool {
+		st := h.d.Stats()
+		return out.Stats().Drops[sa.DropTooBig] == 5 && st.ICMPSent+st.ICMPLimited == 5
+	})
 	if st := h.d.Stats(); st.ICMPSent != 2 || st.ICMPLimited != 3 {
 		t.Errorf("ICMPSent %d ICMPLimited %d, want 2 and 3", st.ICMPSent, st.ICMPLimited)
 	}

@@ -155,8 +155,7 @@ func testReplayInOrder(t *testing.T, suite string, first uint64, maxGap int) {
 	// Send it in batches, never more than 16 batches unfinished, so that
 	// no queue overflows.
 	done := func() int {
-		s := h.d.Stats()
-		return int(s.TUNTxPackets + s.CryptoDrops)
+		return int(h.d.Stats().TUNTxPackets + totalDrops(in.Stats().Drops))
 	}
 	for sent := 0; sent < len(stream); {
 		if sent-done() > 16*batch {
@@ -187,7 +186,7 @@ func testReplayInOrder(t *testing.T, suite string, first uint64, maxGap int) {
 	if st.Packets != uint64(real) {
 		t.Errorf("state accounted %d packets, want %d", st.Packets, real)
 	}
-	if ds := h.d.Stats(); ds.QueueDrops != 0 || ds.CryptoDrops != uint64(len(stream)-real) || ds.RxPackets != uint64(len(stream)) {
+	if ds := h.d.Stats(); ds.QueueDrops != 0 || ds.RxPackets != uint64(len(stream)) {
 		t.Errorf("device stats %+v", ds)
 	}
 	if top := in.ReplayTop(); top != first+n-1 {

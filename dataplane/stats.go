@@ -5,10 +5,7 @@ import "sync/atomic"
 // Stats are a Device's own counters: the one home of what the data path
 // counts outside the states. What a state carries and drops (packets,
 // bytes, drops by reason) is counted on the state, sa.SA.Stats, and summed
-// over every state in sa.GlobalStats. TooBig, SelectorDrop and
-// CryptoDrops are the exception: they count again, without the state,
-// drops that the states count by reason, and are kept for the data path's
-// own tests; the metrics endpoint does not export them.
+// over every state in sa.GlobalStats.
 type Stats struct {
 	// TUNRxPackets counts packets read from the TUN (each packet of a
 	// split super-packet counts), TUNRxBytes their bytes; TUNTxPackets
@@ -28,7 +25,6 @@ type Stats struct {
 	BypassInTUN uint64 // a bypass policy matches: bypass does not apply inside the TUN
 	PolicyDrops uint64 // an outbound drop policy matches (inbound policies are not checked)
 	NoSA        uint64 // a protect policy matches but its reqid has no live state; each one calls sa.DB.Acquire
-	TooBig      uint64 // larger than the path allows with DF set (or IPv6); also the state's sa.DropTooBig
 	ICMPSent    uint64 // fragmentation needed / packet too big written to the TUN
 	ICMPLimited uint64 // ICMP errors suppressed by the rate limit
 	Fragments   uint64 // outer fragments sent (an outer packet split in k counts k)
@@ -39,8 +35,6 @@ type Stats struct {
 	KeepalivesRx uint64 // NAT-keepalives received (and dropped)
 	KeepalivesTx uint64 // NAT-keepalives sent
 	IKE          uint64 // non-ESP-marked (IKE) datagrams on the encapsulation port
-	SelectorDrop uint64 // inner packet outside its state's selectors; also the state's sa.DropSelector
-	CryptoDrops  uint64 // refused by a state: replay, integrity, padding, sequence exhausted, ...; also the state's drop by reason
 
 	// Both directions.
 	QueueDrops     uint64 // packets of batches dropped because the workers' queue was full
@@ -86,7 +80,6 @@ const (
 	cBypassInTUN
 	cPolicyDrops
 	cNoSA
-	cTooBig
 	cICMPSent
 	cICMPLimited
 	cFragments
@@ -95,8 +88,6 @@ const (
 	cKeepalivesRx
 	cKeepalivesTx
 	cIKE
-	cSelectorDrop
-	cCryptoDrops
 	cQueueDrops
 	cSendErrors
 	cTUNWriteErrors
@@ -130,10 +121,10 @@ func (c *counters) snapshot() Stats {
 		RxPackets: g(cRxPackets), RxBytes: g(cRxBytes),
 		TxPackets: g(cTxPackets), TxBytes: g(cTxBytes),
 		NoPolicy: g(cNoPolicy), BypassInTUN: g(cBypassInTUN), PolicyDrops: g(cPolicyDrops),
-		NoSA: g(cNoSA), TooBig: g(cTooBig), ICMPSent: g(cICMPSent), ICMPLimited: g(cICMPLimited),
+		NoSA: g(cNoSA), ICMPSent: g(cICMPSent), ICMPLimited: g(cICMPLimited),
 		Fragments: g(cFragments), InvalidSPI: g(cInvalidSPI), Malformed: g(cMalformed),
 		KeepalivesRx: g(cKeepalivesRx), KeepalivesTx: g(cKeepalivesTx), IKE: g(cIKE),
-		SelectorDrop: g(cSelectorDrop), CryptoDrops: g(cCryptoDrops), QueueDrops: g(cQueueDrops),
+		QueueDrops: g(cQueueDrops),
 		SendErrors: g(cSendErrors), TUNWriteErrors: g(cTUNWriteErrors), ReadErrors: g(cReadErrors),
 		CompletedBatches: g(cCompletedBatches), HandedOff: g(cHandedOff),
 	}
