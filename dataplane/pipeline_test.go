@@ -196,12 +196,7 @@ func checkOrder(t *testing.T, cfg Config, between func(h *harness, i, sent int))
 	// Outer sequence numbers per SPI: 1, 2, 3, ... in sending order.
 	seqs := make(map[uint32]uint32)
 	for _, p := range h.tx.packets() {
-		var m conn.Message
-		m.Buf = make([]byte, BufferSize)
-		deliver(&m, p)
-		e := m.Buf[m.Start:m.End]
-		spi, _ := esp.SPI(e)
-		seq, _ := esp.SeqLow(e)
+		spi, seq := outerSeq(p)
 		if seq != seqs[spi]+1 {
 			t.Fatalf("SPI %#x: sequence number %d after %d", spi, seq, seqs[spi])
 		}
@@ -430,10 +425,7 @@ func TestQueueFullDropsWithoutBlocking(t *testing.T) {
 	})
 	// What was sent is in order.
 	for i, p := range h.tx.packets() {
-		var m conn.Message
-		m.Buf = make([]byte, BufferSize)
-		deliver(&m, p)
-		if seq, _ := esp.SeqLow(m.Buf[m.Start:m.End]); i > 0 && seq <= 1 {
+		if _, seq := outerSeq(p); i > 0 && seq <= 1 {
 			t.Errorf("packet %d has sequence number %d", i, seq)
 		}
 	}
