@@ -446,9 +446,12 @@ func TestKeepalives(t *testing.T) {
 		deliver(&m, p)
 		if m.Err != nil || !m.UDP || !bytes.Equal(m.Buf[m.Start:m.End], []byte{0xff}) || m.Src.Port() != 4500 {
 			t.Errorf("keepalive %+v", m)
+			continue
 		}
 		if p[0]>>4 == 6 {
-			if !packet.UDPChecksumValid(p[packet.IPv6HeaderLen:], m.Src.Addr(), m.Dst.Addr()) {
+			u := p[packet.IPv6HeaderLen:] // deliver checked its length field
+			u = u[:binary.BigEndian.Uint16(u[4:6])]
+			if binary.BigEndian.Uint16(u[6:8]) == 0 || packet.Checksum(u, packet.PseudoHeaderSum(packet.ProtoUDP, m.Src.Addr(), m.Dst.Addr(), len(u))) != 0 {
 				t.Error("IPv6 keepalive UDP checksum invalid")
 			}
 		}
