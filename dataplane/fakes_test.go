@@ -1,11 +1,14 @@
 package dataplane
 
 import (
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
+
+	"golang.org/x/net/ipv6"
 
 	"github.com/espd/espd/conn"
 	"github.com/espd/espd/packet"
@@ -344,13 +347,15 @@ func deliver(m *conn.Message, p []byte) {
 		proto, hl, src, dst, m.TOS = h.Protocol, h.HeaderLen, h.Src, h.Dst, h.TOS
 		p = p[:h.TotalLen]
 	case 6:
-		h, err := packet.ParseIPv6Header(p)
-		if err != nil {
+		h, err := ipv6.ParseHeader(p)
+		if err != nil || packet.IPv6HeaderLen+h.PayloadLen > len(p) {
 			m.Err = conn.ErrOuterHeader
 			return
 		}
-		proto, hl, src, dst, m.TOS = h.NextHeader, packet.IPv6HeaderLen, h.Src, h.Dst, h.TrafficClass
-		p = p[:packet.IPv6HeaderLen+int(h.PayloadLen)]
+		src, _ = netip.AddrFromSlice(h.Src)
+		dst, _ = netip.AddrFromSlice(h.Dst)
+		proto, hl, m.TOS = uint8(h.NextHeader), packet.IPv6HeaderLen, uint8(h.TrafficClass)
+		p = p[:packet.IPv6HeaderLen+h.PayloadLen]
 	default:
 		m.Err = conn.ErrOuterHeader
 		return
@@ -358,15 +363,20 @@ func deliver(m *conn.Message, p []byte) {
 	m.Start, m.End = conn.RecvOffset+hl, conn.RecvOffset+len(p)
 	m.Src, m.Dst = netip.AddrPortFrom(src, 0), netip.AddrPortFrom(dst, 0)
 	if proto == packet.ProtoUDP {
-		u, _, err := packet.ParseUDPHeader(p[hl:])
-		if err != nil {
+		u := p[hl:]
+		var l int
+		if len(u) >= packet.UDPHeaderLen {
+			l = int(binary.BigEndian.Uint16(u[4:6]))
+		}
+		if l < packet.UDPHeaderLen || l > len(u) {
 			m.Err = conn.ErrOuterHeader
 			return
 		}
 		m.UDP = true
 		m.Start += packet.UDPHeaderLen
-		m.End = m.Start + int(u.Length) - packet.UDPHeaderLen
-		m.Src, m.Dst = netip.AddrPortFrom(src, u.SrcPort), netip.AddrPortFrom(dst, u.DstPort)
+		m.End = m.Start + l - packet.UDPHeaderLen
+		m.Src = netip.AddrPortFrom(src, binary.BigEndian.Uint16(u[0:2]))
+		m.Dst = netip.AddrPortFrom(dst, binary.BigEndian.Uint16(u[2:4]))
 	} else if proto != packet.ProtoESP {
 		m.Err = conn.ErrNotESP
 	}

@@ -5,55 +5,55 @@ import (
 	"time"
 )
 
-// TestOffloaderDecisions walks an handOffGauge through its states: inline
-// without a sample, to the workers once the crypto is measured slower than
-// the threshold, back to inline only once it is 25% faster and nothing is
-// in flight; small batches are no sample; a threshold of 0 always hands
-// off.
-func TestOffloaderDecisions(t *testing.T) {
-	var o handOffGauge
-	o.below.Store(1000) // MB/s
+// TestHandOffGaugeDecisions walks a handOffGauge through its states: run
+// to completion without a sample, hand-off to the workers once the crypto
+// is measured slower than the threshold, back to run to completion only
+// once it is 25% faster and nothing is in flight; small batches are no
+// sample; a threshold of 0 always hands off.
+func TestHandOffGaugeDecisions(t *testing.T) {
+	var g handOffGauge
+	g.below.Store(1000) // MB/s
 	q := newQueues(1, 4, nil)
-	if o.handsOff(q) {
-		t.Fatal("no sample yet: want inline")
+	if g.handsOff(q) {
+		t.Fatal("no sample yet: want run to completion")
 	}
-	o.record(1000, time.Millisecond) // too small to be a sample
-	if o.handsOff(q) || o.rate.Load() != 0 {
-		t.Fatalf("a 1000-byte batch was taken as a sample (rate %d)", o.rate.Load())
+	g.record(1000, time.Millisecond) // too small to be a sample
+	if g.handsOff(q) || g.rate.Load() != 0 {
+		t.Fatalf("a 1000-byte batch was taken as a sample (rate %d)", g.rate.Load())
 	}
-	o.record(64<<10, 131*time.Microsecond) // 500 MB/s
-	if got := o.rate.Load(); got != 500 {
+	g.record(64<<10, 131*time.Microsecond) // 500 MB/s
+	if got := g.rate.Load(); got != 500 {
 		t.Fatalf("rate %d MB/s, want 500", got)
 	}
-	if !o.handsOff(q) {
+	if !g.handsOff(q) {
 		t.Fatal("500 MB/s against 1000: want the workers")
 	}
 	for range 8 {
-		o.record(64<<10, 55*time.Microsecond) // 1191 MB/s: not 25% above
+		g.record(64<<10, 55*time.Microsecond) // 1191 MB/s: not 25% above
 	}
-	if got := o.rate.Load(); got >= 1250 || got < 1000 {
+	if got := g.rate.Load(); got >= 1250 || got < 1000 {
 		t.Fatalf("rate %d MB/s after eight samples of 1191, want within [1000, 1250)", got)
 	}
-	if !o.handsOff(q) {
+	if !g.handsOff(q) {
 		t.Fatal("within the hysteresis band: want the workers still")
 	}
 	for range 20 {
-		o.record(64<<10, 32*time.Microsecond) // 2048 MB/s
+		g.record(64<<10, 32*time.Microsecond) // 2048 MB/s
 	}
 	q.pushed.Store(3)
 	q.done.Store(2)
-	if !o.handsOff(q) {
-		t.Fatal("a batch in flight: going inline now would overtake it")
+	if !g.handsOff(q) {
+		t.Fatal("a batch in flight: running to completion now would overtake it")
 	}
 	q.done.Store(3)
-	if o.handsOff(q) {
-		t.Fatalf("rate %d MB/s and nothing in flight: want inline", o.rate.Load())
+	if g.handsOff(q) {
+		t.Fatalf("rate %d MB/s and nothing in flight: want run to completion", g.rate.Load())
 	}
-	if o.handing.Load() {
-		t.Fatal("handOff still set after going inline")
+	if g.handing.Load() {
+		t.Fatal("handing still set after returning to run to completion")
 	}
-	o.below.Store(0)
-	if !o.handsOff(q) {
+	g.below.Store(0)
+	if !g.handsOff(q) {
 		t.Fatal("HandOffBelow 0: want the workers always")
 	}
 }

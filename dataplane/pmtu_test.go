@@ -7,6 +7,8 @@ import (
 	"sort"
 	"testing"
 
+	"golang.org/x/net/ipv6"
+
 	"github.com/espd/espd/packet"
 	"github.com/espd/espd/sa"
 )
@@ -102,9 +104,10 @@ func TestPathMTU(t *testing.T) {
 	h.tun.in <- [][]byte{udpPacket(innerSrc6, dst6, 1, 2, 0, mtu6+1, false)}
 	waitFor(t, "an ICMPv6 error", func() bool { return len(h.tun.packets()) == 2 })
 	icmp6 := h.tun.packets()[1]
-	ip6, err := packet.ParseIPv6Header(icmp6)
-	if err != nil || ip6.NextHeader != packet.ProtoICMPv6 || ip6.Src != dst6 || ip6.Dst != innerSrc6 {
-		t.Fatalf("ICMPv6 header %+v, %v", ip6, err)
+	ip6, err := ipv6.ParseHeader(icmp6)
+	if err != nil || ip6.Version != 6 || packet.IPv6HeaderLen+ip6.PayloadLen > len(icmp6) ||
+		ip6.NextHeader != packet.ProtoICMPv6 || !ip6.Src.Equal(dst6.AsSlice()) || !ip6.Dst.Equal(innerSrc6.AsSlice()) {
+		t.Fatalf("ICMPv6 header %v, %v", ip6, err)
 	}
 	m6 := icmp6[packet.IPv6HeaderLen:]
 	if m6[0] != packet.ICMPv6PacketTooBigMsg || int(binary.BigEndian.Uint32(m6[4:8])) != mtu6 {

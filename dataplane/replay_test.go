@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -63,6 +64,31 @@ func newPeerSender(t testing.TB, tn tunnel, suiteName string) *peerSender {
 	return &peerSender{t: t, enc: esp.Encapsulator{SPI: tn.spi, Transform: tr, Outer: esp.Outer{Src: peer4, Dst: local4}}}
 }
 
+// dummy seals, with the peer's transform, a dummy ESP packet (Next Header
+// 59, RFC 4303 section 2.6) of n zero bytes at buf[esp.MaxHeadroom:],
+// padded 1, 2, 3, ... to the transform's block size, and frames it as
+// Encapsulate frames its packets: Not-ECT, DF set (the DFCopy default).
+// It is built here, not by the esp package, so that the receiving side is
+// checked against a dummy of independent making.
+func (p *peerSender) dummy(buf []byte, n int, seq uint64) esp.Packet {
+	tr := p.enc.Transform
+	bs, icv := tr.BlockSize(), tr.ICVSize()
+	pad := (bs - (n+2)%bs) % bs
+	off := esp.MaxHeadroom
+	start := off - tr.IVSize() - esp.HeaderLen
+	end := off + n + pad + 2 + icv
+	pl := buf[off : end-icv]
+	clear(pl[:n])
+	for i := range pad {
+		pl[n+i] = byte(i + 1)
+	}
+	pl[n+pad], pl[n+pad+1] = byte(pad), esp.NextHeaderDummy
+	binary.BigEndian.PutUint32(buf[start:], p.enc.SPI)
+	binary.BigEndian.PutUint32(buf[start+4:], uint32(seq))
+	tr.Seal(buf[start:end], seq)
+	return esp.Packet{ESP: start, End: end, DF: true}
+}
+
 // packet returns the outer packet carrying inner (a dummy if inner is nil)
 // with sequence number seq and the outer ECN field ecn.
 func (p *peerSender) packet(inner []byte, seq uint64, ecn uint8) []byte {
@@ -71,7 +97,7 @@ func (p *peerSender) packet(inner []byte, seq uint64, ecn uint8) []byte {
 	var pk esp.Packet
 	var err error
 	if inner == nil {
-		pk, err = p.enc.EncapsulateDummy(buf, esp.MaxHeadroom, 40, seq)
+		pk = p.dummy(buf, 40, seq)
 	} else {
 		pk, err = p.enc.Encapsulate(buf, esp.MaxHeadroom, len(inner), seq)
 	}

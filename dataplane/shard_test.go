@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
 	"sync"
@@ -35,7 +36,9 @@ func outerSeq(p []byte) (spi, seq uint32) {
 	deliver(&m, p)
 	e := m.Buf[m.Start:m.End]
 	spi, _ = esp.SPI(e)
-	seq, _ = esp.SeqLow(e)
+	if len(e) >= esp.HeaderLen {
+		seq = binary.BigEndian.Uint32(e[4:8])
+	}
 	return spi, seq
 }
 

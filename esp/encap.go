@@ -165,19 +165,6 @@ func (e *Encapsulator) Encapsulate(buf []byte, off, n int, seq uint64) (Packet, 
 	return e.encapsulate(full, off, n, seq, nh)
 }
 
-// EncapsulateDummy builds a dummy ESP packet (Next Header 59, RFC 4303
-// section 2.6) whose payload is n zero bytes written at buf[off:off+n],
-// framed as Encapsulate does: receivers discard it after the ICV check.
-// Sent with n around TFCPadTo it hides when real traffic flows. Its outer
-// DSCP is Outer.DSCP (or 0 when copying), ECN Not-ECT, and DF set in
-// DFCopy mode.
-func (e *Encapsulator) EncapsulateDummy(buf []byte, off, n int, seq uint64) (Packet, error) {
-	if off < 0 || n < 0 || off > cap(buf)-n {
-		return Packet{}, ErrInner
-	}
-	return e.encapsulate(buf[:cap(buf)], off, n, seq, NextHeaderDummy)
-}
-
 func (e *Encapsulator) encapsulate(full []byte, off, n int, seq uint64, nh uint8) (Packet, error) {
 	t := e.Transform
 	ol, _, err := e.outerLen()

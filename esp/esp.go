@@ -83,12 +83,3 @@ func SPI(pkt []byte) (spi uint32, ok bool) {
 	}
 	return binary.BigEndian.Uint32(pkt[0:4]), true
 }
-
-// SeqLow returns the sequence number field of the ESP packet pkt: the low
-// 32 bits of the sequence number. ok is false if pkt is too short.
-func SeqLow(pkt []byte) (seq uint32, ok bool) {
-	if len(pkt) < HeaderLen {
-		return 0, false
-	}
-	return binary.BigEndian.Uint32(pkt[4:8]), true
-}

@@ -29,3 +29,16 @@ func (e *Encapsulator) Overhead(innerLen int) int {
 	p := max(innerLen, e.TFCPadTo)
 	return e.fixedOverhead() + p - innerLen + padLen(p, e.Transform.BlockSize()) + 2
 }
+
+// EncapsulateDummy builds a dummy ESP packet (Next Header 59, RFC 4303
+// section 2.6) whose payload is n zero bytes written at buf[off:off+n],
+// framed as Encapsulate does: receivers discard it after the ICV check.
+// Sent with n around TFCPadTo it hides when real traffic flows. Its outer
+// DSCP is Outer.DSCP (or 0 when copying), ECN Not-ECT, and DF set in
+// DFCopy mode.
+func (e *Encapsulator) EncapsulateDummy(buf []byte, off, n int, seq uint64) (Packet, error) {
+	if off < 0 || n < 0 || off > cap(buf)-n {
+		return Packet{}, ErrInner
+	}
+	return e.encapsulate(buf[:cap(buf)], off, n, seq, NextHeaderDummy)
+}

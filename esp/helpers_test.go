@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 
+	"golang.org/x/net/ipv6"
+
 	"github.com/espd/espd/packet"
 )
 
@@ -114,33 +116,36 @@ func checkOuter(out []byte, p Packet, o Outer, spi uint32, seq uint64) (uint8, p
 			return 0, h4, fmt.Errorf("TTL %d for Outer.TTL %d", h.TTL, o.TTL)
 		}
 	} else {
-		h, err := packet.ParseIPv6Header(b)
+		h, err := ipv6.ParseHeader(b)
 		if err != nil {
 			return 0, h4, fmt.Errorf("outer IPv6 header: %v", err)
 		}
-		if int(h.PayloadLen)+40 != len(b) || h.Src != o.Src || h.Dst != o.Dst || h.FlowLabel != 0 {
-			return 0, h4, fmt.Errorf("outer IPv6 header %+v", h)
+		src, _ := netip.AddrFromSlice(h.Src)
+		dst, _ := netip.AddrFromSlice(h.Dst)
+		if h.Version != 6 || h.PayloadLen+40 != len(b) || src != o.Src || dst != o.Dst || h.FlowLabel != 0 {
+			return 0, h4, fmt.Errorf("outer IPv6 header %v", h)
 		}
-		if h.HopLimit != o.TTL && !(o.TTL == 0 && h.HopLimit == 64) {
+		if h.HopLimit != int(o.TTL) && !(o.TTL == 0 && h.HopLimit == 64) {
 			return 0, h4, fmt.Errorf("hop limit %d for Outer.TTL %d", h.HopLimit, o.TTL)
 		}
-		tos, proto, l4 = h.TrafficClass, h.NextHeader, b[40:]
+		tos, proto, l4 = uint8(h.TrafficClass), uint8(h.NextHeader), b[40:]
 	}
 	if o.DstPort != 0 {
 		if proto != packet.ProtoUDP {
 			return 0, h4, fmt.Errorf("protocol %d, want UDP", proto)
 		}
-		u, payload, err := packet.ParseUDPHeader(l4)
-		if err != nil || u.SrcPort != o.SrcPort || u.DstPort != o.DstPort || len(payload) != len(l4)-8 {
-			return 0, h4, fmt.Errorf("UDP header %+v %v", u, err)
+		if len(l4) < packet.UDPHeaderLen || int(binary.BigEndian.Uint16(l4[4:6])) != len(l4) ||
+			binary.BigEndian.Uint16(l4[0:2]) != o.SrcPort || binary.BigEndian.Uint16(l4[2:4]) != o.DstPort {
+			return 0, h4, fmt.Errorf("UDP header % x", l4[:min(len(l4), packet.UDPHeaderLen)])
 		}
-		if o.Src.Is4() && u.Checksum != 0 {
-			return 0, h4, fmt.Errorf("UDP checksum %#x over IPv4, want 0", u.Checksum)
+		check := binary.BigEndian.Uint16(l4[6:8])
+		if o.Src.Is4() && check != 0 {
+			return 0, h4, fmt.Errorf("UDP checksum %#x over IPv4, want 0", check)
 		}
-		if !packet.UDPChecksumValid(l4, o.Src, o.Dst) {
+		if o.Src.Is6() && (check == 0 || packet.Checksum(l4, packet.PseudoHeaderSum(packet.ProtoUDP, o.Src, o.Dst, len(l4))) != 0) {
 			return 0, h4, fmt.Errorf("UDP checksum invalid")
 		}
-		l4 = payload
+		l4 = l4[packet.UDPHeaderLen:]
 	} else if proto != packet.ProtoESP {
 		return 0, h4, fmt.Errorf("protocol %d, want ESP", proto)
 	}

@@ -3,13 +3,17 @@ package esp
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"testing"
 	"time"
+
+	"golang.org/x/net/ipv6"
 
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/packet"
@@ -209,22 +213,34 @@ func outerPayload(b []byte, o Outer) ([]byte, error) {
 		}
 		proto, rest = h.Protocol, b[h.HeaderLen:h.TotalLen]
 	} else {
-		h, err := packet.ParseIPv6Header(b)
+		h, err := ipv6.ParseHeader(b)
 		if err != nil {
 			return nil, err
 		}
-		if h.Src != o.Src || h.Dst != o.Dst {
-			return nil, fmt.Errorf("addresses %v -> %v", h.Src, h.Dst)
+		if h.Version != 6 || 40+h.PayloadLen > len(b) {
+			return nil, fmt.Errorf("IPv6 header %v in %d bytes", h, len(b))
 		}
-		proto, rest = h.NextHeader, b[40:40+int(h.PayloadLen)]
+		src, _ := netip.AddrFromSlice(h.Src)
+		dst, _ := netip.AddrFromSlice(h.Dst)
+		if src != o.Src || dst != o.Dst {
+			return nil, fmt.Errorf("addresses %v -> %v", src, dst)
+		}
+		proto, rest = uint8(h.NextHeader), b[40:40+h.PayloadLen]
 	}
 	if o.DstPort != 0 {
 		if proto != packet.ProtoUDP {
 			return nil, fmt.Errorf("protocol %d, want UDP", proto)
 		}
-		u, p, err := packet.ParseUDPHeader(rest)
-		if err != nil || u.DstPort != o.DstPort || ClassifyUDP(p) != UDPESP {
-			return nil, fmt.Errorf("UDP: port %d, %v, kind %v", u.DstPort, err, ClassifyUDP(p))
+		if len(rest) < packet.UDPHeaderLen {
+			return nil, fmt.Errorf("UDP: %d bytes", len(rest))
+		}
+		port, l := binary.BigEndian.Uint16(rest[2:4]), int(binary.BigEndian.Uint16(rest[4:6]))
+		if l < packet.UDPHeaderLen || l > len(rest) {
+			return nil, fmt.Errorf("UDP: length %d in %d bytes", l, len(rest))
+		}
+		p := rest[packet.UDPHeaderLen:l]
+		if port != o.DstPort || ClassifyUDP(p) != UDPESP {
+			return nil, fmt.Errorf("UDP: port %d, kind %v", port, ClassifyUDP(p))
 		}
 		return p, nil
 	}

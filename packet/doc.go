@@ -1,7 +1,7 @@
 // Package packet holds the IP header helpers that esp and the data plane
 // share: flow (selector 5-tuple) parsing, the Internet checksum, outer IPv4,
-// IPv6 and UDP header build and parse, DSCP and ECN access, ICMP "packet too
-// big" errors and IPv4 fragmentation.
+// IPv6 and UDP header building, IPv4 header parsing, DSCP and ECN access,
+// ICMP "packet too big" errors and IPv4 fragmentation.
 //
 // Every function is pure: it works on the byte slices it is given, does no
 // I/O and does not allocate. Functions that read packets from the network

@@ -34,28 +34,3 @@ func PutIPv6Header(b []byte, h IPv6Header) (int, error) {
 	copy(b[24:40], d[:])
 	return IPv6HeaderLen, nil
 }
-
-// ParseIPv6Header reads the IPv6 fixed header at the start of b and checks
-// that the payload length fits in b.
-func ParseIPv6Header(b []byte) (IPv6Header, error) {
-	if len(b) < IPv6HeaderLen {
-		return IPv6Header{}, ErrTruncated
-	}
-	if b[0]>>4 != 6 {
-		return IPv6Header{}, ErrVersion
-	}
-	pl := binary.BigEndian.Uint16(b[4:6])
-	if IPv6HeaderLen+int(pl) > len(b) {
-		return IPv6Header{}, ErrTruncated
-	}
-	v := binary.BigEndian.Uint32(b[0:4])
-	return IPv6Header{
-		TrafficClass: uint8(v >> 20),
-		FlowLabel:    v & 0xfffff,
-		PayloadLen:   pl,
-		NextHeader:   b[6],
-		HopLimit:     b[7],
-		Src:          netip.AddrFrom16([16]byte(b[8:24])),
-		Dst:          netip.AddrFrom16([16]byte(b[24:40])),
-	}, nil
-}

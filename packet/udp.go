@@ -5,13 +5,6 @@ import (
 	"net/netip"
 )
 
-// UDPHeader is a parsed UDP header.
-type UDPHeader struct {
-	SrcPort, DstPort uint16
-	Length           uint16 // header and payload
-	Checksum         uint16 // 0: none (IPv4 only)
-}
-
 // PutUDPHeader writes a UDP header for payloadLen bytes of payload at the
 // start of b, with checksum 0, and returns 8. A zero checksum is allowed
 // over IPv4 and is what RFC 3948 asks for ESP-in-UDP; over IPv6 call
@@ -52,43 +45,4 @@ func SetUDPChecksum(udp []byte, src, dst netip.Addr) error {
 	}
 	binary.BigEndian.PutUint16(udp[6:8], c)
 	return nil
-}
-
-// ParseUDPHeader reads the UDP header at the start of b and returns it with
-// the payload its length field delimits. It does not verify the checksum
-// (see UDPChecksumValid).
-func ParseUDPHeader(b []byte) (UDPHeader, []byte, error) {
-	if len(b) < UDPHeaderLen {
-		return UDPHeader{}, nil, ErrTruncated
-	}
-	h := UDPHeader{
-		SrcPort:  binary.BigEndian.Uint16(b[0:2]),
-		DstPort:  binary.BigEndian.Uint16(b[2:4]),
-		Length:   binary.BigEndian.Uint16(b[4:6]),
-		Checksum: binary.BigEndian.Uint16(b[6:8]),
-	}
-	if int(h.Length) < UDPHeaderLen {
-		return UDPHeader{}, nil, ErrTotalLength
-	}
-	if int(h.Length) > len(b) {
-		return UDPHeader{}, nil, ErrTruncated
-	}
-	return h, b[UDPHeaderLen:h.Length], nil
-}
-
-// UDPChecksumValid reports whether the UDP datagram udp carries a correct
-// checksum for src and dst. A zero checksum over IPv4 means none was sent
-// and is valid; over IPv6 it is not.
-func UDPChecksumValid(udp []byte, src, dst netip.Addr) bool {
-	if len(udp) < UDPHeaderLen {
-		return false
-	}
-	l := int(binary.BigEndian.Uint16(udp[4:6]))
-	if l < UDPHeaderLen || l > len(udp) {
-		return false
-	}
-	if binary.BigEndian.Uint16(udp[6:8]) == 0 {
-		return src.Is4()
-	}
-	return Checksum(udp[:l], PseudoHeaderSum(ProtoUDP, src, dst, l)) == 0
 }

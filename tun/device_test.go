@@ -14,25 +14,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/espd/espd/packet"
 	"github.com/espd/espd/testbed"
 	"github.com/espd/espd/tun"
 )
-
-// sum16 is the Internet checksum of b, folded, not complemented, seeded
-// with sum.
-func sum16(b []byte, sum uint32) uint32 {
-	for len(b) >= 2 {
-		sum += uint32(binary.BigEndian.Uint16(b))
-		b = b[2:]
-	}
-	if len(b) == 1 {
-		sum += uint32(b[0]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return sum
-}
 
 // udp4 builds an IPv4/UDP packet with valid checksums.
 func udp4(src, dst netip.Addr, sport, dport uint16, ttl uint8, payload []byte) []byte {
@@ -44,14 +29,14 @@ func udp4(src, dst netip.Addr, sport, dport uint16, ttl uint8, payload []byte) [
 	s, d := src.As4(), dst.As4()
 	copy(p[12:], s[:])
 	copy(p[16:], d[:])
-	binary.BigEndian.PutUint16(p[10:], ^uint16(sum16(p[:20], 0)))
+	binary.BigEndian.PutUint16(p[10:], packet.Checksum(p[:20], 0))
 	u := p[20:]
 	binary.BigEndian.PutUint16(u[0:], sport)
 	binary.BigEndian.PutUint16(u[2:], dport)
 	binary.BigEndian.PutUint16(u[4:], uint16(len(u)))
 	copy(u[8:], payload)
-	pseudo := sum16(p[12:20], uint32(unix.IPPROTO_UDP)+uint32(len(u)))
-	binary.BigEndian.PutUint16(u[6:], ^uint16(sum16(u, pseudo)))
+	pseudo := packet.Sum(p[12:20], uint32(unix.IPPROTO_UDP)+uint32(len(u)))
+	binary.BigEndian.PutUint16(u[6:], packet.Checksum(u, pseudo))
 	return p
 }
 

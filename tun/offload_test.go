@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/espd/espd/packet"
 	"github.com/espd/espd/testbed"
 	"github.com/espd/espd/tun"
 )
@@ -32,7 +33,7 @@ func tcpPkt(src, dst netip.Addr, seq uint32, flags byte, payload []byte) []byte 
 		s, d := src.As4(), dst.As4()
 		copy(p[12:], s[:])
 		copy(p[16:], d[:])
-		binary.BigEndian.PutUint16(p[10:], ^uint16(sum16(p[:20], 0)))
+		binary.BigEndian.PutUint16(p[10:], packet.Checksum(p[:20], 0))
 	} else {
 		p[0] = 0x60
 		binary.BigEndian.PutUint16(p[4:], uint16(len(p)-40))
@@ -56,8 +57,8 @@ func tcpPkt(src, dst netip.Addr, seq uint32, flags byte, payload []byte) []byte 
 	if src.Is6() {
 		addrs = p[8:40]
 	}
-	pseudo := sum16(addrs, uint32(unix.IPPROTO_TCP)+uint32(len(t)))
-	binary.BigEndian.PutUint16(t[16:], ^uint16(sum16(t, pseudo)))
+	pseudo := packet.Sum(addrs, uint32(unix.IPPROTO_TCP)+uint32(len(t)))
+	binary.BigEndian.PutUint16(t[16:], packet.Checksum(t, pseudo))
 	return p
 }
 
@@ -67,7 +68,7 @@ func l4Valid(p []byte) bool {
 	if p[0]>>4 == 6 {
 		hl, addrs, proto = 40, p[8:40], p[6]
 	}
-	return sum16(p[hl:], sum16(addrs, uint32(proto)+uint32(len(p)-hl))) == 0xffff
+	return packet.Checksum(p[hl:], packet.Sum(addrs, uint32(proto)+uint32(len(p)-hl))) == 0
 }
 
 // TestCoalesceAndSplit writes runs of TCP segments into the TUN, routed

@@ -41,7 +41,7 @@ func TestSetProcs(t *testing.T) {
 	}
 	cfg.OnHandOff(false)
 	if got := runtime.GOMAXPROCS(0); got != half {
-		t.Errorf("back inline: GOMAXPROCS %d, want %d", got, half)
+		t.Errorf("back to run to completion: GOMAXPROCS %d, want %d", got, half)
 	}
 	runtime.GOMAXPROCS(all)
 	if got := setProcs(0, &dataplane.Config{Workers: all}); got != all {
