@@ -349,6 +349,10 @@ func unitUnderSystemd(t *testing.T, rootfs, deb, debs, name string) {
 		t.Errorf("%s: espd wrote %q under the unit's SystemCallFilter=", name, uringFallback)
 	}
 
+	if !handoff {
+		udpPortDropIn(t, c, top.GwA, name)
+	}
+
 	c.must(t, "systemctl", "stop", name)
 	if p := c.show(t, name, "ActiveState", "Result", "ExecMainStatus"); p["ActiveState"] != "inactive" || p["Result"] != "success" || p["ExecMainStatus"] != "0" {
 		t.Errorf("after systemctl stop: %v, want inactive, success, status 0", p)
@@ -393,3 +397,44 @@ func unitUnderSystemd(t *testing.T, rootfs, deb, debs, name string) {
 // uringFallback begins the warning espd logs when the TUN writer cannot
 // have its io_uring (dataplane.Device.Start).
 const uringFallback = "TUN writes without io_uring"
+
+// udpPortDropIn applies docs/strongswan.md's drop-in for espd.service
+// without the IKE hand-off, as written, and expects espd on UDP port 4501
+// and not 4500, which charon's socket-default then owns; it removes the
+// drop-in and restarts the unit as it was.
+func udpPortDropIn(t *testing.T, c *container, gw *testbed.Node, name string) {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/strongswan.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const header = "# /etc/systemd/system/espd.service.d/udp-port.conf\n"
+	_, body, ok := strings.Cut(string(doc), header)
+	if !ok {
+		t.Fatalf("docs/strongswan.md has no %q block", strings.TrimSpace(header))
+	}
+	body, _, _ = strings.Cut(body, "```")
+	dropIn := "/etc/systemd/system/" + name + ".d/udp-port.conf"
+	c.must(t, "mkdir", "-p", path.Dir(dropIn))
+	if out, err := c.run([]byte(body), "tee", dropIn); err != nil {
+		t.Fatalf("writing %s: %v\n%s", dropIn, err, out)
+	}
+	c.must(t, "systemctl", "daemon-reload")
+	c.must(t, "systemctl", "restart", name)
+	ports := func() string {
+		out, err := gw.Run(context.Background(), "cat", "/proc/net/udp", "/proc/net/udp6")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	// Ports in /proc/net/udp are hex: 4501 is 1195, 4500 is 1194.
+	if !testbed.Poll(5*time.Second, 100*time.Millisecond, func() bool { return strings.Contains(ports(), ":1195 ") }) {
+		t.Errorf("%s with docs/strongswan.md's drop-in: nothing on UDP 4501:\n%s", name, ports())
+	} else if strings.Contains(ports(), ":1194 ") {
+		t.Errorf("%s with docs/strongswan.md's drop-in still holds UDP 4500:\n%s", name, ports())
+	}
+	c.must(t, "rm", dropIn)
+	c.must(t, "systemctl", "daemon-reload")
+	c.must(t, "systemctl", "restart", name)
+}
