@@ -221,7 +221,9 @@ func TestMetricsOneScrapeAtATime(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := newMetrics(db, func() dataplane.Stats { return dataplane.Stats{} }, 0, nil)
-	m.wait = 200 * time.Millisecond
+	// Long enough that the waiting scrape never gives up here, however
+	// slowly a loaded machine schedules this test.
+	m.wait = time.Minute
 	m.scrape <- struct{}{} // a scrape is running
 
 	done := make(chan *httptest.ResponseRecorder, 1)
@@ -245,6 +247,7 @@ func TestMetricsOneScrapeAtATime(t *testing.T) {
 		t.Fatal("the waiting scrape did not run after the first ended")
 	}
 
+	m.wait = 200 * time.Millisecond
 	m.scrape <- struct{}{}
 	rec := httptest.NewRecorder()
 	start := time.Now()
@@ -258,6 +261,7 @@ func TestMetricsOneScrapeAtATime(t *testing.T) {
 	<-m.scrape
 
 	// A client that gives up while waiting leaves at once.
+	m.wait = time.Minute
 	m.scrape <- struct{}{}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
