@@ -17,8 +17,9 @@ import (
 const module = "github.com/espd/espd"
 
 // layering reads the tables of architecture.md: for each package, the
-// espd packages it may import.
-func layering(t *testing.T) map[string]map[string]bool {
+// espd packages it may import, and for the packages of the levelled table
+// (espd itself), their level.
+func layering(t *testing.T) (rows map[string]map[string]bool, levels map[string]int) {
 	t.Helper()
 	f, err := os.Open("architecture.md")
 	if err != nil {
@@ -26,7 +27,7 @@ func layering(t *testing.T) map[string]map[string]bool {
 	}
 	defer f.Close()
 	name := regexp.MustCompile("`([a-z0-9/]+)`")
-	rows := map[string]map[string]bool{}
+	rows, levels = map[string]map[string]bool{}, map[string]int{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -52,17 +53,24 @@ func layering(t *testing.T) map[string]map[string]bool {
 				allowed[a] = true
 			}
 		}
+		level, err := strconv.Atoi(strings.TrimSpace(cells[0]))
+		if err == nil && len(pkgs) != 1 {
+			t.Errorf("architecture.md: level %d row without one package: %q", level, line)
+		}
 		for _, p := range pkgs {
 			if rows[p] != nil {
 				t.Errorf("architecture.md: %s has two rows", p)
 			}
 			rows[p] = allowed
+			if err == nil {
+				levels[p] = level
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	return rows
+	return rows, levels
 }
 
 // imports returns, for each package of the module, the module's packages
@@ -99,7 +107,7 @@ func imports(t *testing.T) map[string][]string {
 // TestLayering fails when a package imports an espd package that its row
 // of architecture.md does not name, or has no row.
 func TestLayering(t *testing.T) {
-	rows := layering(t)
+	rows, _ := layering(t)
 	if len(rows) < 10 {
 		t.Fatalf("architecture.md: only %d package rows found", len(rows))
 	}
@@ -126,44 +134,14 @@ func TestLayering(t *testing.T) {
 	}
 }
 
-// levels reads the level column of architecture.md's first table: for
-// each package of espd itself, its level.
-func levels(t *testing.T) map[string]int {
-	t.Helper()
-	b, err := os.ReadFile("architecture.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := regexp.MustCompile("^`([a-z0-9/]+)`$")
-	lv := map[string]int{}
-	for _, line := range strings.Split(string(b), "\n") {
-		cells := strings.Split(strings.Trim(strings.TrimSpace(line), "|"), "|")
-		if len(cells) < 4 {
-			continue
-		}
-		n, err := strconv.Atoi(strings.TrimSpace(cells[0]))
-		if err != nil {
-			continue // not a row of the levelled table
-		}
-		m := name.FindStringSubmatch(strings.TrimSpace(cells[1]))
-		if m == nil {
-			t.Errorf("architecture.md: level %d row without one package: %q", n, cells[1])
-			continue
-		}
-		lv[m[1]] = n
-	}
-	return lv
-}
-
 // TestLevels fails when a row of architecture.md's levelled table allows
 // an import that does not go down the table: a package of a higher level,
 // or one of the test and measurement packages, which espd never imports.
 func TestLevels(t *testing.T) {
-	lv := levels(t)
+	rows, lv := layering(t)
 	if len(lv) < 10 {
 		t.Fatalf("architecture.md: only %d levelled rows found", len(lv))
 	}
-	rows := layering(t)
 	for pkg, n := range lv {
 		for dep := range rows[pkg] {
 			d, ok := lv[dep]
