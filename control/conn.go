@@ -45,6 +45,10 @@ type conn struct {
 func newConn(s *Server, nc *net.UnixConn, cred unix.Ucred) *conn {
 	c := &conn{s: s, nc: nc, cred: cred}
 	c.lastActive.Store(time.Now().UnixNano())
+	// A new connection is between messages (before its first) even
+	// before its goroutine reaches readHeader: eviction must not take it
+	// for one in the middle of a message and close an older idle one.
+	c.waiting.Store(true)
 	return c
 }
 
@@ -61,6 +65,16 @@ func (c *conn) write(msg []byte) error {
 	return err
 }
 
+// writeFinal sends the last reply to the message being handled. From the
+// moment it is written the peer may send its next request, so the
+// connection counts as between messages from then on, not only once its
+// goroutine is back in readHeader: eviction prefers such a connection, and
+// the scheduler must not make a connection that was answered look busy.
+func (c *conn) writeFinal(msg []byte) error {
+	c.waiting.Store(true)
+	return c.write(msg)
+}
+
 // sendError sends an ERROR in reply to the message with this header.
 func (c *conn) sendError(version uint8, seq uint32, t MsgType, e *Error) error {
 	if e.Type == 0 {
@@ -72,7 +86,7 @@ func (c *conn) sendError(version uint8, seq uint32, t MsgType, e *Error) error {
 	if err != nil {
 		return err
 	}
-	return c.write(msg)
+	return c.writeFinal(msg)
 }
 
 // replyVersion is the version a reply carries: the request's if supported,

@@ -74,7 +74,11 @@ func (r *replier) send(t MsgType, f Flags, fill func(*Builder)) error {
 	if err != nil {
 		return err
 	}
-	if err := r.c.write(msg); err != nil {
+	write := r.c.write
+	if f&FlagMulti == 0 {
+		write = r.c.writeFinal
+	}
+	if err := write(msg); err != nil {
 		r.failed, r.err = true, err
 		return err
 	}
