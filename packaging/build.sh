@@ -155,6 +155,8 @@ if [ "$plugin" = 1 ]; then
 	ARCH=$(dpkg --print-architecture)
 	export SS_VERSION ARCH
 	cp "$repo/strongswan/COPYING" "$s/copyright"
+	mkdir -p "$s/scripts"
+	cp "$here/deb/strongswan-espd.postinst" "$s/scripts/postinst"
 	(cd "$s" && "$nfpm" package --config "$here/strongswan-espd.yaml" --packager deb --target "$out/") >&2
 fi
 

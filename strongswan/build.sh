@@ -36,11 +36,14 @@ command -v dpkg-query >/dev/null || die "not a Debian system (no dpkg-query)"
 
 export DEBIAN_FRONTEND=noninteractive
 
-# 1. Packages: the charon to build against, swanctl and the crypto plugins the tests
-#    and proposals need, and the toolchain. Only missing ones are installed.
-deps=(strongswan-charon strongswan-swanctl libstrongswan-standard-plugins
-      libcharon-extra-plugins libgmp-dev build-essential pkg-config dpkg-dev
-      bzip2 xz-utils ca-certificates)
+# 1. Packages: the libcharon to build against; charon-systemd, whose strongswan.service
+#    is the charon that loads the plugin and swanctl.conf (docs/strongswan.md,
+#    "Install"); swanctl and the crypto plugins the proposals need; the stand-alone
+#    charon (strongswan-charon, /usr/lib/ipsec/charon) and the extra plugins that
+#    strongswan/test runs; and the toolchain. Only missing ones are installed.
+deps=(strongswan-libcharon charon-systemd strongswan-swanctl libstrongswan-standard-plugins
+      strongswan-charon libcharon-extra-plugins libgmp-dev build-essential pkg-config
+      dpkg-dev bzip2 xz-utils ca-certificates)
 missing=()
 for p in "${deps[@]}"; do
 	if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]; then

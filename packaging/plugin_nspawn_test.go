@@ -1,0 +1,429 @@
+package packaging
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/testbed"
+)
+
+// TestPackagesUnderSystemd installs both packages, espd and
+// strongswan-espd, built by packaging/build.sh from this checkout, with apt
+// in two booted Debian 12 containers (systemd as PID 1, the root file
+// system of TestUnitUnderSystemd) in the gateway namespaces of a test bed,
+// and runs docs/deploy.md's section 6 (IKEv2 with the hand-off) in them as
+// written, with the containers' own systemctl.
+//
+// Gateway A is a clean box that takes README.md's command ("Packages");
+// gateway B already runs strongSwan's charon-systemd and takes deploy.md's
+// two apt-get lines (sections 1 and 6), so its charon runs before the
+// plugin is unpacked and only the plugin's postinst can make it load it.
+// After the install, on each: strongswan.service is charon-systemd's and
+// has the espd plugin loaded (swanctl --stats), it is enabled, no
+// strongswan-charon or strongswan-starter is installed and the one charon
+// that runs is charon-systemd. After deploy.md's section 6: espd-ike.service
+// is active and espd, not charon, holds UDP 500 and 4500 (ss -ulpn), the
+// plugin says in charon's journal that it connected to espd, the CHILD_SA
+// is up (the doc's own wait), traffic from LAN A's client reaches LAN B's
+// server through it, and espd holds the SAs charon negotiated.
+//
+// Where the strongSwan packages come from: the containers have no network.
+// The test asks the machine's apt which packages the two .debs need on top
+// of what the root file system holds (apt-get install -s against the root
+// file system's dpkg status, recommended packages included, as a real
+// install takes them), downloads exactly those versions with apt-get
+// download (the machine's package lists: Debian 12 with its security
+// archive, which has the revision the plugin is pinned to; a debootstrap
+// of bookworm alone may hold an older one) and makes them a flat
+// repository (dpkg-scanpackages) that the containers use as their only apt
+// source, in place of Debian's mirror. apt in the container then resolves
+// the dependencies itself, as on a real box, so a dependency that pulls in
+// the ipsec starter is installed, starts its charon and fails the test.
+// It needs root, network access to the machine's Debian mirror, apt-get
+// and dpkg-scanpackages (dpkg-dev); it skips without them (fails under
+// CI=true).
+func TestPackagesUnderSystemd(t *testing.T) {
+	rootfs := nspawnRootfs(t)
+	for _, tool := range []string{"apt-get", "dpkg-scanpackages", "dpkg"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("CI=true: needs %s", tool)
+			}
+			t.Skipf("needs %s", tool)
+		}
+	}
+
+	// Both packages for this machine's architecture, as README.md's
+	// "Packages" builds them (the plugin needs root; nspawnRootfs made sure).
+	debs := t.TempDir()
+	build := exec.Command("bash", "build.sh", "--arch", runtime.GOARCH, "-o", debs)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("packaging/build.sh: %v\n%s", err, out)
+	}
+	espdDeb := onePackage(t, debs, "espd")
+	pluginDeb := onePackage(t, debs, "strongswan-espd")
+	aptMirror(t, rootfs, filepath.Join(debs, "mirror"), espdDeb, pluginDeb)
+
+	top := testbed.NewT(t, testbed.Options{Prefix: "nspawnss"})
+	gw := map[string]*container{
+		"A": bootContainer(t, rootfs, debs, top.GwA),
+		"B": bootContainer(t, rootfs, debs, top.GwB),
+	}
+	for _, name := range []string{"A", "B"} {
+		c := gw[name]
+		t.Cleanup(func() {
+			if t.Failed() {
+				out, _ := c.run(nil, "journalctl", "--no-pager", "-o", "short-monotonic", "-u", "strongswan", "-u", "espd-ike", "-u", "espd", "-u", "strongswan-starter")
+				t.Logf("journal of gateway %s:\n%s", name, testbed.Tail(out, 60))
+			}
+		})
+		// As in TestUnitUnderSystemd: udev's mode, which the container lacks.
+		c.must(t, "chmod", "0666", "/dev/net/tun")
+		// The mirror is the only apt source; apt-get answers yes by itself
+		// (the commands below are the docs' as written).
+		c.must(t, "sh", "-ec", `rm -f /etc/apt/sources.list.d/*
+echo 'deb [trusted=yes] file:/mnt/espd/mirror ./' > /etc/apt/sources.list
+echo 'APT::Get::Assume-Yes "true";' > /etc/apt/apt.conf.d/90espd-test
+apt-get update -qq`)
+	}
+
+	// Gateway B: charon-systemd runs before the plugin package comes.
+	aptGet(t, gw["B"], "/", "apt-get install charon-systemd")
+	before := gw["B"].show(t, "strongswan.service", "ActiveState", "MainPID")
+	if before["ActiveState"] != "active" {
+		t.Fatalf("gateway B: installing charon-systemd left strongswan.service %v, want active", before)
+	}
+	if plugins := loadedPlugins(t, gw["B"]); strings.Contains(plugins, " espd ") {
+		t.Fatalf("gateway B: charon loaded the espd plugin before it was installed: %s", plugins)
+	}
+
+	// Gateway A: README.md's command, in a checkout whose dist/ holds the packages.
+	readme := docLine(t, "../README.md", "sudo apt-get install ./dist/espd_*_amd64.deb ./dist/strongswan-espd_*_amd64.deb")
+	readme = strings.ReplaceAll(strings.TrimPrefix(readme, "sudo "), "_amd64.deb", "_"+runtime.GOARCH+".deb")
+	gw["A"].must(t, "sh", "-ec", "mkdir -p /root/espd && ln -s /mnt/espd /root/espd/dist")
+	aptGet(t, gw["A"], "/root/espd", readme)
+	// Gateway B: deploy.md's, in the directory the packages were copied to.
+	aptGet(t, gw["B"], "/mnt/espd", docLine(t, "../docs/deploy.md", "apt-get install ./espd_*.deb"))
+	aptGet(t, gw["B"], "/mnt/espd", docLine(t, "../docs/deploy.md", "apt-get install ./strongswan-espd_*.deb"))
+
+	for _, name := range []string{"A", "B"} {
+		c := gw[name]
+		for _, pkg := range []string{"strongswan-starter", "strongswan-charon"} {
+			if out, err := c.run(nil, "dpkg-query", "-W", "-f", "${db:Status-Abbrev}", pkg); err == nil && strings.HasPrefix(out, "ii") {
+				t.Errorf("gateway %s: installing the packages installed %s", name, pkg)
+			}
+		}
+		if p := c.show(t, "strongswan-starter.service", "LoadState", "ActiveState"); p["ActiveState"] == "active" {
+			t.Errorf("gateway %s: strongswan-starter.service runs: %v", name, p)
+		}
+		p := c.show(t, "strongswan.service", "ActiveState", "ExecMainPID", "UnitFileState")
+		if p["ActiveState"] != "active" || p["UnitFileState"] != "enabled" {
+			t.Errorf("gateway %s: strongswan.service after the install: %v, want active and enabled", name, p)
+		}
+		if plugins := loadedPlugins(t, c); !strings.Contains(plugins, " espd ") {
+			t.Errorf("gateway %s: strongswan.service's charon has no espd plugin loaded: %s", name, plugins)
+		}
+		checkOneCharon(t, name, c)
+	}
+	if after := gw["B"].show(t, "strongswan.service", "MainPID"); after["MainPID"] == before["MainPID"] {
+		t.Errorf("gateway B: the plugin's install did not restart the charon that ran before (MainPID %s)", after["MainPID"])
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// docs/deploy.md's section 6, as written, up to the block that takes
+	// charon down for section 7.
+	blocks := deployBlocks(t, "## 6.", "## 7.")
+	last := len(blocks) - 1
+	if !strings.Contains(blocks[last].text, "systemctl disable --now strongswan") {
+		t.Fatalf("docs/deploy.md's last block of section 6 is not `systemctl disable --now strongswan`:\n%s", blocks[last].text)
+	}
+	for _, b := range blocks[:last] {
+		runDeployBlock(t, gw, top, b)
+	}
+
+	for _, name := range []string{"A", "B"} {
+		c := gw[name]
+		if p := c.show(t, "espd-ike.service", "ActiveState", "SubState"); p["ActiveState"] != "active" {
+			t.Errorf("gateway %s: espd-ike.service: %v, want active", name, p)
+		}
+		ss := c.must(t, "ss", "-Hulpn")
+		for _, port := range []string{"500", "4500"} {
+			var holders []string
+			for _, l := range strings.Split(ss, "\n") {
+				if f := strings.Fields(l); len(f) >= 5 && strings.HasSuffix(f[3], ":"+port) {
+					holders = append(holders, l)
+				}
+			}
+			if len(holders) == 0 {
+				t.Errorf("gateway %s: nothing holds UDP %s:\n%s", name, port, ss)
+			}
+			for _, h := range holders {
+				if !strings.Contains(h, `(("espd",`) {
+					t.Errorf("gateway %s: UDP %s is held by another process than espd: %s", name, port, h)
+				}
+			}
+		}
+		journal := c.must(t, "journalctl", "--no-pager", "-o", "cat", "-u", "strongswan")
+		if !strings.Contains(journal, "espd: connected to espd") {
+			t.Errorf("gateway %s: no \"espd: connected to espd\" in strongswan.service's journal:\n%s", name, testbed.Tail(journal, 30))
+		}
+		if !strings.Contains(journal, "receiving IKE on UDP ports 500 and 4500 from espd") {
+			t.Errorf("gateway %s: charon does not take IKE from espd:\n%s", name, testbed.Tail(journal, 30))
+		}
+		checkOneCharon(t, name, c)
+		// espd holds the CHILD_SA's two SAs that charon negotiated.
+		sas := c.must(t, "swanctl", "--list-sas", "--raw")
+		spis := regexp.MustCompile(`spi-in=([0-9a-f]{8}) spi-out=([0-9a-f]{8})`).FindStringSubmatch(sas)
+		if spis == nil {
+			t.Errorf("gateway %s: no CHILD_SA in swanctl --list-sas --raw:\n%s", name, sas)
+			continue
+		}
+		list := c.must(t, "espctl", "sa", "list")
+		for _, spi := range spis[1:] {
+			if !strings.Contains(list, "spi 0x"+spi+" ") {
+				t.Errorf("gateway %s: espd has no SA with charon's SPI %s:\n%s", name, spi, list)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if r, err := top.Client.Ping(ctx, testbed.ServerV4.Addr(), testbed.PingOptions{Count: 3}); err != nil || !r.OK() {
+		t.Errorf("ping from LAN A's client to LAN B's server: %v\n%s", err, r.Output)
+	}
+
+	runDeployBlock(t, gw, top, blocks[last])
+	for _, name := range []string{"A", "B"} {
+		if p := gw[name].show(t, "strongswan.service", "ActiveState", "UnitFileState"); p["ActiveState"] != "inactive" || p["UnitFileState"] != "disabled" {
+			t.Errorf("gateway %s: after deploy.md's `systemctl disable --now strongswan`: %v", name, p)
+		}
+	}
+}
+
+// onePackage returns the base name of the one package name_*_GOARCH.deb
+// in dir.
+func onePackage(t *testing.T, dir, name string) string {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(dir, name+"_*_"+runtime.GOARCH+".deb"))
+	if len(m) != 1 {
+		t.Fatalf("packaging/build.sh made %q, want one %s package", m, name)
+	}
+	return filepath.Base(m[0])
+}
+
+// aptMirror makes dir a flat apt repository with every package that
+// installing the packages debs (in dir's parent) on rootfs would take from
+// Debian, in the version the machine's apt picks, which for strongSwan is
+// the one the plugin is pinned to.
+func aptMirror(t *testing.T, rootfs, dir string, debs ...string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	argv := []string{"install", "-s", "-o", "Dir::State::status=" + filepath.Join(rootfs, "var/lib/dpkg/status"),
+		"-o", "APT::Install-Recommends=true"}
+	for _, d := range debs {
+		argv = append(argv, "./"+d)
+	}
+	sim := exec.Command("apt-get", argv...)
+	sim.Dir = filepath.Dir(dir)
+	out, err := sim.CombinedOutput()
+	if err != nil {
+		t.Fatalf("apt-get %s: %v\n%s", strings.Join(argv, " "), err, out)
+	}
+	var want []string
+	inst := regexp.MustCompile(`^Inst (\S+) (?:\[\S+\] )?\((\S+) (\S+)`)
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if m := inst.FindStringSubmatch(sc.Text()); m != nil && m[3] != "local-deb" {
+			want = append(want, m[1]+"="+m[2])
+		}
+	}
+	if len(want) == 0 {
+		t.Fatalf("apt-get %s installs nothing from Debian:\n%s", strings.Join(argv, " "), out)
+	}
+	dl := exec.Command("apt-get", append([]string{"download", "-qq"}, want...)...)
+	dl.Dir = dir
+	if out, err := dl.CombinedOutput(); err != nil {
+		t.Fatalf("apt-get download %s: %v\n%s", strings.Join(want, " "), err, out)
+	}
+	scan := exec.Command("dpkg-scanpackages", "--multiversion", ".")
+	scan.Dir = dir
+	idx, err := scan.Output()
+	if err != nil {
+		t.Fatalf("dpkg-scanpackages in %s: %v", dir, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "Packages"), idx, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the containers' apt mirror: %s", strings.Join(want, " "))
+}
+
+// aptGet runs an apt-get command line in the container, in dir, and fails
+// the test if it fails.
+func aptGet(t *testing.T, c *container, dir, line string) {
+	t.Helper()
+	out, err := c.run(nil, "env", "DEBIAN_FRONTEND=noninteractive", "sh", "-ec", "cd "+dir+" && "+line)
+	if err != nil {
+		t.Fatalf("in the container, in %s: %s: %v\n%s", dir, line, err, out)
+	}
+}
+
+// docLine returns line if the file has it as a line of its own (leading
+// blanks aside), and fails the test if it does not: the test runs the
+// doc's commands as written.
+func docLine(t *testing.T, file, line string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(l) == line {
+			return line
+		}
+	}
+	t.Fatalf("%s has no line %q", file, line)
+	return ""
+}
+
+// loadedPlugins returns the "loaded plugins:" line of swanctl --stats.
+func loadedPlugins(t *testing.T, c *container) string {
+	t.Helper()
+	out := c.must(t, "swanctl", "--stats")
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "loaded plugins:") {
+			return l + " "
+		}
+	}
+	t.Fatalf("swanctl --stats has no \"loaded plugins:\" line:\n%s", out)
+	return ""
+}
+
+// checkOneCharon checks that the one charon process in the container is
+// strongswan.service's charon-systemd: no ipsec starter, no second charon.
+func checkOneCharon(t *testing.T, name string, c *container) {
+	t.Helper()
+	var charons []string
+	for _, l := range strings.Split(c.must(t, "ps", "-eo", "pid=,comm="), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 2 && (strings.HasPrefix(f[1], "charon") || f[1] == "starter") {
+			charons = append(charons, l)
+		}
+	}
+	main := c.show(t, "strongswan.service", "MainPID")["MainPID"]
+	if len(charons) != 1 || strings.Fields(charons[0])[0] != main || strings.Fields(charons[0])[1] != "charon-systemd" {
+		t.Errorf("gateway %s: charon processes %q, want only strongswan.service's charon-systemd (MainPID %s)", name, charons, main)
+	}
+}
+
+// deployBlock is a fenced block of docs/deploy.md that names the gateways
+// it runs on.
+type deployBlock struct {
+	gateways []string // "A", "B"
+	text     string
+}
+
+// deployBlocks returns the blocks of docs/deploy.md between the headings
+// that begin with from and to whose info string is `sh gateway A`, `sh
+// gateway B` or `sh both gateways` (what docs/deploy_test.go runs).
+func deployBlocks(t *testing.T, from, to string) []deployBlock {
+	t.Helper()
+	b, err := os.ReadFile("../docs/deploy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []deployBlock
+	var cur *deployBlock
+	in := false
+	for _, l := range strings.Split(string(b), "\n") {
+		switch {
+		case cur != nil:
+			if l == "```" {
+				blocks = append(blocks, *cur)
+				cur = nil
+			} else {
+				cur.text += l + "\n"
+			}
+		case strings.HasPrefix(l, "## "):
+			in = strings.HasPrefix(l, from) || (in && !strings.HasPrefix(l, to))
+		case in && strings.HasPrefix(l, "```sh "):
+			switch strings.TrimPrefix(l, "```sh ") {
+			case "gateway A":
+				cur = &deployBlock{gateways: []string{"A"}}
+			case "gateway B":
+				cur = &deployBlock{gateways: []string{"B"}}
+			case "both gateways":
+				cur = &deployBlock{gateways: []string{"A", "B"}}
+			}
+		}
+	}
+	if len(blocks) == 0 {
+		t.Fatalf("docs/deploy.md has no gateway block between %q and %q", from, to)
+	}
+	return blocks
+}
+
+// runDeployBlock runs the block on its gateways, in the container, with
+// sh -e; two kinds of line are carried out by the test, because the
+// containers have neither SSH nor ping: `scp -p FILES root@ADDRESS:DIR`
+// copies the files with their mode to the gateway with that address, and
+// `ping` runs the machine's ping in the gateway's network namespace.
+func runDeployBlock(t *testing.T, gw map[string]*container, top *testbed.Topology, b deployBlock) {
+	t.Helper()
+	nodes := map[string]*testbed.Node{"A": top.GwA, "B": top.GwB}
+	byAddr := map[string]string{testbed.GwATransitV4.Addr().String(): "A", testbed.GwBTransitV4.Addr().String(): "B"}
+	for _, name := range b.gateways {
+		c := gw[name]
+		var script strings.Builder
+		flush := func() {
+			if script.Len() == 0 {
+				return
+			}
+			if out, err := c.run([]byte(script.String()), "sh", "-e"); err != nil {
+				t.Fatalf("gateway %s: docs/deploy.md's block failed: %v\n%s\n%s", name, err, script.String(), out)
+			}
+			script.Reset()
+		}
+		for _, l := range strings.Split(strings.TrimSuffix(b.text, "\n"), "\n") {
+			switch {
+			case strings.HasPrefix(l, "scp -p "):
+				flush()
+				f := strings.Fields(l)[2:]
+				dest, dir, ok := strings.Cut(f[len(f)-1], ":")
+				to := gw[byAddr[strings.TrimPrefix(dest, "root@")]]
+				if !ok || to == nil {
+					t.Fatalf("gateway %s: %q: no gateway %s", name, l, dest)
+				}
+				for _, file := range f[:len(f)-1] {
+					content := c.must(t, "cat", file)
+					mode := strings.TrimSpace(c.must(t, "stat", "-c", "%a", file))
+					if out, err := to.run([]byte(content), "install", "-m", mode, "/dev/stdin", filepath.Join(dir, filepath.Base(file))); err != nil {
+						t.Fatalf("gateway %s: %q: %v\n%s", name, l, err, out)
+					}
+				}
+			case strings.HasPrefix(l, "ping "):
+				flush()
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				out, err := nodes[name].Run(ctx, strings.Fields(l)...)
+				cancel()
+				if err != nil {
+					t.Fatalf("gateway %s: %s: %v\n%s", name, l, err, out)
+				}
+			default:
+				fmt.Fprintln(&script, l)
+			}
+		}
+		flush()
+	}
+}
