@@ -20,6 +20,8 @@
 #   ESPD_SS_NO_APT  1: install no packages (they must be there already)
 #   ESPD_SS_DESTDIR prefix for the installed files (default: none, the live system)
 #   ESPD_SS_CONF    1: also overwrite an existing espd.conf snippet
+#   ESPD_SS_TESTS   1: also install what strongswan/test runs (strongswan-charon,
+#                   which brings the ipsec starter's charon: not on a gateway)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,12 +40,17 @@ export DEBIAN_FRONTEND=noninteractive
 
 # 1. Packages: the libcharon to build against; charon-systemd, whose strongswan.service
 #    is the charon that loads the plugin and swanctl.conf (docs/strongswan.md,
-#    "Install"); swanctl and the crypto plugins the proposals need; the stand-alone
-#    charon (strongswan-charon, /usr/lib/ipsec/charon) and the extra plugins that
-#    strongswan/test runs; and the toolchain. Only missing ones are installed.
+#    "Install"); swanctl and the crypto plugins the proposals need; and the toolchain.
+#    Not strongswan-charon: it depends on strongswan-starter, whose
+#    strongswan-starter.service starts a second charon (ipsec.conf, never
+#    swanctl.conf) on UDP 500 and 4500. strongswan/test runs that stand-alone charon
+#    (/usr/lib/ipsec/charon) and kernel-libipsec: ESPD_SS_TESTS=1 installs them too,
+#    on a test machine. Only missing packages are installed.
 deps=(strongswan-libcharon charon-systemd strongswan-swanctl libstrongswan-standard-plugins
-      strongswan-charon libcharon-extra-plugins libgmp-dev build-essential pkg-config
-      dpkg-dev bzip2 xz-utils ca-certificates)
+      libgmp-dev build-essential pkg-config dpkg-dev bzip2 xz-utils ca-certificates)
+if [ "${ESPD_SS_TESTS:-0}" = 1 ]; then
+	deps+=(strongswan-charon libcharon-extra-plugins)
+fi
 missing=()
 for p in "${deps[@]}"; do
 	if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]; then
