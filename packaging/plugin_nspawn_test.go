@@ -48,9 +48,11 @@ import (
 // source, in place of Debian's mirror. apt in the container then resolves
 // the dependencies itself, as on a real box, so a dependency that pulls in
 // the ipsec starter is installed, starts its charon and fails the test.
-// It needs root, network access to the machine's Debian mirror, apt-get
-// and dpkg-scanpackages (dpkg-dev); it skips without them (fails under
-// CI=true).
+// Besides what TestUnitUnderSystemd needs, it needs apt-get and
+// dpkg-scanpackages (dpkg-dev), and skips without them (fails under
+// CI=true), and network access to the machine's Debian mirror: a download
+// that fails fails the test, since it may mean that the pinned revision
+// is no longer there to install.
 func TestPackagesUnderSystemd(t *testing.T) {
 	rootfs := nspawnRootfs(t)
 	for _, tool := range []string{"apt-get", "dpkg-scanpackages", "dpkg"} {
@@ -133,6 +135,7 @@ apt-get update -qq`)
 			t.Errorf("gateway %s: strongswan.service's charon has no espd plugin loaded: %s", name, plugins)
 		}
 		checkOneCharon(t, name, c)
+		t.Logf("gateway %s: strongswan.service %v, %s", name, p, strings.TrimSpace(loadedPlugins(t, c)))
 	}
 	if after := gw["B"].show(t, "strongswan.service", "MainPID"); after["MainPID"] == before["MainPID"] {
 		t.Errorf("gateway B: the plugin's install did not restart the charon that ran before (MainPID %s)", after["MainPID"])
@@ -173,6 +176,7 @@ apt-get update -qq`)
 					t.Errorf("gateway %s: UDP %s is held by another process than espd: %s", name, port, h)
 				}
 			}
+			t.Logf("gateway %s: UDP %s: %s", name, port, strings.Join(holders, "; "))
 		}
 		journal := c.must(t, "journalctl", "--no-pager", "-o", "cat", "-u", "strongswan")
 		if !strings.Contains(journal, "espd: connected to espd") {
@@ -190,6 +194,7 @@ apt-get update -qq`)
 			continue
 		}
 		list := c.must(t, "espctl", "sa", "list")
+		t.Logf("gateway %s: charon's CHILD_SA has SPIs in %s, out %s", name, spis[1], spis[2])
 		for _, spi := range spis[1:] {
 			if !strings.Contains(list, "spi 0x"+spi+" ") {
 				t.Errorf("gateway %s: espd has no SA with charon's SPI %s:\n%s", name, spi, list)
