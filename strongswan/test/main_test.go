@@ -65,7 +65,7 @@ func requireStrongSwan(t *testing.T) {
 	if len(missing) == 0 {
 		return
 	}
-	msg := fmt.Sprintf("charon's espd plugin is not installed (missing %s): run strongswan/build.sh as root",
+	msg := fmt.Sprintf("charon, swanctl or charon's espd plugin is not installed (missing %s): run ESPD_SS_TESTS=1 strongswan/build.sh as root (it also installs the stand-alone charon and kernel-libipsec the tests run)",
 		strings.Join(missing, ", "))
 	if os.Getenv("CI") == "true" {
 		t.Fatal(msg)
