@@ -561,6 +561,17 @@ func TestRoadWarriorDocsExample(t *testing.T) {
 			big[false], rwIKESizeMin, big[true], len(clients))
 	}
 
+	// espd routes each client's virtual IPs into its TUN while it is
+	// connected.
+	routes := gw.tunnelRoutes()
+	for _, c := range clients {
+		for _, vip := range []netip.Addr{c.vip4, c.vip6} {
+			if !strings.Contains(routes, vip.String()+" ") {
+				t.Errorf("gateway: espd does not route %s's virtual IP %v into its TUN: %q", c.name, vip, routes)
+			}
+		}
+	}
+
 	// A client disconnects: espd loses its states and the routes to its
 	// virtual IPs, the other keeps its own and its traffic.
 	first, second := clients[0], clients[1]
@@ -580,7 +591,7 @@ func TestRoadWarriorDocsExample(t *testing.T) {
 		t.Fatalf("gateway: espd's states %v, want %s's only (%s in, %s out)", spis, second.name,
 			second.child.SPIOut, second.child.SPIIn)
 	}
-	routes := gw.tunnelRoutes()
+	routes = gw.tunnelRoutes()
 	if !strings.Contains(routes, second.vip4.String()) || !strings.Contains(routes, second.vip6.String()) {
 		t.Fatalf("gateway: espd's routes lost %s's virtual IPs: %q", second.name, routes)
 	}
