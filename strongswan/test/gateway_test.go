@@ -120,12 +120,21 @@ type charonOptions struct {
 	// 1.8, 5 tries, as Debian ships them) instead of the tests' shorter
 	// ones.
 	DebianTimers bool
+	// Plugins are loaded too (after vici, before the kernel plugins), e.g.
+	// "resolve".
+	Plugins string
+	// Extra is appended to strongswan.conf as written (sections repeated
+	// there merge with the ones above).
+	Extra string
 }
 
 // charonConf returns the gateway's strongswan.conf.
 func (g *gateway) charonConf(o charonOptions) string {
 	var b strings.Builder
 	crypto := "random nonce openssl aes sha1 sha2 hmac gcm kdf pem pkcs1 x509 pubkey revocation constraints vici"
+	if o.Plugins != "" {
+		crypto += " " + o.Plugins
+	}
 	fmt.Fprintf(&b, "charon {\n")
 	switch {
 	case o.Libipsec:
@@ -149,6 +158,7 @@ func (g *gateway) charonConf(o charonOptions) string {
 			g.sock, map[bool]string{true: "no", false: "yes"}[o.NoHandoff])
 	}
 	fmt.Fprintf(&b, "  }\n}\n")
+	b.WriteString(o.Extra)
 	return b.String()
 }
 
