@@ -98,12 +98,16 @@ const (
 	FieldOSeq         = "oseq"
 	FieldReplaySeq    = "replay-seq"
 	FieldReplayBitmap = "replay-bitmap"
+	// FieldNegotiated is Config.Negotiated, which has no espctl flag or
+	// configuration file key: only the control protocol sets it.
+	FieldNegotiated = "negotiated"
 )
 
 // FieldError is what Validate (and so AddSA, UpdateSA and Apply) returns
-// for an unusable sequence-number setting: Field names it (FieldOSeq,
-// FieldReplaySeq or FieldReplayBitmap), so that a front end can point at
-// its own spelling of it.
+// for an unusable sequence-number setting, and AddSA, UpdateSA and Apply
+// for a key origin that cannot change: Field names it (FieldOSeq,
+// FieldReplaySeq, FieldReplayBitmap or FieldNegotiated), so that a front
+// end can point at its own spelling of it.
 type FieldError struct {
 	Field string
 	Err   error
