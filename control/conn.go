@@ -266,6 +266,7 @@ func (c *conn) readFailed(h Header, err error) {
 		// The server shut the read side to make room (evict.go).
 		c.sendError(Version, 0, 0, Errorf(EAGAIN, "closed to admit a new connection: the limit of %d connections was reached, and uid %d holds the most", c.s.cfg.MaxConns, c.cred.Uid))
 	case errors.Is(err, errIdleTimeout):
+		c.s.cfg.Logf("control: closing the connection of pid %d (uid %d): idle for %v (a client reconnects when it next needs espd)", c.cred.Pid, c.cred.Uid, c.s.cfg.IdleTimeout)
 		c.sendError(Version, 0, 0, Errorf(ETIMEDOUT, "idle for %v; closing", c.s.cfg.IdleTimeout))
 	case errors.As(err, &idle):
 		// The client left, or, after an idle timeout, the request that

@@ -111,6 +111,7 @@ var fieldAttrs = map[string]AttrType{
 	sa.FieldOSeq:         AttrOSeq,
 	sa.FieldReplaySeq:    AttrReplaySeq,
 	sa.FieldReplayBitmap: AttrReplayBitmap,
+	sa.FieldNegotiated:   AttrNegotiated,
 }
 
 // attrFromError returns the attribute at fault in an error returned by a

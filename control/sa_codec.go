@@ -58,6 +58,9 @@ const (
 	// (REPLAY_SEQ and REPLAY_BITMAP). Neither ever lowers anything.
 	FieldOSeq
 	FieldReplay
+	// FieldNegotiated is NEGOTIATED (sa.Config.Negotiated). It cannot
+	// change: an SA_UPDATE may carry it only with the state's own value.
+	FieldNegotiated
 	// FieldsAll is every field.
 	FieldsAll Fields = 1<<iota - 1
 )
@@ -138,6 +141,9 @@ func (u SAUpdate) Apply(cur sa.Config) sa.Config {
 	}
 	if f&FieldReplay != 0 {
 		c.ReplaySeq, c.ReplayBitmap = n.ReplaySeq, n.ReplayBitmap
+	}
+	if f&FieldNegotiated != 0 {
+		c.Negotiated = n.Negotiated
 	}
 	return c
 }
@@ -265,6 +271,9 @@ func putSAFields(b *Builder, c sa.Config, f Fields, update bool) {
 			b.Raw(AttrReplayBitmap, c.ReplayBitmap)
 		}
 	}
+	if f&FieldNegotiated != 0 {
+		b.Bool(AttrNegotiated, c.Negotiated)
+	}
 }
 
 // putSAConfig appends a whole state: SA_ADD (with keys) or the
@@ -284,6 +293,10 @@ func putSAConfig(b *Builder, c sa.Config, keys bool) {
 	}
 	if c.ReplaySeq == 0 && len(c.ReplayBitmap) == 0 {
 		f &^= FieldReplay
+	}
+	// Absent means manual: only negotiated states carry it.
+	if !c.Negotiated {
+		f &^= FieldNegotiated
 	}
 	putSAFields(b, c, f, false)
 }
@@ -496,6 +509,10 @@ func readSAFields(r *reader, c *sa.Config, update bool) Fields {
 	if hasRS || hasBM {
 		c.ReplaySeq, c.ReplayBitmap = rs, bm
 		f |= FieldReplay
+	}
+	if v, ok := r.boolean(AttrNegotiated); ok {
+		c.Negotiated = v
+		f |= FieldNegotiated
 	}
 	return f
 }

@@ -201,5 +201,5 @@ func sameConfig(a, b sa.Config) bool {
 		a.ReplayWindow == b.ReplayWindow && a.EncapSrcPort == b.EncapSrcPort && a.EncapDstPort == b.EncapDstPort &&
 		a.ReqID == b.ReqID && a.Soft == b.Soft && a.Hard == b.Hard && a.TTL == b.TTL &&
 		a.CopyDSCP == b.CopyDSCP && a.DSCP == b.DSCP && a.ECN == b.ECN && a.DF == b.DF && a.TFCPadTo == b.TFCPadTo &&
-		a.OSeq == b.OSeq && a.ReplaySeq == b.ReplaySeq && bytes.Equal(a.ReplayBitmap, b.ReplayBitmap)
+		a.OSeq == b.OSeq && a.ReplaySeq == b.ReplaySeq && bytes.Equal(a.ReplayBitmap, b.ReplayBitmap) && a.Negotiated == b.Negotiated
 }

@@ -3,6 +3,7 @@ package control
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -180,7 +181,8 @@ func TestErrorReplies(t *testing.T) {
 }
 
 func TestIdleTimeout(t *testing.T) {
-	ts := startServer(t, ServerConfig{IdleTimeout: 200 * time.Millisecond})
+	log := &logBuffer{}
+	ts := startServer(t, ServerConfig{IdleTimeout: 200 * time.Millisecond, Logf: log.logf})
 	rc := rawDial(t, ts.path)
 	rc.wantUsable(1)
 	e := rc.wantError(0, ETIMEDOUT)
@@ -188,6 +190,10 @@ func TestIdleTimeout(t *testing.T) {
 		t.Fatalf("idle: %q", e.Msg)
 	}
 	rc.wantEOF()
+	// The server's log says which client it closed, and why.
+	if l := log.matching(fmt.Sprintf("pid %d ", os.Getpid()), "idle for 200ms"); len(l) != 1 {
+		t.Errorf("log lines about the idle close: %q, want one naming the client's pid", log.lines)
+	}
 	// A subscriber is exempt.
 	c := dial(t, ts.path)
 	if _, err := c.Subscribe(testCtx(t)); err != nil {

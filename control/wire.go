@@ -144,6 +144,8 @@ const (
 	AttrTmplSrc  AttrType = 35 // address
 	AttrTmplDst  AttrType = 36 // address
 
+	AttrNegotiated AttrType = 37 // u32 boolean: the keys were negotiated by IKE (sa.Config.Negotiated)
+
 	AttrSPIMin AttrType = 40 // u32
 	AttrSPIMax AttrType = 41 // u32
 

@@ -46,7 +46,7 @@ func TestOpenSeqStore(t *testing.T) {
 		if _, _, err := openSeqStore(dir, log); !errors.Is(err, seqstore.ErrLocked) {
 			t.Errorf("second open: %v, want ErrLocked", err)
 		}
-		if _, err := st.Resume(fp); err != nil {
+		if _, err := st.Resume(fp, false); err != nil {
 			t.Fatal(err)
 		}
 		if err := st.Reserve(fp, 1<<20); err != nil {
@@ -77,7 +77,7 @@ func TestOpenSeqStore(t *testing.T) {
 			t.Fatalf("corrupt store: %v; want espd to start and refuse outbound states", err)
 		}
 		defer closeSeq()
-		_, err = st.Resume(fp)
+		_, err = st.Resume(fp, false)
 		if !errors.Is(err, seqstore.ErrCorrupt) || !strings.Contains(err.Error(), path) {
 			t.Errorf("Resume: %v, want the corruption of %s", err, path)
 		}

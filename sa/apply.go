@@ -310,6 +310,10 @@ func (pl *txPlan) continues(i int, s *SA, e *keyEntry, gone map[*SA]bool) error 
 	if src == nil {
 		return nil
 	}
+	if s.dir == DirOut && !s.params.Load().cfg.Negotiated && src.params.Load().cfg.Negotiated {
+		// Its key's record would stay negotiated, which may expire.
+		return fieldErrorf(FieldNegotiated, "sa: state spi 0x%08x: its key is that of state spi 0x%08x, negotiated by IKE, which it continues as a manually keyed state; a negotiated key must not be installed by hand (its sequence numbers are forgotten after the store's retention): use a new key", s.spi, src.spi)
+	}
 	if s.dir == DirOut {
 		// The most src may have sent: its last number once sealed, its
 		// reservation while it is still live.

@@ -77,6 +77,19 @@ type Config struct {
 	// window.
 	ReplaySeq    uint64
 	ReplayBitmap []byte
+
+	// Negotiated says that the keys were negotiated by an IKE daemon for
+	// this state alone and are never installed again once it is gone, so
+	// the SeqStore may forget them after its retention (seqstore's
+	// Options.Retain). False, the default on every keying path, means
+	// manual keying: the record of the key's sequence numbers is kept for
+	// ever, because a manual key may be added again at any time. Only the
+	// control protocol sets it (charon's plugin does, on every state it
+	// installs); espctl and the configuration file never do. It cannot
+	// change: UpdateSA refuses a different value, and a state that
+	// continues a removed negotiated state of the same key must be
+	// negotiated too.
+	Negotiated bool
 }
 
 // Names of the sequence-number settings, as FieldError.Field gives them
@@ -85,12 +98,16 @@ const (
 	FieldOSeq         = "oseq"
 	FieldReplaySeq    = "replay-seq"
 	FieldReplayBitmap = "replay-bitmap"
+	// FieldNegotiated is Config.Negotiated, which has no espctl flag or
+	// configuration file key: only the control protocol sets it.
+	FieldNegotiated = "negotiated"
 )
 
 // FieldError is what Validate (and so AddSA, UpdateSA and Apply) returns
-// for an unusable sequence-number setting: Field names it (FieldOSeq,
-// FieldReplaySeq or FieldReplayBitmap), so that a front end can point at
-// its own spelling of it.
+// for an unusable sequence-number setting, and AddSA, UpdateSA and Apply
+// for a key origin that cannot change: Field names it (FieldOSeq,
+// FieldReplaySeq, FieldReplayBitmap or FieldNegotiated), so that a front
+// end can point at its own spelling of it.
 type FieldError struct {
 	Field string
 	Err   error
@@ -290,6 +307,9 @@ func (c Config) String() string {
 	if c.ReplaySeq != 0 {
 		fmt.Fprintf(&b, " replay-seq %d", c.ReplaySeq)
 	}
+	if c.Negotiated {
+		b.WriteString(" negotiated")
+	}
 	if len(c.ReplayBitmap) != 0 {
 		fmt.Fprintf(&b, " replay-bitmap %x", c.ReplayBitmap)
 	}
@@ -299,3 +319,11 @@ func (c Config) String() string {
 // Format makes every fmt verb (%v, %+v, %#v, %x, %d, ...) print String,
 // so that no formatting of a Config can show its keys.
 func (c Config) Format(f fmt.State, _ rune) { io.WriteString(f, c.String()) }
+
+// origin names a state's key origin (Config.Negotiated) in messages.
+func origin(negotiated bool) string {
+	if negotiated {
+		return "negotiated"
+	}
+	return "manual"
+}

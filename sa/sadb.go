@@ -141,6 +141,8 @@ func (s *SA) checkUpdate(c *Config) error {
 		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the reqid (%d to %d): delete the state and add a new one", s.spi, s.reqid, c.ReqID)
 	case s.dir == DirIn && c.ReplayWindow != old.cfg.ReplayWindow:
 		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the replay window (%d to %d): delete the state and add a new one", s.spi, old.cfg.ReplayWindow, c.ReplayWindow)
+	case c.Negotiated != old.cfg.Negotiated:
+		return fieldErrorf(FieldNegotiated, "sa: state spi 0x%08x: UpdateSA cannot change whether its keys were negotiated (%s to %s): the origin of a key decides how long its sequence numbers are remembered; delete the state and add a new one with a new key", s.spi, origin(old.cfg.Negotiated), origin(c.Negotiated))
 	}
 	return nil
 }

@@ -172,7 +172,7 @@ func (db *DB) startSeq(s *SA, used, limit uint64) {
 // durably. Called with DB.keying held for a state not yet installed whose
 // key has no live or retiring state.
 func (db *DB) resumeSeq(s *SA, floor uint64) error {
-	hw, err := db.opts.Seq.Resume(s.fp)
+	hw, err := db.opts.Seq.Resume(s.fp, s.params.Load().cfg.Negotiated)
 	if err != nil {
 		return fmt.Errorf("sa: state spi 0x%08x: cannot know which sequence numbers key %s has used: %w", s.spi, fpString(s.fp), err)
 	}

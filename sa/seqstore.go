@@ -18,7 +18,9 @@ import (
 // Methods may be called concurrently.
 type SeqStore interface {
 	// Resume returns the highest sequence number that may have been sent with key fp (0: never used).
-	Resume(fp crypto.Fingerprint) (uint64, error)
+	// negotiated is the state's Config.Negotiated: a durable store may forget a retired key
+	// only while every state of it was negotiated, and must keep a manual key's record for ever.
+	Resume(fp crypto.Fingerprint, negotiated bool) (uint64, error)
 	// Reserve records, durably before it returns, that sequence numbers up to limit may be sent with fp.
 	Reserve(fp crypto.Fingerprint, limit uint64) error
 	// Retire records that the state keyed with fp is gone after sending exactly up to last.
@@ -40,7 +42,8 @@ func NewMemSeqStore() *MemSeqStore {
 }
 
 // Resume returns the highest sequence number reserved or retired for fp.
-func (m *MemSeqStore) Resume(fp crypto.Fingerprint) (uint64, error) {
+// It keeps every key for the life of the process, whatever its origin.
+func (m *MemSeqStore) Resume(fp crypto.Fingerprint, _ bool) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.high[fp], nil

@@ -40,10 +40,14 @@ func (m *testStore) log(format string, args ...any) {
 	m.calls = append(m.calls, fmt.Sprintf(format, args...))
 }
 
-func (m *testStore) Resume(fp crypto.Fingerprint) (uint64, error) {
+func (m *testStore) Resume(fp crypto.Fingerprint, negotiated bool) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.log("resume")
+	if negotiated {
+		m.log("resume negotiated")
+	} else {
+		m.log("resume")
+	}
 	if m.failResume != nil {
 		return 0, m.failResume
 	}
@@ -852,5 +856,64 @@ func TestStateKeepsNoKeyCopy(t *testing.T) {
 	c.EncKey = testStateKey(len(c.EncKey), 0x5f01, DirOut)
 	if err := db.UpdateSA(c); err == nil || !strings.Contains(err.Error(), "cannot change the keys") {
 		t.Errorf("UpdateSA with another key: %v", err)
+	}
+}
+
+// TestSeqOriginReachesStore: Config.Negotiated is what the store's Resume
+// is told, the state's configuration keeps it, UpdateSA cannot change it,
+// and a manual state cannot continue a negotiated one under its key.
+func TestSeqOriginReachesStore(t *testing.T) {
+	st := newTestStore()
+	db := newStoreDB(t, st, 1<<10)
+	man := testConfig(0x5600, DirOut, 1)
+	neg := testConfig(0x5601, DirOut, 2)
+	neg.Negotiated = true
+	mustAdd(t, db, man)
+	s := mustAdd(t, db, neg)
+	st.mu.Lock()
+	var resumes []string
+	for _, c := range st.calls {
+		if strings.HasPrefix(c, "resume") {
+			resumes = append(resumes, c)
+		}
+	}
+	st.mu.Unlock()
+	if want := []string{"resume", "resume negotiated"}; !reflect.DeepEqual(resumes, want) {
+		t.Errorf("Resume calls %q, want %q", resumes, want)
+	}
+	if !s.Config().Negotiated || !strings.Contains(s.Config().String(), " negotiated") {
+		t.Errorf("negotiated state's configuration %v", s.Config())
+	}
+	if m, _ := db.GetSA(0x5600, remote); m.Config().Negotiated || strings.Contains(m.Config().String(), "negotiated") {
+		t.Errorf("manual state's configuration %v", m.Config())
+	}
+	if DefaultConfig().Negotiated {
+		t.Error("DefaultConfig is negotiated: manual keying must be the default")
+	}
+
+	up := s.Config()
+	up.Negotiated = false
+	if err := db.UpdateSA(up); err == nil || !strings.Contains(err.Error(), "negotiated") {
+		t.Errorf("UpdateSA turning a negotiated state manual: %v, want an error", err)
+	}
+	up = s.Config()
+	up.TTL = 9
+	if err := db.UpdateSA(up); err != nil {
+		t.Errorf("UpdateSA keeping Negotiated: %v", err)
+	}
+
+	// The same key, now by hand: refused, and the negotiated state stays.
+	again := neg
+	again.Negotiated = false
+	err := db.Apply(Changes{DeleteSAs: []StateID{{0x5601, remote}}, AddSAs: []Config{again}})
+	if err == nil || !strings.Contains(err.Error(), "negotiated by IKE") {
+		t.Errorf("manual state continuing a negotiated key: %v, want an error", err)
+	}
+	if !s.Alive() {
+		t.Error("refused change removed the negotiated state")
+	}
+	// Negotiated again is fine.
+	if err := db.Apply(Changes{DeleteSAs: []StateID{{0x5601, remote}}, AddSAs: []Config{neg}}); err != nil {
+		t.Errorf("negotiated state continuing a negotiated key: %v", err)
 	}
 }

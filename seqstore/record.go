@@ -15,7 +15,9 @@ import (
 //	offset  size  field
 //	0       1     kind: 1 header, 2 reserved (in use), 3 retired,
 //	              4 clock (written at Close: how long espd ran)
-//	1       1     flags: bit 0 reused (the key was added again after use)
+//	1       1     flags: bit 0 reused (written by earlier versions: the
+//	              key was added again after use), bit 1 negotiated
+//	              (every state of the key was negotiated by IKE)
 //	2       6     zero
 //	8       8     value: the highest sequence number that may have been
 //	              sent with the key (header: the format version)
@@ -37,10 +39,21 @@ const (
 	kindClock   = 4
 )
 
-// flagReused marks a key that was resumed with sequence numbers already
-// used: it is keyed by hand (IKE never installs a key twice) and its record
-// is kept for ever.
-const flagReused = 1
+// Record flags.
+const (
+	// flagReused was set by earlier versions on a key that was resumed
+	// with sequence numbers already used, to keep its record for ever.
+	// Their records never have flagNegotiated, so they are kept for ever
+	// anyway; this version reads the bit, keeps it on the records that
+	// have it and never sets it.
+	flagReused = 1
+	// flagNegotiated marks a key whose every state was negotiated by an
+	// IKE daemon (sa.Config.Negotiated): it is never installed again once
+	// retired, so its record may expire after Options.Retain. A record
+	// without it is a manual key's (or was written before the origin was
+	// recorded) and is kept for ever.
+	flagNegotiated = 2
+)
 
 // formatVersion is the header's value.
 const formatVersion = 1
@@ -90,7 +103,7 @@ func parse(b []byte) (record, error) {
 			}
 		}
 	}
-	if r.flags&^flagReused != 0 {
+	if r.flags&^(flagReused|flagNegotiated) != 0 {
 		return record{}, fmt.Errorf("unknown flags %#x", r.flags)
 	}
 	if r.kind < kindHeader || r.kind > kindClock {

@@ -29,11 +29,21 @@
 //
 // # Retention
 //
-// A key in use (resumed or reserved and not retired) is never dropped. The
-// record of a retired key is kept for Options.Retain of espd's running
-// time, DefaultRetain by default; a key that was added again after its
-// sequence numbers had been used (what manual keying does at every
-// restart, and IKE, whose keys are fresh, never does) is kept for ever.
+// A key in use (resumed or reserved and not retired) is never dropped.
+// Resume says where a key comes from (sa.Config.Negotiated). A manual
+// key (espctl, the configuration file, a control client that does not say
+// otherwise) may be added again at any time, after any pause, so the
+// record of a manual key is kept for ever, retired or not: dropping it
+// would let the key start again at sequence number 1. Only a key whose
+// every state was negotiated by an IKE daemon, which never installs a key
+// again once its CHILD_SA is gone, is recorded as negotiated; its record,
+// once retired, is kept for Options.Retain of espd's running time
+// (DefaultRetain by default), which covers a restart of espd under the
+// IKE daemon (the plugin installs the same keys again within seconds) and
+// bounds the disk and memory that retired IKE keys take. A key is
+// negotiated only while every Resume of it says so: one manual Resume
+// makes its record manual, durably and for good. Records written before
+// the origin was recorded have no negotiated flag and are kept for ever.
 package seqstore
 
 import (
@@ -51,16 +61,16 @@ import (
 	"github.com/espd/espd/crypto"
 )
 
-// DefaultRetain is how long a retired key's record is kept by default:
-// seven days of espd's running time (the clock stops while espd is not
-// running, so a gateway switched off for a month still finds its keys).
+// DefaultRetain is how long the record of a retired negotiated key is
+// kept by default: seven days of espd's running time (the clock stops
+// while espd is not running, so a gateway switched off for a month still
+// finds its keys). Manual keys' records are kept for ever whatever Retain
+// says.
 //
-// It is long enough for what a retired record is for: a key removed and
-// added again (a restart: espd stops cleanly, retiring every key, and the
-// same keys come back within seconds; a configuration file whose tunnel is
-// taken out and put back within the week). A key re-added once is then
-// kept for ever, so a manually keyed gateway is covered for its whole life
-// after its first restart. Keys negotiated by IKE are never installed
+// It is long enough for what a negotiated key's retired record is for: an
+// espd restart under the IKE daemon (espd stops cleanly, retiring every
+// key, and the plugin installs the same keys again within seconds), with
+// a wide margin. Keys negotiated by IKE are otherwise never installed
 // twice, so for them every retired record is pure cost, and it is that
 // cost that bounds the default: a record is 64 bytes on disk and about
 // 75 bytes of memory, so a hub with 10,000 tunnels rekeyed hourly (one
@@ -110,8 +120,8 @@ func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
 // Options tune a Store; the zero value is the default.
 type Options struct {
 	// Retain is how long, in espd's running time, the record of a retired
-	// key is kept (DefaultRetain if 0; for ever if negative). Keys in use
-	// and keys that were re-added are kept regardless.
+	// negotiated key is kept (DefaultRetain if 0; for ever if negative).
+	// Keys in use and manual keys are kept regardless.
 	Retain time.Duration
 	// Logger receives compaction failures; nil discards.
 	Logger *slog.Logger
@@ -127,16 +137,19 @@ type Options struct {
 type entry struct {
 	value   uint64 // highest sequence number that may have been sent
 	clock   uint32 // run clock (s) of its last record, for retention
-	flags   uint8  // flagReused, as written in its last record
+	flags   uint8  // flagNegotiated, flagReused, as written in its last record
 	retired bool   // its last record is a retirement
 }
 
-// session tracks a key resumed by this process: how many states use it
-// and the highest number any of them may have sent, so that a retirement
-// never goes below what another state with the same key sent.
+// session tracks a key resumed by this process: how many states use it,
+// the highest number any of them may have sent, so that a retirement
+// never goes below what another state with the same key sent, and whether
+// every Resume said the key was negotiated (the origin of its first
+// record, written by Reserve).
 type session struct {
-	users int
-	floor uint64
+	users      int
+	floor      uint64
+	negotiated bool
 }
 
 // Store is an open state directory. Its methods are safe for concurrent
@@ -329,17 +342,19 @@ func (s *Store) usable() error {
 
 // Resume returns the highest sequence number that may have been sent with
 // fp (0: never used) and counts one more state using fp until its Retire.
-// The first time a used key is resumed it is marked, durably, as re-added
-// (kept for ever).
-func (s *Store) Resume(fp crypto.Fingerprint) (uint64, error) {
+// negotiated says that the state's keys were negotiated by an IKE daemon
+// (sa.Config.Negotiated). A manual Resume of a key recorded as negotiated
+// makes its record manual (kept for ever), durably before it returns; a
+// negotiated Resume never makes a manual record negotiated.
+func (s *Store) Resume(fp crypto.Fingerprint, negotiated bool) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.usable(); err != nil {
 		return 0, err
 	}
-	e := s.entries[fp]
-	if e.value > 0 && e.flags&flagReused == 0 {
-		r := record{kind: kindReserve, flags: e.flags | flagReused, value: e.value, fp: fp}
+	e, ok := s.entries[fp]
+	if ok && !negotiated && e.flags&flagNegotiated != 0 {
+		r := record{kind: kindReserve, flags: e.flags &^ flagNegotiated, value: e.value, fp: fp}
 		if e.retired {
 			r.kind = kindRetire
 		}
@@ -349,12 +364,26 @@ func (s *Store) Resume(fp crypto.Fingerprint) (uint64, error) {
 	}
 	ss := s.sess[fp]
 	if ss == nil {
-		ss = &session{}
+		ss = &session{negotiated: true}
 		s.sess[fp] = ss
 	}
 	ss.users++
 	ss.floor = max(ss.floor, e.value)
+	ss.negotiated = ss.negotiated && negotiated
 	return e.value, nil
+}
+
+// flagsLocked returns the flags of fp's next record: those of its current
+// record e (ok), or, for its first record, the origin its Resumes gave
+// (manual without one).
+func (s *Store) flagsLocked(fp crypto.Fingerprint, e entry, ok bool) uint8 {
+	if ok {
+		return e.flags
+	}
+	if ss := s.sess[fp]; ss != nil && ss.negotiated {
+		return flagNegotiated
+	}
+	return 0
 }
 
 // Reserve records, durably before it returns, that sequence numbers up to
@@ -367,7 +396,7 @@ func (s *Store) Reserve(fp crypto.Fingerprint, limit uint64) error {
 		return err
 	}
 	e, ok := s.entries[fp]
-	r := record{kind: kindReserve, flags: e.flags, value: max(e.value, limit), fp: fp}
+	r := record{kind: kindReserve, flags: s.flagsLocked(fp, e, ok), value: max(e.value, limit), fp: fp}
 	if ok && !e.retired && r.value == e.value && r.flags == e.flags {
 		return nil
 	}
@@ -389,7 +418,7 @@ func (s *Store) Retire(fp crypto.Fingerprint, last uint64) error {
 		return err
 	}
 	e, ok := s.entries[fp]
-	r := record{kind: kindRetire, flags: e.flags, value: max(e.value, last), fp: fp}
+	r := record{kind: kindRetire, flags: s.flagsLocked(fp, e, ok), value: max(e.value, last), fp: fp}
 	ss := s.sess[fp]
 	if ss != nil && ss.users > 0 {
 		ss.floor = max(ss.floor, last)
@@ -560,9 +589,11 @@ func (s *Store) compactLocked() (err error) {
 	return nil
 }
 
-// expired reports whether e, a retired key's record, has outlived Retain.
+// expired reports whether e, a retired negotiated key's record, has
+// outlived Retain. A manual key's record (no flagNegotiated, which every
+// record with flagReused also lacks) never expires.
 func (s *Store) expired(fp crypto.Fingerprint, e entry, now uint64) bool {
-	if !e.retired || e.flags&flagReused != 0 || s.opts.Retain < 0 || s.sess[fp] != nil {
+	if !e.retired || e.flags&flagNegotiated == 0 || e.flags&flagReused != 0 || s.opts.Retain < 0 || s.sess[fp] != nil {
 		return false
 	}
 	return now-min(now, uint64(e.clock)) > uint64(s.opts.Retain/time.Second)
@@ -605,7 +636,7 @@ func (s *Store) Close() error {
 type Refuse struct{ Err error }
 
 // Resume returns r.Err.
-func (r Refuse) Resume(crypto.Fingerprint) (uint64, error) { return 0, r.Err }
+func (r Refuse) Resume(crypto.Fingerprint, bool) (uint64, error) { return 0, r.Err }
 
 // Reserve returns r.Err.
 func (r Refuse) Reserve(crypto.Fingerprint, uint64) error { return r.Err }

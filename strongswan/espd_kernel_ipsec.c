@@ -514,6 +514,10 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 	espd_msg_u32(&m, ESPD_A_COPY_DSCP,
 				 data->copy_dscp == DSCP_COPY_OUT_ONLY ||
 				 data->copy_dscp == DSCP_COPY_YES ? 1 : 0);
+	/* charon negotiated these keys for this CHILD_SA and never installs
+	 * them again once it is gone: espd may forget their sequence numbers
+	 * after its retention (a manual key's are kept for ever) */
+	espd_msg_u32(&m, ESPD_A_NEGOTIATED, 1);
 	if (lt)
 	{
 		if ((lt->bytes.life && lt->bytes.rekey > lt->bytes.life) ||

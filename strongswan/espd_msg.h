@@ -97,6 +97,8 @@ enum {
 	ESPD_A_INDEX = 34,
 	ESPD_A_TMPL_SRC = 35,
 	ESPD_A_TMPL_DST = 36,
+	/* u32 boolean: the keys were negotiated by IKE for this SA alone */
+	ESPD_A_NEGOTIATED = 37,
 	ESPD_A_SPI_MIN = 40,
 	ESPD_A_SPI_MAX = 41,
 	ESPD_A_VERSION = 48,

@@ -116,7 +116,9 @@ func printSA(w io.Writer, in control.SAInfo, now time.Time) {
 		fmt.Fprintf(w, " encap udp %d -> %d", c.EncapSrcPort, c.EncapDstPort)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "\talg %s keys %s\n", algString(c.Suite), redacted)
+	// keying: negotiated by an IKE daemon (NEGOTIATED), or manual, whose
+	// sequence-number record espd keeps for ever.
+	fmt.Fprintf(w, "\talg %s keys %s keying %s\n", algString(c.Suite), redacted, keyingString(c.Negotiated))
 	if c.Dir == sa.DirIn {
 		fmt.Fprintf(w, "\treplay-window %d replay-top %d\n", c.ReplayWindow, in.ReplayTop)
 		if len(in.ReplayBitmap) > 0 {
@@ -151,6 +153,14 @@ func printSA(w io.Writer, in control.SAInfo, now time.Time) {
 	fmt.Fprintf(w, "\tcurrent: %d bytes, %d packets\n", st.Bytes, st.Packets)
 	fmt.Fprintf(w, "\tadded %s, first used %s\n", timeString(st.AddTime, now), timeString(st.FirstUse, now))
 	fmt.Fprintf(w, "\tdrops: %s\n", dropsString(&st.Drops))
+}
+
+// keyingString names a state's key origin (sa.Config.Negotiated).
+func keyingString(negotiated bool) string {
+	if negotiated {
+		return "negotiated"
+	}
+	return "manual"
 }
 
 func onOff(b bool) string {

@@ -42,7 +42,7 @@ func TestPrintSA(t *testing.T) {
 	for _, want := range []string{
 		"spi 0xc0000001 dir out state valid reqid 7\n",
 		"\tsrc 198.18.0.1 dst 198.18.0.2 proto esp mode tunnel encap udp 4500 -> 4500\n",
-		"\talg aes256-sha256 (ENCR_AES_CBC 256, AUTH_HMAC_SHA2_256_128) keys [redacted]\n",
+		"\talg aes256-sha256 (ENCR_AES_CBC 256, AUTH_HMAC_SHA2_256_128) keys [redacted] keying manual\n",
 		"\tseq-out 10\n",
 		"\tsel src 198.18.1.0/24 dst 198.19.0.0/16 proto tcp dport 443\n",
 		"\touter ttl 64 dscp 46 df set ecn off tfc 0\n",
@@ -65,6 +65,13 @@ func TestPrintSA(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("inbound: missing %q in\n%s", want, b.String())
 		}
+	}
+	in = sampleInfo()
+	in.Config.Negotiated = true
+	b.Reset()
+	printSA(&b, in, now)
+	if want := " keys [redacted] keying negotiated\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("negotiated: missing %q in\n%s", want, b.String())
 	}
 	b.Reset()
 	printSA(&b, control.SAInfo{Config: sa.Config{SPI: 0x100}, Stats: sa.Stats{State: sa.StateLarval, AddTime: now}}, now)
@@ -107,6 +114,7 @@ func TestSAJSON(t *testing.T) {
 		"spi": float64(0xc0000001), "spi_hex": "0xc0000001", "dir": "out", "state": "valid", "src": "198.18.0.1",
 		"alg": "aes256-sha256", "enc_alg": float64(12), "enc_key_bits": float64(256), "integ_alg": float64(12),
 		"keys": "[redacted]", "encap_sport": float64(4500), "df": "set", "dscp": float64(46), "reqid": float64(7),
+		"negotiated": false,
 	}
 	for k, v := range checks {
 		if m[k] != v {

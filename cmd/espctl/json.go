@@ -82,7 +82,10 @@ type saJSON struct {
 	ECN          bool           `json:"ecn"`
 	DF           string         `json:"df"`
 	TFCPadTo     int            `json:"tfc"`
-	Stats        saStatsJSON    `json:"stats"`
+	// Negotiated: the keys were negotiated by an IKE daemon; false:
+	// manual keying.
+	Negotiated bool        `json:"negotiated"`
+	Stats      saStatsJSON `json:"stats"`
 }
 
 type saStatsJSON struct {
@@ -117,7 +120,7 @@ func saView(in control.SAInfo) saJSON {
 		ESN: c.Suite.ESN, Keys: redacted, ReplayWindow: c.ReplayWindow,
 		EncapSport: c.EncapSrcPort, EncapDport: c.EncapDstPort, Selectors: []selectorJSON{},
 		Soft: lifetimeView(c.Soft), Hard: lifetimeView(c.Hard), TTL: c.TTL, DSCP: c.DSCP,
-		CopyDSCP: c.CopyDSCP, ECN: c.ECN, DF: c.DF.String(), TFCPadTo: c.TFCPadTo,
+		CopyDSCP: c.CopyDSCP, ECN: c.ECN, DF: c.DF.String(), TFCPadTo: c.TFCPadTo, Negotiated: c.Negotiated,
 		Stats: saStatsView(in.Stats, in.ReplayTop, in.ReplayBitmap),
 	}
 	if c.Suite != (crypto.Suite{}) {

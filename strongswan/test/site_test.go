@@ -2,6 +2,8 @@ package strongswantest
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -70,7 +72,14 @@ func TestSiteToSite(t *testing.T) {
 			if c.SPIIn != spis["in"][0] || c.SPIOut != spis["out"][0] {
 				t.Fatalf("%s %s: charon's SPIs %s/%s, espd's %v", suite, g.name, c.SPIIn, c.SPIOut, spis)
 			}
+			// charon's keys are marked negotiated (their sequence-number
+			// records may expire once they are gone).
+			if out := g.mustEspctl("sa", "list"); strings.Count(out, "keying negotiated\n") != 2 || strings.Contains(out, "keying manual") {
+				t.Fatalf("%s %s: the plugin's states are not both marked negotiated:\n%s", suite, g.name, out)
+			}
 		}
+		// An SA added by espctl in the same run is manual.
+		checkManualBesideCharon(t, p.a)
 		if n := p.a.tunnelRoutes(); !strings.Contains(n, testbed.LANBV4.String()) {
 			t.Fatalf("%s: no route to %v into the TUN on A: %q", suite, testbed.LANBV4, n)
 		}
@@ -98,6 +107,29 @@ func TestSiteToSite(t *testing.T) {
 		checkEmpty(t, p.a)
 		checkEmpty(t, p.b)
 	}
+}
+
+// checkManualBesideCharon adds an outbound SA with espctl next to charon's
+// (a key file, never the command line), checks that espd shows it as
+// manually keyed while charon's stay negotiated, and deletes it.
+func checkManualBesideCharon(t *testing.T, g *gateway) {
+	t.Helper()
+	keyFile := filepath.Join(g.dir, "manual.key")
+	if err := os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef01234567\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(keyFile)
+	const spi = "0x00000777"
+	g.mustEspctl("sa", "add", "--spi", spi, "--dir", "out", "--src", "198.18.255.1", "--dst", "198.18.255.2",
+		"--reqid", "777", "--enc", "aes128gcm16", "--enc-key-file", keyFile)
+	show := g.mustEspctl("sa", "get", "--spi", spi, "--dst", "198.18.255.2")
+	if !strings.Contains(show, "keying manual\n") || strings.Contains(show, "keying negotiated") {
+		t.Errorf("%s: the SA espctl added is not manual:\n%s", g.name, show)
+	}
+	if out := g.mustEspctl("sa", "list"); strings.Count(out, "keying negotiated\n") != 2 || strings.Count(out, "keying manual\n") != 1 {
+		t.Errorf("%s: want charon's two states negotiated and espctl's manual:\n%s", g.name, out)
+	}
+	g.mustEspctl("sa", "del", "--spi", spi, "--dst", "198.18.255.2")
 }
 
 // TestTrap installs the connection with start_action = trap: espd holds
