@@ -331,6 +331,9 @@ func (d *sadb) uninstall(s *SA) {
 	d.installed[i].installedAt = i
 	d.installed[last] = nil
 	d.installed = d.installed[:last]
+	if c := cap(d.installed); c > 1024 && last < c/4 {
+		d.installed = append(make([]*SA, 0, 2*last), d.installed...)
+	}
 }
 
 // snapshotInstalled appends the installed states to buf. Called with
