@@ -29,7 +29,8 @@ type ikeHub struct {
 	mu  sync.Mutex
 	cur *ikeSession
 
-	// undelivered counts datagrams that arrived with no one registered.
+	// undelivered counts the datagrams dropped because no IKE daemon
+	// was registered or its queue was full (espd_ike_undelivered_total).
 	undelivered atomic.Uint64
 	lastLog     atomic.Int64
 }

@@ -30,10 +30,13 @@ import (
 // number of states: the SA database's (the totals over every state,
 // removed ones included, acquires, lost events, the numbers of states,
 // reservations and policies) and the data path's (espd_dataplane_*, from
-// dataplane.Stats): about 55 series in 8 KB, the same with 10 states or
+// dataplane.Stats), and with the IKE hand-off its relay's (espd_ike_*,
+// metrics_ike.go): about 55 series in 8 KB, the same with 10 states or
 // 100,000. Each counter is exported once, from the one place that counts
 // it, and its help says what increments it (metrics_series_test.go
-// checks both, and that every series moves). Per-state series (espd_sa_packets_total, espd_sa_bytes_total,
+// checks both, and that every series moves). What follows from other
+// series is not exported: the acquires the rate limit held back are
+// espd_dataplane_no_sa_total minus espd_acquires_total. Per-state series (espd_sa_packets_total, espd_sa_bytes_total,
 // espd_sa_drops_total) are opt-in: Options.MetricsPerSA (espd
 // --metrics-per-sa N) exports them for at most N states, the oldest
 // first, and espd_metrics_states_omitted counts the live states the limit
@@ -54,7 +57,11 @@ const scrapeWait = 10 * time.Second
 // metricsHandler serves /metrics.
 func (d *Daemon) metricsHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", newMetrics(d.db, d.dp.Stats, d.opts.MetricsPerSA, d.log.With("component", "metrics")))
+	m := newMetrics(d.db, d.dp.Stats, d.opts.MetricsPerSA, d.log.With("component", "metrics"))
+	if h := d.ike.Load(); h != nil { // Run starts the hand-off first
+		m.reg.MustRegister(&ikeCollector{hub: h})
+	}
+	mux.Handle("/metrics", m)
 	return mux
 }
 
@@ -360,9 +367,7 @@ var (
 	descDrops = prometheus.NewDesc("espd_drops_total",
 		"Packets a state dropped, by reason, summed over every state, removed ones included (the data path's drops before a state is found are espd_dataplane_*).", []string{"reason"}, nil)
 	descAcquires = prometheus.NewDesc("espd_acquires_total",
-		"Acquire events published: an outbound packet matched a protect policy whose reqid had no live state, and the rate limit per policy and destination let the event through.", nil, nil)
-	descAcquiresSuppressed = prometheus.NewDesc("espd_acquires_suppressed_total",
-		"Acquire events the rate limit per policy and destination held back (espd_acquires_total plus this is espd_dataplane_no_sa_total).", nil, nil)
+		"Acquire events published: an outbound packet matched a protect policy whose reqid had no live state, and the rate limit per policy and destination let the event through (each such packet is in espd_dataplane_no_sa_total: the difference is what the rate limit held back).", nil, nil)
 	descEventsDropped = prometheus.NewDesc("espd_events_dropped_total",
 		"Events (expiries, acquires, NAT mapping changes) not delivered to a control subscriber because its buffer was full, one per event and subscriber.", nil, nil)
 )
@@ -408,9 +413,10 @@ var dataplaneHelp = map[string]string{
 	"HandedOff":        "Batches a reader handed to the workers.",
 }
 
-// dpSeries is one exported dataplane.Stats counter.
+// dpSeries is one exported counter of a struct of counters
+// (dataplane.Stats, conn.IKEStats).
 type dpSeries struct {
-	field int // index in dataplane.Stats
+	field int // index in the struct
 	desc  *prometheus.Desc
 }
 
@@ -449,7 +455,7 @@ func snake(s string) string {
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStates, descReserved, descPolicies, descPackets, descBytes, descDrops,
-		descAcquires, descAcquiresSuppressed, descEventsDropped} {
+		descAcquires, descEventsDropped} {
 		ch <- d
 	}
 	for _, f := range dpFields {
@@ -470,7 +476,6 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDrops, counter, float64(n), sa.DropReason(r).String())
 	}
 	ch <- prometheus.MustNewConstMetric(descAcquires, counter, float64(g.Acquires))
-	ch <- prometheus.MustNewConstMetric(descAcquiresSuppressed, counter, float64(g.AcquiresSuppressed))
 	ch <- prometheus.MustNewConstMetric(descEventsDropped, counter, float64(g.EventsDropped))
 	dv := reflect.ValueOf(c.dp())
 	for _, f := range dpFields {

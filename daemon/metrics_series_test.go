@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"net/netip"
@@ -15,6 +16,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/espd/espd/conn"
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
@@ -53,6 +55,8 @@ var movedElsewhere = map[string]struct {
 		"tun/uring_internal_test.go", "TestURingEnterRefused", "URingEnters"},
 	"espd_dataplane_tun_super_writes_total": {"tun's Write of a coalesced super-packet (tun.Stats.SuperWrites, copied by dataplane.Device.Stats)",
 		"tun/offload_test.go", "TestCoalesceAndSplit", "SuperWrites"},
+	"espd_ike_read_errors_total": {"conn/ike_linux.go ikeRelay.read, when a read of an IKE-port socket fails",
+		"conn/ike_linux_test.go", "TestIKEReadErrorsCounted", "ReadErrors"},
 }
 
 // unproven lists the series that nothing in the tests moves yet, with why;
@@ -72,6 +76,7 @@ func TestMetricsSeries(t *testing.T) {
 	d, client, ns := startMetricsDaemon(t, Options{
 		Dataplane:    dataplane.Config{Keepalive: 100 * time.Millisecond},
 		MetricsPerSA: 1,
+		IKEHandoff:   true,
 	})
 	scrapeHTTP := func(t *testing.T) string { return get(t, client) }
 	before := scrapeBody(t, scrapeHTTP)
@@ -221,7 +226,8 @@ func TestMetricsSeries(t *testing.T) {
 	wait("a send error", func(s dataplane.Stats) bool { return s.SendErrors >= 1 })
 	wait("keepalives", func(s dataplane.Stats) bool { return s.KeepalivesTx >= 1 && s.KeepalivesRx >= 1 })
 
-	// Straight to the encapsulation port: IKE, an unknown SPI, and a
+	// Straight to the encapsulation port: IKE (no IKE daemon is
+	// registered for the hand-off yet: undelivered), an unknown SPI, and a
 	// datagram too short for ESP.
 	natt := netip.AddrPortFrom(local, 4500).String()
 	send("udp", natt, append(make([]byte, 4), make([]byte, 28)...))
@@ -230,6 +236,7 @@ func TestMetricsSeries(t *testing.T) {
 	wait("IKE, invalid SPI, malformed", func(s dataplane.Stats) bool {
 		return s.IKE == 1 && s.InvalidSPI == 1 && s.Malformed == 1
 	})
+	handOff(t, d, ns, local, peer)
 
 	// The TUN down: the peer's next packet cannot be written to it.
 	ns.MustIP(t, "link", "set", tun.DefaultName, "down")
@@ -244,6 +251,11 @@ func TestMetricsSeries(t *testing.T) {
 	}
 
 	after := scrapeBody(t, scrapeHTTP)
+	// What the acquire rate limit held back is not exported: it is the
+	// difference of two series.
+	if held, want := after["espd_dataplane_no_sa_total{}"]-after["espd_acquires_total{}"], db.Stats().AcquiresSuppressed; held != float64(want) {
+		t.Errorf("espd_dataplane_no_sa_total - espd_acquires_total = %v, want the %d acquires the rate limit held back", held, want)
+	}
 	var still []string
 	for key, v := range after {
 		name, _, _ := strings.Cut(key, "{")
@@ -274,6 +286,61 @@ func TestMetricsSeries(t *testing.T) {
 	}
 	checkMovedElsewhere(t, exported)
 	t.Logf("%d series; data path: %+v", len(after), dp())
+}
+
+// handOff moves the IKE hand-off's counters of d, which runs in ns at
+// local next to peer: an IKE daemon registers, receives a datagram that
+// arrives on the IKE port, and sends one to the peer (sent), one to an
+// address without a route (a send error) and one from a port that is not
+// IKE's (refused).
+func handOff(t *testing.T, d *Daemon, ns *testbed.Node, local, peer netip.Addr) {
+	t.Helper()
+	// An IKE header: SPIs, next payload, version 2.0, IKE_SA_INIT, flags,
+	// message ID, length.
+	ike := []byte{1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 0, 33, 0x20, 34, 0x08, 0, 0, 0, 0, 0, 0, 0, 28}
+	hub := d.ike.Load()
+	if hub == nil {
+		t.Fatal("the IKE hand-off is not running")
+	}
+	before := hub.ike.IKEStats()
+	sess, err := d.RegisterIKE(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	if err := ns.Do(func() error {
+		c, err := net.Dial("udp", netip.AddrPortFrom(local, conn.DefaultIKEPort).String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write(ike)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-sess.Packets():
+		if !bytes.Equal(p.Data, ike) {
+			t.Fatalf("the IKE daemon got %x, want %x", p.Data, ike)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no IKE datagram handed over within 10 s")
+	}
+	from := netip.AddrPortFrom(local, conn.DefaultIKEPort)
+	if err := sess.Send(conn.IKEPacket{Src: from, Dst: netip.AddrPortFrom(peer, conn.DefaultIKEPort), Data: ike}); err != nil {
+		t.Errorf("IKE to the peer: %v", err)
+	}
+	if err := sess.Send(conn.IKEPacket{Src: from, Dst: netip.MustParseAddrPort("198.18.5.1:500"), Data: ike}); err == nil {
+		t.Error("IKE to an address without a route was sent")
+	}
+	if err := sess.Send(conn.IKEPacket{Src: netip.AddrPortFrom(local, 4501), Dst: netip.AddrPortFrom(peer, conn.DefaultIKEPort), Data: ike}); err == nil {
+		t.Error("IKE from port 4501 was not refused")
+	}
+	after := hub.ike.IKEStats()
+	if after.Received != before.Received+1 || after.Sent != before.Sent+1 || after.SendErrors != before.SendErrors+1 || after.Refused != before.Refused+1 {
+		t.Errorf("IKE hand-off counters %+v after %+v: want one more received, sent, send error and refusal", after, before)
+	}
 }
 
 // scrapeBody scrapes with get and returns the series.
@@ -439,4 +506,74 @@ func startPeer(t *testing.T, ns *testbed.Node) *Daemon {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return d
+}
+
+// fakeIKE is a conn.IKE that only has counters.
+type fakeIKE struct{ st conn.IKEStats }
+
+func (f *fakeIKE) StartIKE(uint16, conn.IKEHandler) error { return nil }
+func (f *fakeIKE) StopIKE() error                         { return nil }
+func (f *fakeIKE) DeliverIKE(conn.IKEPacket)              {}
+func (f *fakeIKE) SendIKE(conn.IKEPacket) error           { return nil }
+func (f *fakeIKE) IKEPorts() (ike, natt uint16)           { return 500, 4500 }
+func (f *fakeIKE) IKEStats() conn.IKEStats                { return f.st }
+
+// TestMetricsIKEOneSeriesPerCounter gives every counter of conn.IKEStats
+// and the hub's undelivered count a distinct value and checks that each
+// espd_ike_* series carries exactly one of them, under its own name, with
+// its help text; without the hand-off there is no espd_ike_* series.
+func TestMetricsIKEOneSeriesPerCounter(t *testing.T) {
+	db, err := fillDB(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noDP := func() dataplane.Stats { return dataplane.Stats{} }
+	if body := scrape(t, newMetrics(db, noDP, 0, nil)); strings.Contains(body, "espd_ike_") {
+		t.Errorf("espd_ike_* series without the hand-off:\n%s", body)
+	}
+
+	f := &fakeIKE{}
+	v := reflect.ValueOf(&f.st).Elem()
+	want := map[string]float64{}
+	for i := range v.NumField() {
+		val := uint64(2_000_000 + 1000*i)
+		v.Field(i).SetUint(val)
+		want["espd_ike_"+snake(v.Type().Field(i).Name)+"_total{}"] = float64(val)
+		if _, ok := ikeHelp[v.Type().Field(i).Name]; !ok {
+			t.Errorf("conn.IKEStats.%s has no help text (ikeHelp)", v.Type().Field(i).Name)
+		}
+	}
+	for name := range ikeHelp {
+		if _, ok := v.Type().FieldByName(name); !ok {
+			t.Errorf("ikeHelp names %s, which conn.IKEStats does not have", name)
+		}
+	}
+	hub := &ikeHub{ike: f}
+	hub.undelivered.Store(1_999_999)
+	want["espd_ike_undelivered_total{}"] = 1_999_999
+	m := newMetrics(db, noDP, 0, nil)
+	m.reg.MustRegister(&ikeCollector{hub: hub})
+	fams, err := parseText(scrape(t, m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := familySeries(t, fams)
+	for key, val := range got {
+		if strings.HasPrefix(key, "espd_ike_") {
+			if w, ok := want[key]; !ok || w != val {
+				t.Errorf("%s = %v, want %v", key, val, w)
+			}
+			delete(want, key)
+		} else if val >= 1_999_999 && val < 3_000_000 {
+			t.Errorf("%s = %v carries an IKE counter", key, val)
+		}
+	}
+	for key := range want {
+		t.Errorf("%s is not exported", key)
+	}
+	for name, f := range fams {
+		if h := f.GetHelp(); strings.HasPrefix(name, "espd_ike_") && (h == "" || !strings.HasSuffix(h, ".")) {
+			t.Errorf("%s: help %q is not a sentence", name, h)
+		}
+	}
 }

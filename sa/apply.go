@@ -429,6 +429,8 @@ func (db *DB) installLocked(s *SA) {
 	s.addSeq = d.addSeq
 	s.addTime = db.mono()
 	s.state.Store(uint32(StateValid))
+	s.installedAt = len(d.installed)
+	d.installed = append(d.installed, s)
 	d.byKey.put(stateKey(s.spi, s.params.Load().cfg.Dst), s)
 	if s.dir == DirIn {
 		d.inbound.put(u32Key(s.spi), s)

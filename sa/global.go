@@ -1,5 +1,7 @@
 package sa
 
+import "sync"
+
 // globalCounters are the DB-wide atomics, each on its own cache line.
 type globalCounters struct {
 	acquires           paddedCounter
@@ -30,7 +32,12 @@ type GlobalStats struct {
 	Drops          [NumDropReasons]uint64
 }
 
-// Stats returns a snapshot of the DB-wide counters.
+// Stats returns a snapshot of the DB-wide counters. It holds the state
+// lock only to copy the list of installed states and the removed states'
+// totals, and sums the states' counters after releasing it: AddSA,
+// DeleteSA and the data path's expiries do not wait for the sum (100,000
+// states take milliseconds). The sums never go down from one call to
+// the next (statsOf).
 func (db *DB) Stats() GlobalStats {
 	g := GlobalStats{
 		Acquires:           db.stats.acquires.Load(),
@@ -38,14 +45,58 @@ func (db *DB) Stats() GlobalStats {
 		EventsDropped:      db.stats.eventsDropped.Load(),
 		Policies:           db.spdb.policyCount(),
 	}
+	bp := statesPool.Get().(*[]*SA)
 	d := &db.sadb
 	d.mu.Lock()
 	t := d.retired
-	d.byKey.all(func(_ saKey, s *SA) bool { t.add(s); return true })
-	g.States, g.Larval = d.byKey.len(), len(d.larval)
+	ss := d.snapshotInstalled((*bp)[:0])
+	g.States, g.Larval = len(ss), len(d.larval)
 	d.mu.Unlock()
+	if statsCopied != nil {
+		statsCopied()
+	}
+	for _, s := range ss {
+		st := s.statsOf()
+		t.addTotals(&st)
+	}
+	clear(ss) // keep no state alive from the pool
+	*bp = ss[:0]
+	statesPool.Put(bp)
 	g.Packets, g.Bytes, g.Drops = t.packets, t.bytes, t.drops
 	return g
+}
+
+// statsCopied, if set (tests), runs in Stats between the copy of the
+// installed list and the sum.
+var statsCopied func()
+
+// statesPool holds the buffers Stats and tick copy the installed list
+// into.
+var statesPool = sync.Pool{New: func() any { return new([]*SA) }}
+
+// statsOf returns what Stats counts for s, a state that was installed
+// when Stats copied the list: its counters now if it is still
+// installed, else the counters its removal added to the removed states'
+// totals (which the next Stats has, and which were read after s was
+// marked dead). Reading the counters before the state makes this
+// monotonic: a state found alive was marked dead, if at all, after its
+// counters were read here, so its removal reads at least as much.
+func (s *SA) statsOf() totals {
+	var t totals
+	t.add(s)
+	if s.State() != StateDead {
+		return t
+	}
+	if f := s.final.Load(); f != nil {
+		return *f
+	}
+	// Marked dead, its removal still under way: it publishes final
+	// before it releases the lock.
+	d := &s.db.sadb
+	d.mu.Lock()
+	f := s.final.Load()
+	d.mu.Unlock()
+	return *f
 }
 
 // totals sums state counters.
@@ -59,5 +110,13 @@ func (t *totals) add(s *SA) {
 	t.bytes += s.bytes.Load()
 	for i := range s.drops {
 		t.drops[i] += s.drops[i].Load()
+	}
+}
+
+func (t *totals) addTotals(o *totals) {
+	t.packets += o.packets
+	t.bytes += o.bytes
+	for i := range o.drops {
+		t.drops[i] += o.drops[i]
 	}
 }

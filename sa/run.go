@@ -35,14 +35,21 @@ func (db *DB) tick() {
 	var due []expiry
 	d := &db.sadb
 	d.mu.Lock()
-	d.byKey.all(func(_ saKey, s *SA) bool {
+	bp := statesPool.Get().(*[]*SA)
+	ss := d.snapshotInstalled((*bp)[:0])
+	db.expireReservations(now)
+	d.mu.Unlock()
+	// The states are checked without the lock, which AddSA and DeleteSA
+	// take: one removed meanwhile is dead, and hardExpire and softExpire
+	// do nothing to a dead state.
+	for _, s := range ss {
 		if e, ok := s.expiryAt(now); ok {
 			due = append(due, e)
 		}
-		return true
-	})
-	db.expireReservations(now)
-	d.mu.Unlock()
+	}
+	clear(ss)
+	*bp = ss[:0]
+	statesPool.Put(bp)
 	for _, e := range due {
 		if e.hard {
 			db.hardExpire(e.s, e.r)

@@ -42,6 +42,12 @@ type SA struct {
 	// reservation at that moment.
 	seqFinal, seqSealed uint64
 
+	// installedAt is the state's index in the DB's installed list
+	// (guarded by db.sadb.mu); final holds its counters as removal read
+	// them, published once it is dead (DB.Stats).
+	installedAt int
+	final       atomic.Pointer[totals]
+
 	// Hot fields, each group on its own cache line: the data path holds
 	// and releases the state, reserves sequence numbers (outbound), then
 	// accounts, once per batch.

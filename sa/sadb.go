@@ -25,6 +25,12 @@ type sadb struct {
 	keys       map[crypto.Fingerprint]*keyEntry
 	addSeq     uint64
 	retired    totals // counters of removed states
+
+	// installed lists the installed states in no order (s.installedAt
+	// is s's index), so that Stats, SAs and the lifetime ticker copy
+	// the list under mu, one memmove, and read the states after
+	// releasing it.
+	installed []*SA
 }
 
 func (d *sadb) init() {
@@ -210,8 +216,7 @@ func (db *DB) DeleteSA(spi uint32, dst netip.Addr) error {
 func (db *DB) SAs() []*SA {
 	d := &db.sadb
 	d.mu.Lock()
-	ss := make([]*SA, 0, d.byKey.len()+len(d.larval))
-	d.byKey.all(func(_ saKey, s *SA) bool { ss = append(ss, s); return true })
+	ss := d.snapshotInstalled(make([]*SA, 0, len(d.installed)+len(d.larval)))
 	for _, s := range d.larval {
 		ss = append(ss, s)
 	}
@@ -307,8 +312,36 @@ func (db *DB) removeLocked(s *SA) {
 			delete(d.keys, s.fp)
 		}
 	}
-	d.retired.add(s)
+	d.uninstall(s)
+	// Stats reads the counters of a state that it finds dead from here:
+	// it was dead before these were read (see statsOf).
+	t := new(totals)
+	t.add(s)
+	s.final.Store(t)
+	d.retired.addTotals(t)
 	s.kill()
+}
+
+// uninstall takes s out of the installed list. Called with sadb.mu held.
+func (d *sadb) uninstall(s *SA) {
+	i := s.installedAt
+	if i >= len(d.installed) || d.installed[i] != s {
+		return
+	}
+	last := len(d.installed) - 1
+	d.installed[i] = d.installed[last]
+	d.installed[i].installedAt = i
+	d.installed[last] = nil
+	d.installed = d.installed[:last]
+	if c := cap(d.installed); c > 1024 && last < c/4 {
+		d.installed = append(make([]*SA, 0, 2*last), d.installed...)
+	}
+}
+
+// snapshotInstalled appends the installed states to buf. Called with
+// sadb.mu held.
+func (d *sadb) snapshotInstalled(buf []*SA) []*SA {
+	return append(buf, d.installed...)
 }
 
 // discard erases the key material of a state that was built but not

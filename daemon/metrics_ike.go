@@ -1,0 +1,69 @@
+package daemon
+
+import (
+	"reflect"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/espd/espd/conn"
+)
+
+// The IKE hand-off's series (espd --ike-handoff): the relay's counters
+// (conn.IKEStats), exported as espd_ike_<name>_total, and the hub's
+// espd_ike_undelivered_total. They are exported only while espd runs the
+// hand-off: without it nothing can move them.
+
+// ikeHelp says what increments each conn.IKEStats counter.
+var ikeHelp = map[string]string{
+	"Received":   "IKE datagrams the hand-off took in for the IKE daemon: every datagram on the IKE port, and the non-ESP-marked ones on the encapsulation port (which espd_dataplane_ike_total counts too).",
+	"Sent":       "IKE datagrams the IKE daemon handed to espd (IKE_PACKET) that the kernel accepted to send.",
+	"SendErrors": "IKE datagrams the IKE daemon handed to espd that the kernel refused to send (no route to the destination, for example).",
+	"Refused":    "IKE datagrams the IKE daemon handed to espd that espd refused without trying to send them: an invalid destination, source and destination of different families, an empty or oversized datagram, IPv6 while it is off, a source port that is neither the IKE port nor the encapsulation port, or a datagram for the encapsulation port without the non-ESP marker (the IKE daemon cannot send ESP).",
+	"ReadErrors": "Reads of the IKE port's sockets that failed.",
+}
+
+// descIKEUndelivered is the hub's count (ikeHub.undelivered).
+var descIKEUndelivered = prometheus.NewDesc("espd_ike_undelivered_total",
+	"IKE datagrams of espd_ike_received_total dropped because no IKE daemon was registered for the hand-off or its queue was full.", nil, nil)
+
+var ikeFields = ikeStatsFields()
+
+// ikeStatsFields describes the counters of conn.IKEStats as
+// espd_ike_<name>_total. A counter without help (ikeHelp) is exported
+// with its field name as help; the tests fail on it.
+func ikeStatsFields() []dpSeries {
+	t := reflect.TypeFor[conn.IKEStats]()
+	var out []dpSeries
+	for i := range t.NumField() {
+		f := t.Field(i)
+		help, ok := ikeHelp[f.Name]
+		if !ok {
+			help = "conn.IKEStats." + f.Name
+		}
+		out = append(out, dpSeries{i, prometheus.NewDesc("espd_ike_"+snake(f.Name)+"_total", help, nil, nil)})
+	}
+	return out
+}
+
+// ikeCollector exports the hand-off's counters: the relay's, read from
+// the sockets (which keep them after StopIKE), and the hub's.
+type ikeCollector struct {
+	hub *ikeHub
+}
+
+// Describe implements prometheus.Collector.
+func (c *ikeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, f := range ikeFields {
+		ch <- f.desc
+	}
+	ch <- descIKEUndelivered
+}
+
+// Collect implements prometheus.Collector.
+func (c *ikeCollector) Collect(ch chan<- prometheus.Metric) {
+	v := reflect.ValueOf(c.hub.ike.IKEStats())
+	for _, f := range ikeFields {
+		ch <- prometheus.MustNewConstMetric(f.desc, prometheus.CounterValue, float64(v.Field(f.field).Uint()))
+	}
+	ch <- prometheus.MustNewConstMetric(descIKEUndelivered, prometheus.CounterValue, float64(c.hub.undelivered.Load()))
+}
