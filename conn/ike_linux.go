@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -218,11 +219,17 @@ func (r *ikeRelay) sendEncapPort(data, oob []byte, dst netip.Addr, port uint16) 
 	return serr
 }
 
+// maxReadBackoff is the longest an IKE port's reader waits after a read
+// error before it reads again (the wait doubles from 1 ms with each error
+// in a row and starts again after a datagram).
+const maxReadBackoff = 100 * time.Millisecond
+
 // read hands the datagrams of one IKE-port socket to the handler.
 func (r *ikeRelay) read(run *ikeRun, sk *ikeSocket) {
 	defer run.wg.Done()
 	buf := make([]byte, 65536)
 	oob := make([]byte, 256)
+	var backoff time.Duration
 	for {
 		n, oobn, _, src, err := sk.conn.ReadMsgUDPAddrPort(buf, oob)
 		if err != nil {
@@ -230,8 +237,13 @@ func (r *ikeRelay) read(run *ikeRun, sk *ikeSocket) {
 				return
 			}
 			r.readErrors.Add(1)
+			// An error that persists must not spin a core: wait a little
+			// longer after each one in a row, up to maxReadBackoff.
+			backoff = min(max(2*backoff, time.Millisecond), maxReadBackoff)
+			time.Sleep(backoff)
 			continue
 		}
+		backoff = 0
 		var dst netip.Addr
 		var tos uint8
 		parseControl(oob[:oobn], &dst, &tos)

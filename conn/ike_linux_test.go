@@ -38,6 +38,14 @@ func TestIKEReadErrorsCounted(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	// A persistent error does not spin: the reader backs off (1, 2, 4 ...
+	// up to 100 ms), so 300 ms of errors count a handful, not the
+	// hundreds of thousands of a loop that retries at once.
+	before := s.IKEStats().ReadErrors
+	time.Sleep(300 * time.Millisecond)
+	if n := s.IKEStats().ReadErrors - before; n > 50 {
+		t.Errorf("%d read errors in 300 ms of a persistent error: the reader does not back off", n)
+	}
 	if err := sk.SetReadDeadline(time.Time{}); err != nil {
 		t.Fatal(err)
 	}
