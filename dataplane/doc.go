@@ -23,7 +23,16 @@
 // (handOffGauge): batches whose crypto runs slower than HandOffBelow are
 // handed off to the workers, faster ones are run to completion by their
 // reader as above, and a reader stops handing off only when none of the
-// direction's batches is in flight, so that the order holds.
+// direction's batches is in flight, so that the order holds. The rate is
+// one per direction, a moving average over whatever suites its batches
+// carry, not one per suite: a direction whose states mix a slow suite and a
+// fast one hands off while the mix is slow on average. One per suite would
+// not decide much better, since a batch holds the packets of many states
+// and, for the order, may run to completion only once none of its
+// direction's batches is in flight: while any slow suite's batch is handed
+// off, the fast ones' batches behind it are handed off too. The
+// GOMAXPROCS switch that follows the mode (Config.OnHandOff) is called from
+// a goroutine of its own at most every 500 ms, never inside a batch.
 //
 // With n workers each direction has a bounded crypto queue, served by the n
 // workers of both directions, and n in-order shards (at most maxShards): a
