@@ -157,8 +157,17 @@ apt-get update -qq`)
 
 	for _, name := range []string{"A", "B"} {
 		c := gw[name]
-		if p := c.show(t, "espd-ike.service", "ActiveState", "SubState"); p["ActiveState"] != "active" {
-			t.Errorf("gateway %s: espd-ike.service: %v, want active", name, p)
+		// "Comes up at boot": the units section 6 leaves enabled are the
+		// ones that run now, and espd.service (without the hand-off,
+		// which would take UDP 4500 from espd-ike) is not among them.
+		if p := c.show(t, "espd-ike.service", "ActiveState", "SubState", "UnitFileState"); p["ActiveState"] != "active" || p["UnitFileState"] != "enabled" {
+			t.Errorf("gateway %s: espd-ike.service: %v, want active and enabled", name, p)
+		}
+		if p := c.show(t, "espd.service", "ActiveState", "UnitFileState"); p["ActiveState"] == "active" || p["UnitFileState"] == "enabled" {
+			t.Errorf("gateway %s: espd.service: %v, want inactive and disabled beside espd-ike", name, p)
+		}
+		if p := c.show(t, "strongswan.service", "ActiveState", "UnitFileState"); p["ActiveState"] != "active" || p["UnitFileState"] != "enabled" {
+			t.Errorf("gateway %s: strongswan.service after section 6: %v, want active and enabled", name, p)
 		}
 		ss := c.must(t, "ss", "-Hulpn")
 		for _, port := range []string{"500", "4500"} {
