@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -60,7 +61,7 @@ func run(args []string) error {
 	fs.StringVar(&opts.Control.Path, "socket", control.DefaultSocketPath, "control socket path")
 	fs.StringVar(&opts.Control.Group, "socket-group", "", "group (name or gid) whose members may use the control socket besides root")
 	fs.StringVar(&opts.ConfigPath, "config", "", "configuration file of static SAs and policies, re-read on SIGHUP")
-	fs.StringVar(&opts.StateDir, "state-dir", daemon.DefaultStateDir, "directory (created 0700, one espd at a time) of the durable record of how far each outbound key's sequence numbers may have gone, by key fingerprint (never keys), so that a restart or a crash never repeats a (key, sequence number) pair; empty: memory only, which does not survive a restart")
+	fs.StringVar(&opts.StateDir, "state-dir", daemon.DefaultStateDir, "directory (created 0700, one espd at a time) of the durable record of how far each outbound key's sequence numbers may have gone, by key fingerprint (never keys), so that a restart or a crash never repeats a (key, sequence number) pair; on persistent storage, never empty")
 	fs.StringVar(&opts.MetricsListen, "metrics-listen", "", "address of the Prometheus /metrics endpoint (e.g. 127.0.0.1:9585)")
 	fs.Func("metrics-per-sa", "also export per-state series (espd_sa_*) for at most `N` states, the oldest first (default 0: only totals over all states, a few KB whatever the number of states). Each state adds 2 series plus one per drop reason it has seen, about 100 bytes each: 100,000 states make a ~20 MB scrape and 200,000 series in Prometheus", func(v string) error {
 		n, err := strconv.Atoi(v)
@@ -96,6 +97,12 @@ func run(args []string) error {
 	dp.Mark = uint32(mark)
 	if *cleanup {
 		return runCleanup(opts, os.Stdout)
+	}
+	if opts.StateDir == "" {
+		// Without the durable record espd could not know, after a restart,
+		// what a key added again has already sent: it refuses to run
+		// rather than risk repeating a nonce (docs/safety.md).
+		return errors.New("--state-dir is empty: espd needs a directory on persistent storage to record how far each outbound key's sequence numbers have gone; without it a key added again after a restart would repeat (key, sequence number) pairs")
 	}
 
 	var level slog.Level
