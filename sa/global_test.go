@@ -3,6 +3,11 @@ package sa
 import (
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,17 +27,17 @@ func TestGlobalStats(t *testing.T) {
 	a.Account(10, 1000)
 	b.Account(5, 500)
 	b.Drop(DropReplay, 3)
-	b.Drop(DropReason(200), 2) // out of range: other
+	b.Drop(DropReason(200), 2) // out of range: malformed
 	if err := db.DeleteSA(0x5100, remote); err != nil {
 		t.Fatal(err)
 	}
 	g := db.Stats()
 	want := GlobalStats{States: 1, Larval: 1, Policies: 1, Packets: 15, Bytes: 1500}
-	want.Drops[DropReplay], want.Drops[DropOther] = 3, 2
+	want.Drops[DropReplay], want.Drops[DropMalformed] = 3, 2
 	if g != want {
 		t.Errorf("Stats() = %+v\nwant       %+v", g, want)
 	}
-	if st := b.Stats(); st.Drops[DropReplay] != 3 || st.Drops[DropOther] != 2 {
+	if st := b.Stats(); st.Drops[DropReplay] != 3 || st.Drops[DropMalformed] != 2 {
 		t.Errorf("state drops %v", st.Drops)
 	}
 }
@@ -50,7 +55,9 @@ func TestDropReasonOf(t *testing.T) {
 		esp.ErrECNDrop:                           DropECN,
 		esp.ErrTooBig:                            DropTooBig,
 		esp.ErrTailroom:                          DropTooBig,
-		errors.New("something else"):             DropOther,
+		esp.ErrOuter:                             DropMalformed,
+		esp.ErrHeadroom:                          DropTooBig,
+		errors.New("something else"):             DropMalformed,
 		fmt.Errorf("wrapped: %w", esp.ErrReplay): DropReplay,
 	}
 	for err, want := range cases {
@@ -154,5 +161,78 @@ func TestStatsNeverGoDown(t *testing.T) {
 	wg.Wait()
 	if last.Packets == 0 {
 		t.Error("no traffic was counted")
+	}
+}
+
+// TestDropReasonOfTotal lists the exported Err* variables of esp and
+// crypto from their sources (what Encapsulate, Open, ReplayWindow.Update
+// and the transforms return is among them) and requires each to be in
+// errs below and to have a reason of its own in DropReasonOf, rather than
+// the fallback for an error it does not know.
+func TestDropReasonOfTotal(t *testing.T) {
+	errs := map[string]error{
+		"esp.ErrReplay": esp.ErrReplay, "esp.ErrPadding": esp.ErrPadding,
+		"esp.ErrMalformed": esp.ErrMalformed, "esp.ErrDummy": esp.ErrDummy,
+		"esp.ErrECNDrop": esp.ErrECNDrop, "esp.ErrNextHeader": esp.ErrNextHeader,
+		"esp.ErrInner": esp.ErrInner, "esp.ErrHeadroom": esp.ErrHeadroom,
+		"esp.ErrTailroom": esp.ErrTailroom, "esp.ErrTooBig": esp.ErrTooBig,
+		"esp.ErrOuter":             esp.ErrOuter,
+		"crypto.ErrAuthentication": crypto.ErrAuthentication,
+		"crypto.ErrMalformed":      crypto.ErrMalformed,
+	}
+	found := map[string]bool{}
+	for _, pkg := range []string{"esp", "crypto"} {
+		files, err := filepath.Glob(filepath.Join("..", pkg, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fset := token.NewFileSet()
+		for _, name := range files {
+			if strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, name, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, decl := range f.Decls {
+				g, ok := decl.(*ast.GenDecl)
+				if !ok || g.Tok != token.VAR {
+					continue
+				}
+				for _, spec := range g.Specs {
+					for _, id := range spec.(*ast.ValueSpec).Names {
+						if id.IsExported() && strings.HasPrefix(id.Name, "Err") {
+							found[pkg+"."+id.Name] = true
+						}
+					}
+				}
+			}
+		}
+	}
+	if len(found) == 0 {
+		t.Fatal("no Err* variables found in ../esp and ../crypto")
+	}
+	for name := range found {
+		err, ok := errs[name]
+		if !ok {
+			t.Errorf("%s is not in this test's list: add it, and its reason to DropReasonOf", name)
+			continue
+		}
+		r, known := dropReasonOf(err)
+		if !known {
+			t.Errorf("DropReasonOf(%s) has no reason of its own (falls back to %v)", name, r)
+		}
+		if wrapped, _ := dropReasonOf(fmt.Errorf("wrapped: %w", err)); wrapped != r {
+			t.Errorf("DropReasonOf(wrapped %s) = %v, want %v", name, wrapped, r)
+		}
+	}
+	for name := range errs {
+		if !found[name] {
+			t.Errorf("%s is in this test's list but not declared in the sources", name)
+		}
+	}
+	if r, known := dropReasonOf(errors.New("something else")); known || r != DropMalformed {
+		t.Errorf("an unknown error: %v, known %v; want malformed, not known", r, known)
 	}
 }

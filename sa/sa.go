@@ -208,11 +208,11 @@ func (s *SA) Peer() netip.AddrPort {
 	return netip.AddrPortFrom(c.Dst, c.EncapDstPort)
 }
 
-// Drop counts n packets the data path dropped for reason r (DropOther if r
-// is out of range).
+// Drop counts n packets the data path dropped for reason r (as
+// DropMalformed if r is out of range).
 func (s *SA) Drop(r DropReason, n uint64) {
 	if r >= NumDropReasons {
-		r = DropOther
+		r = DropMalformed
 	}
 	s.drops[r].Add(n)
 }
