@@ -7,6 +7,7 @@ import (
 	"go/parser"
 	"go/token"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,8 +76,9 @@ func TestDropReasonOf(t *testing.T) {
 // TestStatsOutsideTheLock: Stats sums the states after releasing the
 // state lock, so AddSA and DeleteSA run while it sums (they would
 // deadlock here otherwise). A state deleted between the copy of the list
-// and the sum counts once, with what it had when it was removed, and the
-// next Stats agrees; a state added meanwhile counts from the next Stats.
+// and the sum counts once, with what it had when it was removed and what
+// was counted on it afterwards, and the next Stats agrees; a state added
+// meanwhile counts from the next Stats.
 func TestStatsOutsideTheLock(t *testing.T) {
 	db, _ := newTestDB(t)
 	a := mustAdd(t, db, testConfig(0x5200, DirIn, 1))
@@ -92,19 +94,19 @@ func TestStatsOutsideTheLock(t *testing.T) {
 		if err := db.DeleteSA(0x5200, local); err != nil {
 			t.Error(err)
 		}
-		a.Account(100, 10000) // after its removal: counted nowhere
+		a.Account(100, 10000) // after its removal: counted once (foldLate)
 		added = mustAdd(t, db, testConfig(0x5202, DirIn, 3))
 		added.Account(7, 700)
 	}
 	defer func() { statsCopied = nil }()
 	g := db.Stats()
-	want := GlobalStats{States: 2, Packets: 15 + 3, Bytes: 1500 + 300}
+	want := GlobalStats{States: 2, Packets: 15 + 100 + 3, Bytes: 1500 + 10000 + 300}
 	want.Drops[DropIntegrity] = 4
 	if g != want {
 		t.Errorf("Stats() during changes = %+v\nwant                     %+v", g, want)
 	}
 	g = db.Stats()
-	want.Packets, want.Bytes = 15+3+7, 1500+300+700
+	want.Packets, want.Bytes = 15+100+3+7, 1500+10000+300+700
 	if g != want {
 		t.Errorf("Stats() after them = %+v\nwant                 %+v", g, want)
 	}
@@ -234,5 +236,56 @@ func TestDropReasonOfTotal(t *testing.T) {
 	}
 	if r, known := dropReasonOf(errors.New("something else")); known || r != DropMalformed {
 		t.Errorf("an unknown error: %v, known %v; want malformed, not known", r, known)
+	}
+}
+
+// TestCountedAfterRemoval: what the data path counts on a state after its
+// removal (a batch that held it when it was removed) reaches the DB's
+// totals, once: here by hand, then from goroutines counting while the
+// state is deleted.
+func TestCountedAfterRemoval(t *testing.T) {
+	db, _ := newTestDB(t)
+	a := mustAdd(t, db, testConfig(0x5200, DirOut, 1))
+	a.Drop(DropSequence, 1)
+	if err := db.DeleteSA(0x5200, remote); err != nil {
+		t.Fatal(err)
+	}
+	a.Drop(DropSequence, 2)
+	a.Account(3, 300)
+	for range 2 { // the second Stats sees no more
+		g := db.Stats()
+		if g.Drops[DropSequence] != 3 || g.Packets != 3 || g.Bytes != 300 {
+			t.Errorf("DB totals: %d sequence drops, %d packets, %d bytes; want 3, 3, 300", g.Drops[DropSequence], g.Packets, g.Bytes)
+		}
+	}
+	if st := a.Stats(); st.Drops[DropSequence] != 3 || st.Packets != 3 {
+		t.Errorf("state: %d sequence drops, %d packets; want 3, 3", st.Drops[DropSequence], st.Packets)
+	}
+
+	const workers, each = 4, 2000
+	for round := range 20 {
+		spi := uint32(0x5300 + round)
+		b := mustAdd(t, db, testConfig(spi, DirOut, 2))
+		before := db.Stats()
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for range each {
+					b.Drop(DropReplay, 1)
+					b.Account(1, 10)
+				}
+			})
+		}
+		for b.Stats().Drops[DropReplay] == 0 { // delete while they count
+			runtime.Gosched()
+		}
+		if err := db.DeleteSA(spi, remote); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		g := db.Stats()
+		if d, p := g.Drops[DropReplay]-before.Drops[DropReplay], g.Packets-before.Packets; d != workers*each || p != workers*each {
+			t.Fatalf("round %d: %d replay drops and %d packets reached the totals, want %d each", round, d, p, workers*each)
+		}
 	}
 }

@@ -179,6 +179,9 @@ func (s *SA) Account(packets, bytes uint64) {
 	}
 	np := s.packets.Add(packets)
 	nb := s.bytes.Add(bytes)
+	if s.State() == StateDead {
+		s.foldLate() // counted after its removal
+	}
 	now := s.db.mono()
 	s.lastUse.Store(now)
 	if s.firstUse.Load() == 0 {
@@ -215,6 +218,9 @@ func (s *SA) Drop(r DropReason, n uint64) {
 		r = DropMalformed
 	}
 	s.drops[r].Add(n)
+	if s.State() == StateDead {
+		s.foldLate()
+	}
 }
 
 // Stats returns a snapshot of the state's counters.
