@@ -25,7 +25,7 @@ const (
 	DropDummy                        // esp.ErrDummy: TFC dummy packet, dropped by design
 	DropECN                          // esp.ErrECNDrop
 	DropSequence                     // outbound sequence numbers exhausted
-	DropTooBig                       // too big for the path (ICMP error sent); esp.ErrTooBig, ErrHeadroom, ErrTailroom
+	DropTooBig                       // too big for the path with DF (an ICMP error goes back) or to fragment; esp.ErrTooBig, ErrHeadroom, ErrTailroom
 	NumDropReasons
 )
 
