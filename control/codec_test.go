@@ -159,6 +159,42 @@ func TestDropTablesComplete(t *testing.T) {
 	}
 }
 
+// TestDropOtherRetired: espd no longer sends ST_DROP_OTHER (27), and
+// GLOBAL_STATS from an older daemon that does still reads, its other
+// counters intact.
+func TestDropOtherRetired(t *testing.T) {
+	g := sampleGlobal()
+	for i := range g.Drops {
+		g.Drops[i] = uint64(100 + i)
+	}
+	m := decodeOK(t, encode(t, MsgStats, FlagReply|FlagMulti, 1, func(b *Builder) { putGlobalStats(b, g) }))
+	n, ok := newReader(m.Attrs).nest(AttrGlobalStats, spaceGlobalStats)
+	if !ok {
+		t.Fatal("no GLOBAL_STATS")
+	}
+	for _, a := range n.attrs {
+		if a.Type == StDropOther {
+			t.Error("GLOBAL_STATS carries GS_DROP_OTHER (27)")
+		}
+	}
+	old := decodeOK(t, encode(t, MsgStats, FlagReply|FlagMulti, 1, func(b *Builder) {
+		b.Nest(AttrGlobalStats)
+		b.U64(StDropReplay, 5)
+		b.U64(StDropOther, 7)
+		b.U64(StDropTooBig, 9)
+		b.End()
+	}))
+	n, ok = newReader(old.Attrs).nest(AttrGlobalStats, spaceGlobalStats)
+	if !ok {
+		t.Fatal("no GLOBAL_STATS")
+	}
+	var want [sa.NumDropReasons]uint64
+	want[sa.DropReplay], want[sa.DropTooBig] = 5, 9
+	if got := readGlobalStats(n); got.Drops != want || n.err != nil {
+		t.Errorf("drops from an older daemon: %v (%v), want %v", got.Drops, n.err, want)
+	}
+}
+
 func TestGlobalStatsRoundTrip(t *testing.T) {
 	g := sampleGlobal()
 	m := decodeOK(t, encode(t, MsgStats, FlagReply|FlagMulti, 1, func(b *Builder) { putGlobalStats(b, g) }))

@@ -32,7 +32,11 @@ const (
 	StDropECN        AttrType = 24
 	StDropSequence   AttrType = 25
 	StDropTooBig     AttrType = 26
-	StDropOther      AttrType = 27
+	// StDropOther is retired: it counted drops for an error sa did not
+	// know, which nothing on the data path returns (sa.DropReasonOf).
+	// espd no longer sends it; readers take its absence as 0, and the
+	// number is not given to another counter.
+	StDropOther AttrType = 27
 )
 
 // GlobalStats is what GLOBAL_STATS carries: the SA database's counters
@@ -55,7 +59,7 @@ type GlobalStats struct {
 
 // Global counters (inside AttrGlobalStats). Attributes 1-5 are the data
 // path's, the others the SA database's; 16-27 are the drop counters of
-// every state summed, numbered as in SA_STATS.
+// every state summed, numbered as in SA_STATS (27 retired).
 const (
 	GsInvalidSPI         AttrType = 1  // u64
 	GsMalformed          AttrType = 2  // u64
@@ -78,7 +82,6 @@ var dropAttrs = map[sa.DropReason]AttrType{
 	sa.DropMalformed: StDropMalformed, sa.DropSelector: StDropSelector,
 	sa.DropNextHeader: StDropNextHeader, sa.DropInner: StDropInner, sa.DropDummy: StDropDummy,
 	sa.DropECN: StDropECN, sa.DropSequence: StDropSequence, sa.DropTooBig: StDropTooBig,
-	sa.DropOther: StDropOther,
 }
 
 var saStatNames = map[AttrType]string{

@@ -18,15 +18,14 @@ const (
 	DropReplay     DropReason = iota // esp.ErrReplay
 	DropIntegrity                    // crypto.ErrAuthentication
 	DropPadding                      // esp.ErrPadding
-	DropMalformed                    // esp.ErrMalformed, crypto.ErrMalformed
+	DropMalformed                    // esp.ErrMalformed, crypto.ErrMalformed, esp.ErrOuter; any error DropReasonOf does not know
 	DropSelector                     // inner packet outside the state's selectors
 	DropNextHeader                   // esp.ErrNextHeader
 	DropInner                        // esp.ErrInner: malformed inner packet
 	DropDummy                        // esp.ErrDummy: TFC dummy packet, dropped by design
 	DropECN                          // esp.ErrECNDrop
 	DropSequence                     // outbound sequence numbers exhausted
-	DropTooBig                       // esp.ErrTooBig, ErrHeadroom, ErrTailroom
-	DropOther                        // anything else
+	DropTooBig                       // too big for the path with DF (an ICMP error goes back) or to fragment; esp.ErrTooBig, ErrHeadroom, ErrTailroom
 	NumDropReasons
 )
 
@@ -42,7 +41,6 @@ var dropNames = [...]string{
 	DropECN:        "ecn",
 	DropSequence:   "sequence",
 	DropTooBig:     "too-big",
-	DropOther:      "other",
 }
 
 // String returns a short name such as "replay" or "integrity", fit for a
@@ -55,29 +53,41 @@ func (r DropReason) String() string {
 }
 
 // DropReasonOf returns the drop reason for an error of esp.Encapsulate,
-// esp.Decapsulate or a crypto.Transform.
+// esp.Decapsulator.Open, esp.ReplayWindow.Update or a crypto.Transform:
+// every error those return has a reason of its own (TestDropReasonOfTotal
+// lists them from the sources). esp.ErrOuter, which only a state that
+// Config.Validate refuses could cause, counts as malformed. So does an
+// error none of them returns: the packet is still dropped and counted,
+// without a log line per packet.
 func DropReasonOf(err error) DropReason {
+	r, _ := dropReasonOf(err)
+	return r
+}
+
+// dropReasonOf is DropReasonOf; known is false for an error of none of
+// the kinds listed.
+func dropReasonOf(err error) (r DropReason, known bool) {
 	switch {
 	case errors.Is(err, esp.ErrReplay):
-		return DropReplay
+		return DropReplay, true
 	case errors.Is(err, crypto.ErrAuthentication):
-		return DropIntegrity
+		return DropIntegrity, true
 	case errors.Is(err, esp.ErrPadding):
-		return DropPadding
-	case errors.Is(err, esp.ErrMalformed), errors.Is(err, crypto.ErrMalformed):
-		return DropMalformed
+		return DropPadding, true
+	case errors.Is(err, esp.ErrMalformed), errors.Is(err, crypto.ErrMalformed), errors.Is(err, esp.ErrOuter):
+		return DropMalformed, true
 	case errors.Is(err, esp.ErrNextHeader):
-		return DropNextHeader
+		return DropNextHeader, true
 	case errors.Is(err, esp.ErrInner):
-		return DropInner
+		return DropInner, true
 	case errors.Is(err, esp.ErrDummy):
-		return DropDummy
+		return DropDummy, true
 	case errors.Is(err, esp.ErrECNDrop):
-		return DropECN
+		return DropECN, true
 	case errors.Is(err, esp.ErrTooBig), errors.Is(err, esp.ErrHeadroom), errors.Is(err, esp.ErrTailroom):
-		return DropTooBig
+		return DropTooBig, true
 	}
-	return DropOther
+	return DropMalformed, false
 }
 
 // Stats is a snapshot of a state's counters.

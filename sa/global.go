@@ -27,7 +27,8 @@ type GlobalStats struct {
 	// policies.
 	States, Larval, Policies int
 	// Packets, Bytes and Drops sum the counters of every state, removed
-	// ones included (up to their removal), so they only grow.
+	// ones included (with what a batch that held one counted on it after
+	// its removal: foldLate), so they only grow.
 	Packets, Bytes uint64
 	Drops          [NumDropReasons]uint64
 }
@@ -78,7 +79,7 @@ var statesPool = sync.Pool{New: func() any { return new([]*SA) }}
 // when Stats copied the list: its counters now if it is still
 // installed, else the counters its removal added to the removed states'
 // totals (which the next Stats has, and which were read after s was
-// marked dead). Reading the counters before the state makes this
+// marked dead), with what foldLate added since. Reading the counters before the state makes this
 // monotonic: a state found alive was marked dead, if at all, after its
 // counters were read here, so its removal reads at least as much.
 func (s *SA) statsOf() totals {
@@ -97,6 +98,33 @@ func (s *SA) statsOf() totals {
 	f := s.final.Load()
 	d.mu.Unlock()
 	return *f
+}
+
+// foldLate adds to the removed states' totals what the data path counted
+// on s after its removal read its counters (a batch that still had s when
+// it was removed counts it afterwards: the packet that took its last
+// sequence number, the packets dropped behind it), and moves final up to
+// the counters now. Account and Drop call it when they find s dead, after
+// adding: an addition that removal did not read is followed by a check
+// that sees the state dead (removal marks it dead before reading), and
+// under sadb.mu only the part not folded yet is added, so each count
+// reaches the totals once.
+func (s *SA) foldLate() {
+	d := &s.db.sadb
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f := s.final.Load()
+	if f == nil { // dead without removal: an SPI reservation, never counted on
+		return
+	}
+	now := new(totals)
+	now.add(s)
+	delta := totals{packets: now.packets - f.packets, bytes: now.bytes - f.bytes}
+	for i := range delta.drops {
+		delta.drops[i] = now.drops[i] - f.drops[i]
+	}
+	d.retired.addTotals(&delta)
+	s.final.Store(now)
 }
 
 // totals sums state counters.

@@ -3,6 +3,12 @@ package sa
 import (
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,17 +28,17 @@ func TestGlobalStats(t *testing.T) {
 	a.Account(10, 1000)
 	b.Account(5, 500)
 	b.Drop(DropReplay, 3)
-	b.Drop(DropReason(200), 2) // out of range: other
+	b.Drop(DropReason(200), 2) // out of range: malformed
 	if err := db.DeleteSA(0x5100, remote); err != nil {
 		t.Fatal(err)
 	}
 	g := db.Stats()
 	want := GlobalStats{States: 1, Larval: 1, Policies: 1, Packets: 15, Bytes: 1500}
-	want.Drops[DropReplay], want.Drops[DropOther] = 3, 2
+	want.Drops[DropReplay], want.Drops[DropMalformed] = 3, 2
 	if g != want {
 		t.Errorf("Stats() = %+v\nwant       %+v", g, want)
 	}
-	if st := b.Stats(); st.Drops[DropReplay] != 3 || st.Drops[DropOther] != 2 {
+	if st := b.Stats(); st.Drops[DropReplay] != 3 || st.Drops[DropMalformed] != 2 {
 		t.Errorf("state drops %v", st.Drops)
 	}
 }
@@ -50,7 +56,9 @@ func TestDropReasonOf(t *testing.T) {
 		esp.ErrECNDrop:                           DropECN,
 		esp.ErrTooBig:                            DropTooBig,
 		esp.ErrTailroom:                          DropTooBig,
-		errors.New("something else"):             DropOther,
+		esp.ErrOuter:                             DropMalformed,
+		esp.ErrHeadroom:                          DropTooBig,
+		errors.New("something else"):             DropMalformed,
 		fmt.Errorf("wrapped: %w", esp.ErrReplay): DropReplay,
 	}
 	for err, want := range cases {
@@ -68,8 +76,9 @@ func TestDropReasonOf(t *testing.T) {
 // TestStatsOutsideTheLock: Stats sums the states after releasing the
 // state lock, so AddSA and DeleteSA run while it sums (they would
 // deadlock here otherwise). A state deleted between the copy of the list
-// and the sum counts once, with what it had when it was removed, and the
-// next Stats agrees; a state added meanwhile counts from the next Stats.
+// and the sum counts once, with what it had when it was removed and what
+// was counted on it afterwards, and the next Stats agrees; a state added
+// meanwhile counts from the next Stats.
 func TestStatsOutsideTheLock(t *testing.T) {
 	db, _ := newTestDB(t)
 	a := mustAdd(t, db, testConfig(0x5200, DirIn, 1))
@@ -85,19 +94,19 @@ func TestStatsOutsideTheLock(t *testing.T) {
 		if err := db.DeleteSA(0x5200, local); err != nil {
 			t.Error(err)
 		}
-		a.Account(100, 10000) // after its removal: counted nowhere
+		a.Account(100, 10000) // after its removal: counted once (foldLate)
 		added = mustAdd(t, db, testConfig(0x5202, DirIn, 3))
 		added.Account(7, 700)
 	}
 	defer func() { statsCopied = nil }()
 	g := db.Stats()
-	want := GlobalStats{States: 2, Packets: 15 + 3, Bytes: 1500 + 300}
+	want := GlobalStats{States: 2, Packets: 15 + 100 + 3, Bytes: 1500 + 10000 + 300}
 	want.Drops[DropIntegrity] = 4
 	if g != want {
 		t.Errorf("Stats() during changes = %+v\nwant                     %+v", g, want)
 	}
 	g = db.Stats()
-	want.Packets, want.Bytes = 15+3+7, 1500+300+700
+	want.Packets, want.Bytes = 15+100+3+7, 1500+10000+300+700
 	if g != want {
 		t.Errorf("Stats() after them = %+v\nwant                 %+v", g, want)
 	}
@@ -154,5 +163,129 @@ func TestStatsNeverGoDown(t *testing.T) {
 	wg.Wait()
 	if last.Packets == 0 {
 		t.Error("no traffic was counted")
+	}
+}
+
+// TestDropReasonOfTotal lists the exported Err* variables of esp and
+// crypto from their sources (what Encapsulate, Open, ReplayWindow.Update
+// and the transforms return is among them) and requires each to be in
+// errs below and to have a reason of its own in DropReasonOf, rather than
+// the fallback for an error it does not know.
+func TestDropReasonOfTotal(t *testing.T) {
+	errs := map[string]error{
+		"esp.ErrReplay": esp.ErrReplay, "esp.ErrPadding": esp.ErrPadding,
+		"esp.ErrMalformed": esp.ErrMalformed, "esp.ErrDummy": esp.ErrDummy,
+		"esp.ErrECNDrop": esp.ErrECNDrop, "esp.ErrNextHeader": esp.ErrNextHeader,
+		"esp.ErrInner": esp.ErrInner, "esp.ErrHeadroom": esp.ErrHeadroom,
+		"esp.ErrTailroom": esp.ErrTailroom, "esp.ErrTooBig": esp.ErrTooBig,
+		"esp.ErrOuter":             esp.ErrOuter,
+		"crypto.ErrAuthentication": crypto.ErrAuthentication,
+		"crypto.ErrMalformed":      crypto.ErrMalformed,
+	}
+	found := map[string]bool{}
+	for _, pkg := range []string{"esp", "crypto"} {
+		files, err := filepath.Glob(filepath.Join("..", pkg, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fset := token.NewFileSet()
+		for _, name := range files {
+			if strings.HasSuffix(name, "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, name, nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, decl := range f.Decls {
+				g, ok := decl.(*ast.GenDecl)
+				if !ok || g.Tok != token.VAR {
+					continue
+				}
+				for _, spec := range g.Specs {
+					for _, id := range spec.(*ast.ValueSpec).Names {
+						if id.IsExported() && strings.HasPrefix(id.Name, "Err") {
+							found[pkg+"."+id.Name] = true
+						}
+					}
+				}
+			}
+		}
+	}
+	if len(found) == 0 {
+		t.Fatal("no Err* variables found in ../esp and ../crypto")
+	}
+	for name := range found {
+		err, ok := errs[name]
+		if !ok {
+			t.Errorf("%s is not in this test's list: add it, and its reason to DropReasonOf", name)
+			continue
+		}
+		r, known := dropReasonOf(err)
+		if !known {
+			t.Errorf("DropReasonOf(%s) has no reason of its own (falls back to %v)", name, r)
+		}
+		if wrapped, _ := dropReasonOf(fmt.Errorf("wrapped: %w", err)); wrapped != r {
+			t.Errorf("DropReasonOf(wrapped %s) = %v, want %v", name, wrapped, r)
+		}
+	}
+	for name := range errs {
+		if !found[name] {
+			t.Errorf("%s is in this test's list but not declared in the sources", name)
+		}
+	}
+	if r, known := dropReasonOf(errors.New("something else")); known || r != DropMalformed {
+		t.Errorf("an unknown error: %v, known %v; want malformed, not known", r, known)
+	}
+}
+
+// TestCountedAfterRemoval: what the data path counts on a state after its
+// removal (a batch that held it when it was removed) reaches the DB's
+// totals, once: here by hand, then from goroutines counting while the
+// state is deleted.
+func TestCountedAfterRemoval(t *testing.T) {
+	db, _ := newTestDB(t)
+	a := mustAdd(t, db, testConfig(0x5200, DirOut, 1))
+	a.Drop(DropSequence, 1)
+	if err := db.DeleteSA(0x5200, remote); err != nil {
+		t.Fatal(err)
+	}
+	a.Drop(DropSequence, 2)
+	a.Account(3, 300)
+	for range 2 { // the second Stats sees no more
+		g := db.Stats()
+		if g.Drops[DropSequence] != 3 || g.Packets != 3 || g.Bytes != 300 {
+			t.Errorf("DB totals: %d sequence drops, %d packets, %d bytes; want 3, 3, 300", g.Drops[DropSequence], g.Packets, g.Bytes)
+		}
+	}
+	if st := a.Stats(); st.Drops[DropSequence] != 3 || st.Packets != 3 {
+		t.Errorf("state: %d sequence drops, %d packets; want 3, 3", st.Drops[DropSequence], st.Packets)
+	}
+
+	const workers, each = 4, 2000
+	for round := range 20 {
+		spi := uint32(0x5300 + round)
+		b := mustAdd(t, db, testConfig(spi, DirOut, 2))
+		before := db.Stats()
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for range each {
+					b.Drop(DropReplay, 1)
+					b.Account(1, 10)
+				}
+			})
+		}
+		for b.Stats().Drops[DropReplay] == 0 { // delete while they count
+			runtime.Gosched()
+		}
+		if err := db.DeleteSA(spi, remote); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		g := db.Stats()
+		if d, p := g.Drops[DropReplay]-before.Drops[DropReplay], g.Packets-before.Packets; d != workers*each || p != workers*each {
+			t.Fatalf("round %d: %d replay drops and %d packets reached the totals, want %d each", round, d, p, workers*each)
+		}
 	}
 }

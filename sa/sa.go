@@ -179,6 +179,9 @@ func (s *SA) Account(packets, bytes uint64) {
 	}
 	np := s.packets.Add(packets)
 	nb := s.bytes.Add(bytes)
+	if s.State() == StateDead {
+		s.foldLate() // counted after its removal
+	}
 	now := s.db.mono()
 	s.lastUse.Store(now)
 	if s.firstUse.Load() == 0 {
@@ -208,13 +211,16 @@ func (s *SA) Peer() netip.AddrPort {
 	return netip.AddrPortFrom(c.Dst, c.EncapDstPort)
 }
 
-// Drop counts n packets the data path dropped for reason r (DropOther if r
-// is out of range).
+// Drop counts n packets the data path dropped for reason r (as
+// DropMalformed if r is out of range).
 func (s *SA) Drop(r DropReason, n uint64) {
 	if r >= NumDropReasons {
-		r = DropOther
+		r = DropMalformed
 	}
 	s.drops[r].Add(n)
+	if s.State() == StateDead {
+		s.foldLate()
+	}
 }
 
 // Stats returns a snapshot of the state's counters.
