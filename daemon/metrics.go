@@ -420,21 +420,22 @@ type dpSeries struct {
 	desc  *prometheus.Desc
 }
 
-var dpFields = dataplaneFields()
+var dpFields = counterFields[dataplane.Stats]("espd_dataplane_", dataplaneHelp)
 
-// dataplaneFields describes the exported counters of dataplane.Stats as
-// espd_dataplane_<name>_total. A counter without help (dataplaneHelp) is
-// exported with its field name as help; the tests fail on it.
-func dataplaneFields() []dpSeries {
-	t := reflect.TypeFor[dataplane.Stats]()
+// counterFields describes the counters of the struct T as
+// <prefix><name>_total, with the help texts of help by field name. A
+// counter without help is exported with its Go name as help; the tests
+// fail on it.
+func counterFields[T any](prefix string, help map[string]string) []dpSeries {
+	t := reflect.TypeFor[T]()
 	var out []dpSeries
 	for i := range t.NumField() {
 		f := t.Field(i)
-		help, ok := dataplaneHelp[f.Name]
+		h, ok := help[f.Name]
 		if !ok {
-			help = "dataplane.Stats." + f.Name
+			h = t.String() + "." + f.Name
 		}
-		out = append(out, dpSeries{i, prometheus.NewDesc("espd_dataplane_"+snake(f.Name)+"_total", help, nil, nil)})
+		out = append(out, dpSeries{i, prometheus.NewDesc(prefix+snake(f.Name)+"_total", h, nil, nil)})
 	}
 	return out
 }

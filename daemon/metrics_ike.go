@@ -26,24 +26,7 @@ var ikeHelp = map[string]string{
 var descIKEUndelivered = prometheus.NewDesc("espd_ike_undelivered_total",
 	"IKE datagrams of espd_ike_received_total dropped because no IKE daemon was registered for the hand-off or its queue was full.", nil, nil)
 
-var ikeFields = ikeStatsFields()
-
-// ikeStatsFields describes the counters of conn.IKEStats as
-// espd_ike_<name>_total. A counter without help (ikeHelp) is exported
-// with its field name as help; the tests fail on it.
-func ikeStatsFields() []dpSeries {
-	t := reflect.TypeFor[conn.IKEStats]()
-	var out []dpSeries
-	for i := range t.NumField() {
-		f := t.Field(i)
-		help, ok := ikeHelp[f.Name]
-		if !ok {
-			help = "conn.IKEStats." + f.Name
-		}
-		out = append(out, dpSeries{i, prometheus.NewDesc("espd_ike_"+snake(f.Name)+"_total", help, nil, nil)})
-	}
-	return out
-}
+var ikeFields = counterFields[conn.IKEStats]("espd_ike_", ikeHelp)
 
 // ikeCollector exports the hand-off's counters: the relay's, read from
 // the sockets (which keep them after StopIKE), and the hub's.

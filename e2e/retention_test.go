@@ -61,18 +61,7 @@ func TestSeqRetentionManual(t *testing.T) {
 	st := newSeqTunnel(t)
 	capt := startSeqCapture(t, st.top)
 	transfer(t, ctx, st.top, testbed.IPv4, true, smallTransfer)
-	seqOut := func(e *espd) uint64 { return e.saCounter(t, spiAB, st.bOuter, "stats", "seq_out") }
-	var last uint64
-	eventually(5*time.Second, func() bool {
-		n := seqOut(st.a.e)
-		stable := n == last
-		last = n
-		time.Sleep(300 * time.Millisecond)
-		return stable
-	})
-	if last < 100 {
-		t.Fatalf("gwA's outbound state sent %d packets, want a transfer's worth", last)
-	}
+	last := st.quietSeqOut(t)
 	// The tunnel is taken out: the state is deleted, then espd stops.
 	st.a.e.mustCtl(t, saGetArgs("del", spiAB, st.bOuter)...)
 	st.a.term()
@@ -81,7 +70,7 @@ func TestSeqRetentionManual(t *testing.T) {
 	mark(t, st.top)
 	a := st.a.start()
 	keyAllSeq(t, a, st.aSAs, st.aPolicies)
-	if n := seqOut(a); n != last {
+	if n := st.seqOut(t, a); n != last {
 		t.Errorf("the manual key, added again %v of running time after its deletion, starts with seq-out %d, want %d (the last it sent)", seqstore.DefaultRetain+24*time.Hour, n, last)
 	}
 	ping(t, ctx, st.top, testbed.IPv4, false)

@@ -293,6 +293,30 @@ func TestSeqRestartKill(t *testing.T) {
 	st.a.e.alive(t)
 }
 
+// seqOut is the last sequence number e's outbound state (gwA to gwB) sent.
+func (st *seqTunnel) seqOut(t *testing.T, e *espd) uint64 {
+	return e.saCounter(t, spiAB, st.bOuter, "stats", "seq_out")
+}
+
+// quietSeqOut waits until gwA's outbound state has stopped sending (the
+// tail of a transfer is through) and returns its last sequence number,
+// which must be a transfer's worth.
+func (st *seqTunnel) quietSeqOut(t *testing.T) uint64 {
+	t.Helper()
+	var last uint64
+	eventually(5*time.Second, func() bool {
+		n := st.seqOut(t, st.a.e)
+		stable := n == last
+		last = n
+		time.Sleep(300 * time.Millisecond)
+		return stable
+	})
+	if last < 100 {
+		t.Fatalf("gwA's outbound state sent %d packets, want a transfer's worth", last)
+	}
+	return last
+}
+
 // TestSeqRestartTerm stops espd on gwA with SIGTERM and installs the same
 // SPIs and keys again: the state continues exactly after the last number
 // the stopped espd sent.
@@ -302,19 +326,8 @@ func TestSeqRestartTerm(t *testing.T) {
 	st := newSeqTunnel(t)
 	capt := startSeqCapture(t, st.top)
 	transfer(t, ctx, st.top, testbed.IPv4, true, smallTransfer)
-	seqOut := func(e *espd) uint64 { return e.saCounter(t, spiAB, st.bOuter, "stats", "seq_out") }
-	// Quiet: the tail of the connection is through.
-	var last uint64
-	eventually(5*time.Second, func() bool {
-		n := seqOut(st.a.e)
-		stable := n == last
-		last = n
-		time.Sleep(300 * time.Millisecond)
-		return stable
-	})
-	if last < 100 {
-		t.Fatalf("gwA's outbound state sent %d packets, want a transfer's worth", last)
-	}
+	seqOut := func(e *espd) uint64 { return st.seqOut(t, e) }
+	last := st.quietSeqOut(t)
 	for run := 2; run <= 3; run++ {
 		st.a.term()
 		mark(t, st.top)
