@@ -74,14 +74,7 @@ func TestSeqRetentionManual(t *testing.T) {
 		t.Errorf("the manual key, added again %v of running time after its deletion, starts with seq-out %d, want %d (the last it sent)", seqstore.DefaultRetain+24*time.Hour, n, last)
 	}
 	ping(t, ctx, st.top, testbed.IPv4, false)
-	res, err := capt.Stop()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !res.Complete() {
-		t.Fatalf("capture incomplete: %s", res.Summary())
-	}
-	runs := checkSeqs(t, res.Frames, spiAB)
+	runs := stopSeqCapture(t, capt)
 	if len(runs) != 2 || len(runs[0]) == 0 || len(runs[1]) == 0 {
 		t.Fatalf("runs in the capture: %v packets, want 2 runs that sent", runLens(runs))
 	}

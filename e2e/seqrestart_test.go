@@ -175,6 +175,20 @@ func seqRuns(frames []testbed.Frame, spi uint32) (runs [][]uint32, dups []string
 	return runs, dups
 }
 
+// stopSeqCapture stops capt, which must have missed nothing, and returns
+// checkSeqs of gwA's outbound state's frames.
+func stopSeqCapture(t *testing.T, capt *testbed.Capture) [][]uint32 {
+	t.Helper()
+	res, err := capt.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Complete() {
+		t.Fatalf("capture incomplete: %s", res.Summary())
+	}
+	return checkSeqs(t, res.Frames, spiAB)
+}
+
 // checkSeqs requires that no (SPI, sequence number) pair crossed the link
 // twice and that every run of espd started above everything the runs
 // before it sent with spi; it returns the runs.
@@ -268,14 +282,7 @@ func TestSeqRestartKill(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("transfer across the kill did not end")
 	}
-	res, err := capt.Stop()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !res.Complete() {
-		t.Fatalf("capture incomplete: %s", res.Summary())
-	}
-	runs := checkSeqs(t, res.Frames, spiAB)
+	runs := stopSeqCapture(t, capt)
 	if n := runLens(runs); len(runs) != 2 || n[0] < 400 || n[1] < 50 {
 		t.Fatalf("ESP packets from gwA per run of espd: %v, want 2 runs, at least 400 and 50", n)
 	}
@@ -339,14 +346,7 @@ func TestSeqRestartTerm(t *testing.T) {
 		ping(t, ctx, st.top, testbed.IPv4, false)
 		last = seqOut(a)
 	}
-	res, err := capt.Stop()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !res.Complete() {
-		t.Fatalf("capture incomplete: %s", res.Summary())
-	}
-	runs := checkSeqs(t, res.Frames, spiAB)
+	runs := stopSeqCapture(t, capt)
 	if len(runs) != 3 {
 		t.Fatalf("%d runs in the capture, want 3", len(runs))
 	}
