@@ -2,9 +2,12 @@ package conn
 
 import (
 	"bytes"
-	"net"
+	"context"
+	"net/netip"
 	"testing"
 	"time"
+
+	"github.com/espd/espd/testbed"
 )
 
 // TestIKEReadErrorsCounted: a failed read of an IKE-port socket counts in
@@ -54,15 +57,7 @@ func TestIKEReadErrorsCounted(t *testing.T) {
 	}
 
 	ike := []byte("an IKE datagram after the read errors")
-	if err := b.Do(func() error {
-		c, err := net.Dial("udp", "198.18.1.1:501")
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_, err = c.Write(ike)
-		return err
-	}); err != nil {
+	if _, err := b.SendUDP(context.Background(), netip.MustParseAddrPort("198.18.1.1:501"), testbed.UDPSendOptions{Payload: ike}); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -131,18 +132,9 @@ func TestMetricsSeries(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	send := func(network, to string, payload []byte) {
+	send := func(to string, payload []byte) {
 		t.Helper()
-		err := ns.Do(func() error {
-			c, err := net.Dial(network, to)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			_, err = c.Write(payload)
-			return err
-		})
-		if err != nil {
+		if _, err := ns.SendUDP(context.Background(), netip.MustParseAddrPort(to), testbed.UDPSendOptions{Payload: payload}); err != nil {
 			t.Fatalf("send to %s: %v", to, err)
 		}
 	}
@@ -150,18 +142,18 @@ func TestMetricsSeries(t *testing.T) {
 
 	// No state yet: an acquire, then one the rate limit holds back, then
 	// one for another destination, which the full subscriber loses.
-	send("udp", "198.19.1.5:9", payload)
+	send("198.19.1.5:9", payload)
 	wait("no SA", func(s dataplane.Stats) bool { return s.NoSA == 1 })
-	send("udp", "198.19.1.5:9", payload)
+	send("198.19.1.5:9", payload)
 	wait("no SA again", func(s dataplane.Stats) bool { return s.NoSA == 2 })
-	send("udp", "198.19.1.6:9", payload)
+	send("198.19.1.6:9", payload)
 	wait("no SA for another destination", func(s dataplane.Stats) bool { return s.NoSA == 3 })
 	if g := db.Stats(); g.Acquires != 2 || g.AcquiresSuppressed != 1 || g.EventsDropped != 1 {
 		t.Errorf("acquires %d, suppressed %d, events dropped %d; want 2, 1, 1", g.Acquires, g.AcquiresSuppressed, g.EventsDropped)
 	}
-	send("udp", "198.19.1.5:7", payload)
+	send("198.19.1.5:7", payload)
 	wait("bypass in the TUN", func(s dataplane.Stats) bool { return s.BypassInTUN == 1 })
-	send("udp", "198.19.2.5:9", payload)
+	send("198.19.2.5:9", payload)
 	wait("drop policy", func(s dataplane.Stats) bool { return s.PolicyDrops == 1 })
 	ns.Do(func() error { // a TCP SYN: no policy matches it
 		c, err := net.DialTimeout("tcp", "198.19.1.5:80", 50*time.Millisecond)
@@ -211,25 +203,17 @@ func TestMetricsSeries(t *testing.T) {
 		Dir: sa.DirOut, Action: sa.ActionProtect, ReqID: 1}); err != nil {
 		t.Fatal(err)
 	}
-	send("udp", "198.19.1.5:9", payload)
+	send("198.19.1.5:9", payload)
 	wait("an outer packet sent", func(s dataplane.Stats) bool { return s.TxPackets >= 1 })
 	sendFromPeer := func() {
 		t.Helper()
-		if err := peerNS.Do(func() error {
-			c, err := net.Dial("udp", "198.19.10.5:9")
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			_, err = c.Write(payload)
-			return err
-		}); err != nil {
+		if _, err := peerNS.SendUDP(context.Background(), netip.MustParseAddrPort("198.19.10.5:9"), testbed.UDPSendOptions{Payload: payload}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	sendFromPeer()
 	wait("the peer's packet in the TUN", func(s dataplane.Stats) bool { return s.TUNTxPackets >= 1 })
-	send("udp", "198.19.4.5:9", payload)
+	send("198.19.4.5:9", payload)
 	wait("a send error", func(s dataplane.Stats) bool { return s.SendErrors >= 1 })
 	wait("keepalives", func(s dataplane.Stats) bool { return s.KeepalivesTx >= 1 && s.KeepalivesRx >= 1 })
 
@@ -237,9 +221,9 @@ func TestMetricsSeries(t *testing.T) {
 	// registered for the hand-off yet: undelivered), an unknown SPI, and a
 	// datagram too short for ESP.
 	natt := netip.AddrPortFrom(local, 4500).String()
-	send("udp", natt, append(make([]byte, 4), make([]byte, 28)...))
-	send("udp", natt, append([]byte{0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 1}, payload...))
-	send("udp", natt, []byte{1, 2, 3})
+	send(natt, append(make([]byte, 4), make([]byte, 28)...))
+	send(natt, append([]byte{0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 1}, payload...))
+	send(natt, []byte{1, 2, 3})
 	wait("IKE, invalid SPI, malformed", func(s dataplane.Stats) bool {
 		return s.IKE == 1 && s.InvalidSPI == 1 && s.Malformed == 1
 	})
@@ -554,15 +538,7 @@ func handOff(t *testing.T, d *Daemon, ns *testbed.Node, local, peer netip.Addr) 
 		t.Fatal(err)
 	}
 	defer sess.Close()
-	if err := ns.Do(func() error {
-		c, err := net.Dial("udp", netip.AddrPortFrom(local, conn.DefaultIKEPort).String())
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_, err = c.Write(ike)
-		return err
-	}); err != nil {
+	if _, err := ns.SendUDP(context.Background(), netip.AddrPortFrom(local, conn.DefaultIKEPort), testbed.UDPSendOptions{Payload: ike}); err != nil {
 		t.Fatal(err)
 	}
 	select {

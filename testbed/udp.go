@@ -104,6 +104,9 @@ func (r *UDPReceiver) Close() error {
 type UDPSendOptions struct {
 	// Size is the payload size of each datagram; 0 means 64.
 	Size int
+	// Payload, if not nil, is each datagram's payload as given (Size is
+	// then ignored).
+	Payload []byte
 	// Count is the number of datagrams; 0 means 1.
 	Count int
 	// Interval separates them; 0 sends them back to back.
@@ -131,9 +134,12 @@ func (n *Node) SendUDP(ctx context.Context, dst netip.AddrPort, o UDPSendOptions
 		return 0, err
 	}
 	defer conn.Close()
-	payload := make([]byte, o.Size)
-	for i := range payload {
-		payload[i] = byte(i)
+	payload := o.Payload
+	if payload == nil {
+		payload = make([]byte, o.Size)
+		for i := range payload {
+			payload[i] = byte(i)
+		}
 	}
 	for i := range o.Count {
 		if err := ctx.Err(); err != nil {
