@@ -40,11 +40,18 @@
 // each stays until an AddRoute of its kind claims it, and then goes with
 // that reference's RemoveRoute. Cleanup removes everything, for taking
 // espd out of a machine for good.
+//
+// The kernel forgets the holds at a reboot. With Config.HoldFile the held
+// prefixes are also recorded on disk; RestoreHolds puts them back early in
+// the next boot, before the network is up, and New holds them again, so
+// that a prefix stays closed from power-on until its policy is installed
+// again (or an administrator releases it: ReleaseHold).
 package routing
 
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -115,6 +122,11 @@ type Config struct {
 	Priority int
 	// NoIPv6 leaves out the IPv6 rule and refuses IPv6 prefixes.
 	NoIPv6 bool
+	// HoldFile, if set, is where the held prefixes are recorded (see
+	// holdfile.go): New holds every prefix it lists, the set is written
+	// there shortly after each change and by Close, RestoreHolds puts the
+	// holds back at boot, and Cleanup removes it.
+	HoldFile string
 }
 
 // setDefaults fills in the defaults and checks what the caller gave.
@@ -193,6 +205,11 @@ type Router struct {
 	rules   []*netlink.Rule
 	adopted int
 	closed  bool
+
+	holdWake chan struct{} // holdsChanged to holdWriter; nil without HoldFile
+	holdDone chan struct{} // closed when holdWriter returns
+	holdMu   sync.Mutex
+	holdErr  error // the last hold file write's failure
 }
 
 // New opens a netlink handle in the calling thread's network namespace,
@@ -223,6 +240,11 @@ func New(cfg Config) (*Router, error) {
 		r.Close()
 		return nil, err
 	}
+	if cfg.HoldFile != "" {
+		r.holdWake, r.holdDone = make(chan struct{}, 1), make(chan struct{})
+		go r.holdWriter()
+		r.holdWake <- struct{}{}
+	}
 	return r, nil
 }
 
@@ -252,6 +274,9 @@ func isOurRule(cfg *Config, rl *netlink.Rule) bool {
 
 func (r *Router) init() error {
 	if err := r.adopt(); err != nil {
+		return err
+	}
+	if err := r.restoreFromFile(); err != nil {
 		return err
 	}
 	for _, fam := range r.cfg.families() {
@@ -541,6 +566,7 @@ func (r *Router) AddRoute(p netip.Prefix, k Kind) error {
 		return err
 	}
 	r.routes[p] = e
+	r.holdsChanged()
 	return nil
 }
 
@@ -571,6 +597,7 @@ func (r *Router) RemoveRoute(p netip.Prefix, k Kind) error {
 	if e.empty() {
 		delete(r.routes, p)
 	}
+	r.holdsChanged()
 	return err
 }
 
@@ -658,15 +685,31 @@ func (r *Router) PathMTU(dst netip.Addr) (int, error) {
 // from a previous instance was not claimed) it keeps the holds, the throw
 // routes and the rules, so that the prefixes stay closed and the bypasses
 // open while espd is away; with nothing held it removes the throw routes
-// and the rules too and leaves nothing behind. It tries everything and
-// returns the failures joined.
+// and the rules too and leaves nothing behind. With Config.HoldFile it
+// records the prefixes it leaves held there before it returns. It tries
+// everything and returns the failures joined.
 func (r *Router) Close() error {
+	held, first, err := r.close()
+	if first && r.holdWake != nil {
+		close(r.holdWake)
+		<-r.holdDone
+		if werr := writeHoldFile(r.cfg.HoldFile, held); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}
+	return err
+}
+
+// close does Close's work on the kernel and returns the prefixes held;
+// first is false when r was closed already.
+func (r *Router) close() (held []netip.Prefix, first bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return nil
+		return nil, false, nil
 	}
 	r.closed = true
+	held = r.heldPrefixes()
 	var errs []error
 	keep := false
 	for p, e := range r.routes {
@@ -694,7 +737,7 @@ func (r *Router) Close() error {
 	r.routes = nil
 	r.rules = nil
 	r.h.Close()
-	return errors.Join(errs...)
+	return held, true, errors.Join(errs...)
 }
 
 // Cleanup removes, in the calling thread's network namespace, every rule
@@ -743,6 +786,13 @@ func Cleanup(cfg Config) ([]string, error) {
 				continue
 			}
 			done = append(done, "route "+describeRoute(rt))
+		}
+	}
+	if cfg.HoldFile != "" {
+		if err := os.Remove(cfg.HoldFile); err == nil {
+			done = append(done, "file "+cfg.HoldFile)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("routing: remove the hold file: %w", err))
 		}
 	}
 	return done, errors.Join(errs...)

@@ -1,0 +1,188 @@
+package routing_test
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/routing"
+)
+
+// reboot empties what the kernel forgets at a reboot: espd's table and
+// its rules. The TUN stays (newEnv's tun0 stands in for the next espd's).
+func (e *env) reboot(t *testing.T) {
+	t.Helper()
+	tbl := strconv.Itoa(table)
+	for _, fam := range []string{"-4", "-6"} {
+		e.ns.MustIP(t, fam, "route", "flush", "table", tbl)
+		for e.ruleCount(t, fam) > 0 {
+			e.ns.MustIP(t, fam, "rule", "del", "lookup", tbl)
+		}
+	}
+}
+
+// waitHoldFile waits until the hold file lists exactly want.
+func waitHoldFile(t *testing.T, path string, want ...string) {
+	t.Helper()
+	body := "espd holds 1\n" + strings.Join(append(want, "end "+strconv.Itoa(len(want))), "\n") + "\n"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b, _ := os.ReadFile(path)
+		if string(b) == body {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hold file %s:\n%s\nwant:\n%s", path, b, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestHoldFileSurvivesReboot: the held prefixes are recorded, put back by
+// RestoreHolds after the kernel forgot them (the rules too), held by New,
+// claimed by the policy installed again, and forgotten when its owner
+// removes it.
+func TestHoldFileSurvivesReboot(t *testing.T) {
+	e := newEnv(t)
+	e.defaultRoutes(t)
+	path := filepath.Join(t.TempDir(), "holds")
+	cfg := routing.Config{HoldFile: path}
+	r := e.router(t, cfg)
+	mustAdd(t, r, "198.18.70.0/24", routing.Tunnel)
+	mustAdd(t, r, "2001:db8:70::/48", routing.Tunnel)
+	mustAdd(t, r, "198.18.71.0/24", routing.Throw) // a bypass is not held
+	waitHoldFile(t, path, "198.18.70.0/24", "2001:db8:70::/48")
+	mustRemove(t, r, "2001:db8:70::/48", routing.Tunnel)
+	waitHoldFile(t, path, "198.18.70.0/24")
+	mustAdd(t, r, "2001:db8:70::/48", routing.Tunnel)
+	r.Close()
+	waitHoldFile(t, path, "198.18.70.0/24", "2001:db8:70::/48")
+
+	e.reboot(t)
+	e.expect(t, "rebooted", map[string]string{"198.18.70.9": "out0", "2001:db8:70::9": "out0"})
+	var done []string
+	err := e.ns.Do(func() (err error) {
+		done, err = routing.RestoreHolds(routing.Config{Table: table, HoldFile: path})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(done) != 4 { // two holds, two rules
+		t.Errorf("RestoreHolds did %q, want two routes and two rules", done)
+	}
+	e.expect(t, "restored", map[string]string{"198.18.70.9": "blackhole", "2001:db8:70::9": "blackhole", "198.18.71.9": "out0"})
+
+	// The next espd: New holds what the file lists even when the table
+	// lost it in between.
+	e.reboot(t)
+	r2 := e.router(t, cfg)
+	if n := r2.Adopted(); n != 2 {
+		t.Errorf("Adopted() = %d, want 2", n)
+	}
+	e.expect(t, "espd up", map[string]string{"198.18.70.9": "blackhole", "2001:db8:70::9": "blackhole"})
+	holds := r2.Holds()
+	if len(holds) != 2 || holds[0].Policies != 0 {
+		t.Errorf("Holds() = %+v, want two unowned", holds)
+	}
+	mustAdd(t, r2, "198.18.70.0/24", routing.Tunnel)
+	e.expect(t, "policy back", map[string]string{"198.18.70.9": "tun0"})
+	mustRemove(t, r2, "198.18.70.0/24", routing.Tunnel)
+	waitHoldFile(t, path, "2001:db8:70::/48")
+	e.expect(t, "policy removed", map[string]string{"198.18.70.9": "out0", "2001:db8:70::9": "blackhole"})
+}
+
+// TestReleaseHold: an administrator opens a hold no policy owns; one that a
+// policy owns, or a prefix not held, is refused and changes nothing.
+func TestReleaseHold(t *testing.T) {
+	e := newEnv(t)
+	e.defaultRoutes(t)
+	path := filepath.Join(t.TempDir(), "holds")
+	if err := os.WriteFile(path, []byte("espd holds 1\n198.18.70.0/24\n198.18.72.0/24\nend 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := e.router(t, routing.Config{HoldFile: path})
+	mustAdd(t, r, "198.18.72.0/24", routing.Tunnel)
+	if err := r.ReleaseHold(netip.MustParsePrefix("198.18.72.0/24")); !errors.Is(err, routing.ErrHoldOwned) {
+		t.Errorf("release of an owned hold: %v, want ErrHoldOwned", err)
+	}
+	if err := r.ReleaseHold(netip.MustParsePrefix("198.18.73.0/24")); !errors.Is(err, routing.ErrNotHeld) {
+		t.Errorf("release of a prefix not held: %v, want ErrNotHeld", err)
+	}
+	e.expect(t, "refused", map[string]string{"198.18.70.9": "blackhole", "198.18.72.9": "tun0"})
+	if err := r.ReleaseHold(netip.MustParsePrefix("198.18.70.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	e.expect(t, "released", map[string]string{"198.18.70.9": "out0", "198.18.72.9": "tun0"})
+	waitHoldFile(t, path, "198.18.72.0/24")
+	if out := e.table(t); strings.Contains(out, "198.18.70.0") {
+		t.Errorf("released prefix still in the table:\n%s", out)
+	}
+}
+
+// TestHoldFileDamaged: a hold file that cannot be trusted is refused by New
+// and RestoreHolds, naming the file, and changes nothing.
+func TestHoldFileDamaged(t *testing.T) {
+	e := newEnv(t)
+	for name, body := range map[string]string{
+		"cut":        "espd holds 1\n198.18.70.0/24\n",
+		"count":      "espd holds 1\n198.18.70.0/24\nend 2\n",
+		"header":     "espd holds 9\nend 0\n",
+		"not prefix": "espd holds 1\n198.18.70.1/24\nend 1\n",
+		"after end":  "espd holds 1\nend 0\n198.18.70.0/24\n",
+		"empty":      "",
+	} {
+		path := filepath.Join(t.TempDir(), "holds")
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg := routing.Config{LinkIndex: e.index, LinkName: "tun0", Table: table, HoldFile: path}
+		err := e.ns.Do(func() error {
+			r, err := routing.New(cfg)
+			if err == nil {
+				r.Close()
+			}
+			return err
+		})
+		if !errors.Is(err, routing.ErrHoldFile) || !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: New: %v, want ErrHoldFile naming the file", name, err)
+		}
+		err = e.ns.Do(func() error { _, err := routing.RestoreHolds(cfg); return err })
+		if !errors.Is(err, routing.ErrHoldFile) {
+			t.Errorf("%s: RestoreHolds: %v, want ErrHoldFile", name, err)
+		}
+		if out := e.ns.MustIP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
+			t.Errorf("%s: routes after a refused file:\n%s", name, out)
+		}
+	}
+}
+
+// TestCleanupRemovesHoldFile: taking espd out for good forgets the holds
+// at the next boot too.
+func TestCleanupRemovesHoldFile(t *testing.T) {
+	e := newEnv(t)
+	path := filepath.Join(t.TempDir(), "holds")
+	r := e.router(t, routing.Config{HoldFile: path})
+	mustAdd(t, r, "198.18.70.0/24", routing.Tunnel)
+	r.Close()
+	waitHoldFile(t, path, "198.18.70.0/24")
+	var done []string
+	err := e.ns.Do(func() (err error) {
+		done, err = routing.Cleanup(routing.Config{Table: table, HoldFile: path})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("hold file left after Cleanup: %v", err)
+	}
+	if !strings.Contains(strings.Join(done, "\n"), "file "+path) {
+		t.Errorf("Cleanup did not say it removed the hold file: %q", done)
+	}
+}
