@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,10 @@ import (
 // DefaultStateDir is espd's --state-dir unless told otherwise (the
 // systemd units' StateDirectory).
 const DefaultStateDir = "/var/lib/espd"
+
+// HoldFile is the record of the held prefixes in a state directory
+// (routing.Config.HoldFile): espd --restore-holds puts them back at boot.
+func HoldFile(stateDir string) string { return filepath.Join(stateDir, "holds") }
 
 // Options configure a Daemon.
 type Options struct {
@@ -107,6 +112,9 @@ func New(opts Options) (*Daemon, error) {
 	seq, closeSeq, err := openSeqStore(opts.StateDir, log)
 	if err != nil {
 		return nil, err
+	}
+	if opts.StateDir != "" && opts.Dataplane.HoldFile == "" {
+		opts.Dataplane.HoldFile = HoldFile(opts.StateDir)
 	}
 	db := sa.NewDB(sa.Options{Seq: seq, SeqError: seqErrorLogger(log)})
 	dp, err := dataplane.New(opts.Dataplane, db, log.With("component", "dataplane"))

@@ -52,6 +52,9 @@ type Config struct {
 	EncapPort uint16
 	// NoIPv6 opens no IPv6 sockets and installs no IPv6 rule.
 	NoIPv6 bool
+	// HoldFile is where the held prefixes are recorded for the next boot
+	// (routing.Config.HoldFile); "" records nothing.
+	HoldFile string
 	// Workers is the number of crypto goroutines. 0 (the zero value) means
 	// none: each reader encrypts or decrypts its own batches and sends or
 	// writes them itself (run to completion), saving the two goroutine

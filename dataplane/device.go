@@ -138,6 +138,10 @@ func (d *Device) Start() (err error) {
 	r, err := routing.New(routing.Config{
 		LinkIndex: dev.Index(), LinkName: dev.Name(),
 		Table: d.cfg.Table, Mark: d.cfg.Mark, Priority: d.cfg.RulePriority, NoIPv6: d.cfg.NoIPv6,
+		HoldFile: d.cfg.HoldFile,
+		HoldFileError: func(err error) {
+			d.log.Error("cannot record the held prefixes for the next boot; they stay held now", "err", err)
+		},
 	})
 	if err != nil {
 		return err

@@ -163,16 +163,22 @@ const fcPort = 40999
 
 func startStream(t *testing.T, top *testbed.Topology, interval time.Duration, max int) *udpStream {
 	t.Helper()
+	return startStreamPort(t, top, fcPort, interval, max)
+}
+
+// startStreamPort is startStream to another server port.
+func startStreamPort(t *testing.T, top *testbed.Topology, port uint16, interval time.Duration, max int) *udpStream {
+	t.Helper()
 	s := &udpStream{done: make(chan struct{})}
 	var conns [2]*net.UDPConn
 	for i, f := range []testbed.Family{testbed.IPv4, testbed.IPv6} {
-		r, err := top.Server.ListenUDP(netip.AddrPortFrom(serverAddr(f), fcPort))
+		r, err := top.Server.ListenUDP(netip.AddrPortFrom(serverAddr(f), port))
 		if err != nil {
 			t.Fatal(err)
 		}
 		s.recv[i] = r
 		t.Cleanup(func() { r.Close() })
-		dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(serverAddr(f), fcPort))
+		dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(serverAddr(f), port))
 		err = top.Client.Do(func() (err error) {
 			conns[i], err = net.DialUDP("udp", nil, dst)
 			return err
@@ -373,7 +379,7 @@ func TestFailClosedNothingLeftBehind(t *testing.T) {
 	e = a.start()
 	keyAll(t, e, newFCKeys(t, 1).a, fcPolicies(fcLANA, fcLANB))
 	cleanup := func() (string, error) {
-		return top.GwA.Run(ctx, espdBin, "--cleanup", "--socket", a.sock, "--tun", tunName)
+		return top.GwA.Run(ctx, espdBin, "--cleanup", "--socket", a.sock, "--tun", tunName, "--state-dir", stateDir(t, top.GwA))
 	}
 	out, err := cleanup()
 	if err == nil || !strings.Contains(out, "running") {
@@ -403,4 +409,80 @@ func TestFailClosedNothingLeftBehind(t *testing.T) {
 	if err != nil || !strings.Contains(out, "nothing to remove") {
 		t.Errorf("second --cleanup: %v\n%s", err, out)
 	}
+}
+
+// TestFailClosedReboot: the kernel forgets espd's holds and rules at a
+// reboot. espd records the held prefixes in its state directory, and
+// "espd --restore-holds", run at boot before the LAN's traffic can flow
+// (espd-holds.service, before network-pre.target), puts them back: from
+// the power loss (SIGKILL, then the table and rules emptied) through the
+// boot, espd's start and until both gateways are keyed again, not one
+// cleartext frame reaches the transit link.
+func TestFailClosedReboot(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	top := newTopology(t, 0)
+	defaultRoutes(t, top)
+	a := newFCGateway(t, top.GwA)
+	ea := a.start()
+	b := startEspd(t, top.GwB)
+	k := newFCKeys(t, 0)
+	keyAll(t, ea, k.a, fcPolicies(fcLANA, fcLANB))
+	keyAll(t, b, k.b, fcPolicies(fcLANB, fcLANA))
+
+	c, err := top.GwA.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if c != nil {
+			c.Stop()
+		}
+	}()
+	s := startStream(t, top, 2*time.Millisecond, 30000)
+	s.waitReceived(t, 200, 20*time.Second, "before the power loss")
+	s.stop()
+
+	down := time.Now()
+	a.kill()
+	// The reboot: the kernel's table and rules are gone.
+	for _, fam := range []string{"-4", "-6"} {
+		if _, err := top.GwA.IP(ctx, fam, "route", "flush", "table", fmt.Sprint(espdTable)); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if _, err := top.GwA.IP(ctx, fam, "rule", "del", "lookup", fmt.Sprint(espdTable)); err != nil {
+				break
+			}
+		}
+	}
+	if _, rules, routes := kernelState(t, ctx, top.GwA); len(rules)+len(routes) > 0 {
+		t.Fatalf("the reboot left rules %q, routes %q", rules, routes)
+	}
+	out, err := top.GwA.Run(ctx, espdBin, "--restore-holds", "--state-dir", stateDir(t, top.GwA))
+	if err != nil {
+		t.Fatalf("espd --restore-holds: %v\n%s", err, out)
+	}
+	t.Logf("espd --restore-holds:\n%s", out)
+	heldRoutes(t, top.GwA, "after --restore-holds")
+
+	// The LAN's traffic starts with the boot; espd starts later, and is
+	// keyed later still.
+	s = startStreamPort(t, top, fcPort+1, 2*time.Millisecond, 30000)
+	if !eventually(20*time.Second, func() bool { return s.sent.Load() >= 300 }) {
+		t.Fatal("the client sent nothing after the reboot")
+	}
+	ea = a.start()
+	sent := s.sent.Load()
+	if !eventually(20*time.Second, func() bool { return s.sent.Load() >= sent+300 }) {
+		t.Fatal("the client sent nothing after espd started")
+	}
+	up := time.Now()
+	k = newFCKeys(t, 1)
+	keyAll(t, ea, k.a, fcPolicies(fcLANA, fcLANB))
+	rekeyB(t, b, k)
+	s.waitReceived(t, 200, 20*time.Second, "after the reboot")
+	s.stop()
+	fcCheck(t, c, down, up)
+	c = nil
 }

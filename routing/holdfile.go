@@ -165,6 +165,9 @@ func (r *Router) holdWriter() {
 		}
 		if err := writeHoldFile(r.cfg.HoldFile, held); err != nil {
 			r.setHoldErr(err)
+			if r.cfg.HoldFileError != nil {
+				r.cfg.HoldFileError(err)
+			}
 			continue
 		}
 		r.setHoldErr(nil)

@@ -127,6 +127,10 @@ type Config struct {
 	// there shortly after each change and by Close, RestoreHolds puts the
 	// holds back at boot, and Cleanup removes it.
 	HoldFile string
+	// HoldFileError, if set, is told when a write of HoldFile fails (the
+	// holds in the kernel are unaffected; the next boot would miss the
+	// changes since the last good write).
+	HoldFileError func(error)
 }
 
 // setDefaults fills in the defaults and checks what the caller gave.

@@ -34,7 +34,7 @@ import (
 // it cleans up after.
 func runCleanup(opts daemon.Options, w io.Writer) error {
 	dp := opts.Dataplane
-	cfg := routing.Config{Table: dp.Table, Mark: dp.Mark, Priority: dp.RulePriority, NoIPv6: dp.NoIPv6}
+	cfg := routingConfig(opts)
 	if err := espdRunning(opts.Control.Path, dp.TUN.Name, cfg); err != nil {
 		return fmt.Errorf("--cleanup: %w", err)
 	}
@@ -53,6 +53,40 @@ func runCleanup(opts daemon.Options, w io.Writer) error {
 		fmt.Fprintf(w, "nothing to remove: no rule looks up table %d and it has no route of espd's (proto %d)\n", table, routing.Protocol)
 	} else {
 		fmt.Fprintf(w, "removed %d rules and routes of table %d; nothing of espd's is left in the kernel's routing\n", len(removed), table)
+	}
+	return nil
+}
+
+// routingConfig is the routing the daemon with opts uses, without its TUN.
+func routingConfig(opts daemon.Options) routing.Config {
+	dp := opts.Dataplane
+	cfg := routing.Config{Table: dp.Table, Mark: dp.Mark, Priority: dp.RulePriority, NoIPv6: dp.NoIPv6}
+	if opts.StateDir != "" {
+		cfg.HoldFile = daemon.HoldFile(opts.StateDir)
+	}
+	return cfg
+}
+
+// runRestoreHolds is "espd --restore-holds": at boot, before the network
+// is up, it puts back the rules and the holds of the prefixes espd held
+// when it last ran (recorded in --state-dir), so that they stay closed
+// until espd runs and their policies are installed again. It prints what
+// it added. A hold file that does not check out is an error (the unit
+// fails, visibly) and nothing is opened.
+func runRestoreHolds(opts daemon.Options, w io.Writer) error {
+	cfg := routingConfig(opts)
+	if cfg.HoldFile == "" {
+		return errors.New("--restore-holds: --state-dir is empty")
+	}
+	added, err := routing.RestoreHolds(cfg)
+	for _, line := range added {
+		fmt.Fprintln(w, "added", line)
+	}
+	if err != nil {
+		return fmt.Errorf("--restore-holds: %w", err)
+	}
+	if len(added) == 0 {
+		fmt.Fprintf(w, "nothing to restore: %s lists no held prefix, or they are held already\n", cfg.HoldFile)
 	}
 	return nil
 }

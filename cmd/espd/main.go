@@ -77,6 +77,7 @@ func run(args []string) error {
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cleanup := fs.Bool("cleanup", false, "remove what espd leaves in the kernel's routing when it is killed or stopped with policies installed (the rules, the blackhole routes holding protected prefixes closed, the bypasses' throw routes; see --table, --mark, --no-ipv6), print it and exit; refused while an espd runs with the same --socket, --tun or --table")
+	restoreHolds := fs.Bool("restore-holds", false, "put back the holds recorded in --state-dir and exit (at boot, before the network)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -97,6 +98,9 @@ func run(args []string) error {
 	dp.Mark = uint32(mark)
 	if *cleanup {
 		return runCleanup(opts, os.Stdout)
+	}
+	if *restoreHolds {
+		return runRestoreHolds(opts, os.Stdout)
 	}
 	if opts.StateDir == "" {
 		// Without the durable record espd could not know, after a restart,
