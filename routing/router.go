@@ -690,15 +690,16 @@ func (r *Router) PathMTU(dst netip.Addr) (int, error) {
 // routes and the rules, so that the prefixes stay closed and the bypasses
 // open while espd is away; with nothing held it removes the throw routes
 // and the rules too and leaves nothing behind. With Config.HoldFile it
-// records the prefixes it leaves held there before it returns. It tries
-// everything and returns the failures joined.
+// records the prefixes it leaves held there before it returns (a failure
+// goes to Config.HoldFileError: the kernel's holds are unaffected). It
+// tries everything and returns the failures joined.
 func (r *Router) Close() error {
 	held, first, err := r.close()
 	if first && r.holdWake != nil {
 		close(r.holdWake)
 		<-r.holdDone
-		if werr := writeHoldFile(r.cfg.HoldFile, held); werr != nil {
-			err = errors.Join(err, werr)
+		if werr := writeHoldFile(r.cfg.HoldFile, held); werr != nil && r.cfg.HoldFileError != nil {
+			r.cfg.HoldFileError(werr)
 		}
 	}
 	return err

@@ -143,6 +143,9 @@ typedef struct {
 	/** installed in espd, with these values */
 	bool installed;
 	uint32_t inst_action, inst_priority, inst_reqid;
+	/** no request left, kept in espd as a drop policy while a loaded
+	 * connection covers it (retain_policy) */
+	bool retained;
 } policy_entry_t;
 
 static void policy_entry_destroy(policy_entry_t *e)
@@ -946,21 +949,56 @@ static void put_policy_id(espd_msg_t *m, policy_entry_t *e)
  * Send the best request's values to espd: POLICY_ADD if espd does not have
  * the policy, POLICY_UPDATE if it does. this->mutex is held.
  */
+static status_t send_policy(private_espd_kernel_ipsec_t *this,
+							policy_entry_t *e, uint32_t action,
+							uint32_t priority, uint32_t reqid,
+							host_t *src, host_t *dst);
+
 static status_t install_policy(private_espd_kernel_ipsec_t *this,
 							   policy_entry_t *e, bool force)
 {
 	policy_user_t *u = best_user(e);
 	uint32_t action = type2action(u->type);
-	espd_msg_t m;
-	char what[256];
-	int r, attempt;
-	uint16_t type;
 
 	if (e->installed && !force && e->inst_action == action &&
 		e->inst_priority == u->priority && e->inst_reqid == u->reqid)
 	{
 		return SUCCESS;
 	}
+	return send_policy(this, e, action, u->priority, u->reqid, u->src, u->dst);
+}
+
+/**
+ * Keep a policy that no request uses any more in espd as a drop policy,
+ * with the priority it had: its traffic is dropped (and its prefix held)
+ * instead of leaving in clear until charon installs it again. this->mutex
+ * is held.
+ */
+static status_t retain_policy(private_espd_kernel_ipsec_t *this,
+							  policy_entry_t *e)
+{
+	if (e->installed && e->inst_action == ESPD_ACTION_DROP && !e->inst_reqid)
+	{
+		return SUCCESS;
+	}
+	return send_policy(this, e, ESPD_ACTION_DROP, e->inst_priority, 0,
+					   NULL, NULL);
+}
+
+/**
+ * Send POLICY_ADD, or POLICY_UPDATE if espd has the policy, with these
+ * values. this->mutex is held.
+ */
+static status_t send_policy(private_espd_kernel_ipsec_t *this,
+							policy_entry_t *e, uint32_t action,
+							uint32_t priority, uint32_t reqid,
+							host_t *src, host_t *dst)
+{
+	espd_msg_t m;
+	char what[256];
+	int r, attempt;
+	uint16_t type;
+
 	type = e->installed ? ESPD_MSG_POLICY_UPDATE : ESPD_MSG_POLICY_ADD;
 	for (attempt = 0; attempt < 2; attempt++)
 	{
@@ -970,16 +1008,15 @@ static status_t install_policy(private_espd_kernel_ipsec_t *this,
 		}
 		put_policy_id(&m, e);
 		espd_msg_u32(&m, ESPD_A_ACTION, action);
-		espd_msg_u32(&m, ESPD_A_PRIORITY, u->priority);
-		if (u->reqid)
+		espd_msg_u32(&m, ESPD_A_PRIORITY, priority);
+		if (reqid)
 		{
-			espd_msg_u32(&m, ESPD_A_REQID, u->reqid);
+			espd_msg_u32(&m, ESPD_A_REQID, reqid);
 		}
-		if (u->src && !u->src->is_anyaddr(u->src) && u->dst &&
-			!u->dst->is_anyaddr(u->dst))
+		if (src && !src->is_anyaddr(src) && dst && !dst->is_anyaddr(dst))
 		{
-			put_host(&m, ESPD_A_TMPL_SRC, u->src);
-			put_host(&m, ESPD_A_TMPL_DST, u->dst);
+			put_host(&m, ESPD_A_TMPL_SRC, src);
+			put_host(&m, ESPD_A_TMPL_DST, dst);
 		}
 		snprintf(what, sizeof(what), "%s policy %R === %R %N",
 				 type == ESPD_MSG_POLICY_ADD ? "adding" : "updating",
@@ -989,8 +1026,8 @@ static status_t install_policy(private_espd_kernel_ipsec_t *this,
 		{
 			e->installed = TRUE;
 			e->inst_action = action;
-			e->inst_priority = u->priority;
-			e->inst_reqid = u->reqid;
+			e->inst_priority = priority;
+			e->inst_reqid = reqid;
 			DBG2(DBG_KNL, "espd: %s", what);
 			return SUCCESS;
 		}
@@ -1046,6 +1083,9 @@ static status_t uninstall_policy(private_espd_kernel_ipsec_t *this,
 	return FAILED;
 }
 
+static void release_covered(private_espd_kernel_ipsec_t *this,
+							policy_entry_t *e);
+
 METHOD(kernel_ipsec_t, add_policy, status_t,
 	private_espd_kernel_ipsec_t *this, kernel_ipsec_policy_id_t *id,
 	kernel_ipsec_manage_policy_t *data)
@@ -1095,11 +1135,16 @@ METHOD(kernel_ipsec_t, add_policy, status_t,
 	u->priority = policy_priority(e, u);
 	e->users->insert_last(e->users, u);
 	status = install_policy(this, e, FALSE);
-	if (status != SUCCESS)
+	if (status == SUCCESS)
+	{
+		e->retained = FALSE;
+		release_covered(this, e);
+	}
+	else
 	{
 		e->users->remove_last(e->users, (void**)&u);
 		policy_user_destroy(u);
-		if (e->users->get_count(e->users) == 0)
+		if (e->users->get_count(e->users) == 0 && !e->retained)
 		{
 			this->policies->remove(this->policies, e);
 			uninstall_policy(this, e);
@@ -1116,6 +1161,102 @@ METHOD(kernel_ipsec_t, query_policy, status_t,
 {
 	/* espd keeps no per-policy use time; charon falls back to query_sa */
 	return NOT_SUPPORTED;
+}
+
+/**
+ * Whether ts lies within one of a child config's traffic selectors; a
+ * dynamic one (a virtual IP, the host's address) stands for any address.
+ */
+static bool ts_covered(traffic_selector_t *ts, linked_list_t *list)
+{
+	enumerator_t *enumerator;
+	traffic_selector_t *c;
+	bool found = FALSE;
+
+	enumerator = list->create_enumerator(list);
+	while (!found && enumerator->enumerate(enumerator, &c))
+	{
+		found = c->is_dynamic(c) || ts->is_contained_in(ts, c);
+	}
+	enumerator->destroy(enumerator);
+	return found;
+}
+
+/**
+ * The name of a loaded connection with a CHILD_SA config whose traffic
+ * selectors cover an outbound policy from src_ts to dst_ts, or NULL: such a
+ * policy's traffic must not leave in clear while charon may negotiate it
+ * again (after a delete, a rekey failure, its own restart). Only unloading
+ * the connection (or removing it from swanctl.conf and --load-all) gives
+ * the traffic up. Not called with this->mutex held: it takes the config
+ * backends' locks.
+ */
+static char *loaded_connection(traffic_selector_t *src_ts,
+							   traffic_selector_t *dst_ts, char *buf,
+							   size_t len)
+{
+	enumerator_t *peers, *children;
+	peer_cfg_t *peer;
+	child_cfg_t *child;
+	linked_list_t *local, *remote;
+	bool found = FALSE;
+
+	peers = charon->backends->create_peer_cfg_enumerator(charon->backends,
+											NULL, NULL, NULL, NULL, IKE_ANY);
+	while (!found && peers->enumerate(peers, &peer))
+	{
+		children = peer->create_child_cfg_enumerator(peer);
+		while (!found && children->enumerate(children, &child))
+		{
+			local = child->get_traffic_selectors(child, TRUE, NULL, NULL, FALSE);
+			remote = child->get_traffic_selectors(child, FALSE, NULL, NULL, FALSE);
+			found = ts_covered(src_ts, local) && ts_covered(dst_ts, remote);
+			local->destroy_offset(local, offsetof(traffic_selector_t, destroy));
+			remote->destroy_offset(remote, offsetof(traffic_selector_t, destroy));
+			if (found)
+			{
+				snprintf(buf, len, "%s/%s", peer->get_name(peer),
+						 child->get_name(child));
+			}
+		}
+		children->destroy(children);
+	}
+	peers->destroy(peers);
+	return found ? buf : NULL;
+}
+
+/**
+ * Release the retained drop policies that a protect policy just installed
+ * for e covers: its route into the TUN carries their traffic now. An
+ * administrator who widened a connection's traffic selectors would
+ * otherwise keep dropping the old, narrower ones. this->mutex is held.
+ */
+static void release_covered(private_espd_kernel_ipsec_t *this,
+							policy_entry_t *e)
+{
+	enumerator_t *enumerator;
+	policy_entry_t *o;
+
+	if (e->dir != POLICY_OUT || e->inst_action != ESPD_ACTION_PROTECT)
+	{
+		return;
+	}
+	enumerator = this->policies->create_enumerator(this->policies);
+	while (enumerator->enumerate(enumerator, NULL, &o))
+	{
+		if (o != e && o->retained && o->dir == POLICY_OUT &&
+			o->src_ts->is_contained_in(o->src_ts, e->src_ts) &&
+			o->dst_ts->is_contained_in(o->dst_ts, e->dst_ts))
+		{
+			DBG1(DBG_KNL, "espd: policy %R === %R out replaces the drop "
+				 "policy kept for %R === %R", e->src_ts, e->dst_ts,
+				 o->src_ts, o->dst_ts);
+			this->policies->remove_at(this->policies, enumerator);
+			uninstall_policy(this, o);
+			policy_entry_destroy(o);
+		}
+	}
+	enumerator->destroy(enumerator);
 }
 
 static bool user_matches(policy_user_t *u, kernel_ipsec_manage_policy_t *data,
@@ -1146,11 +1287,16 @@ METHOD(kernel_ipsec_t, del_policy, status_t,
 	enumerator_t *enumerator;
 	policy_user_t *u, *found = NULL;
 	status_t status = SUCCESS;
+	char buf[128], *conn = NULL;
 	int pass;
 
+	if (id->dir == POLICY_OUT)
+	{
+		conn = loaded_connection(id->src_ts, id->dst_ts, buf, sizeof(buf));
+	}
 	this->mutex->lock(this->mutex);
 	e = this->policies->get(this->policies, &key);
-	if (!e)
+	if (!e || (e->retained && e->users->get_count(e->users) == 0))
 	{
 		this->mutex->unlock(this->mutex);
 		DBG1(DBG_KNL, "espd: deleting policy %R === %R %N: not installed",
@@ -1179,7 +1325,20 @@ METHOD(kernel_ipsec_t, del_policy, status_t,
 		return NOT_FOUND;
 	}
 	policy_user_destroy(found);
-	if (e->users->get_count(e->users) == 0)
+	if (e->users->get_count(e->users) == 0 && conn)
+	{
+		/* fail closed: keep dropping what the connection protected */
+		e->retained = TRUE;
+		if (retain_policy(this, e) == SUCCESS)
+		{
+			DBG1(DBG_KNL, "espd: policy %R === %R out: its CHILD_SA is gone "
+				 "but connection %s is loaded; espd drops its traffic until "
+				 "charon installs it again (unload the connection to let it "
+				 "go)", e->src_ts, e->dst_ts, conn);
+		}
+		/* espd away: reconcile() installs the drop policy when it is back */
+	}
+	else if (e->users->get_count(e->users) == 0)
 	{
 		this->policies->remove(this->policies, e);
 		status = uninstall_policy(this, e);
@@ -1339,11 +1498,15 @@ METHOD(espd_kernel_ipsec_t, reconcile, void,
 	enumerator = this->policies->create_enumerator(this->policies);
 	while (enumerator->enumerate(enumerator, NULL, &pe))
 	{
+		pe->installed = FALSE;
 		if (pe->users->get_count(pe->users) == 0)
 		{
+			if (pe->retained && retain_policy(this, pe) == SUCCESS)
+			{
+				policies++;
+			}
 			continue;
 		}
-		pe->installed = FALSE;
 		if (install_policy(this, pe, TRUE) == SUCCESS)
 		{
 			policies++;

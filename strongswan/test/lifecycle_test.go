@@ -1,0 +1,143 @@
+package strongswantest
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/testbed"
+)
+
+// restartCharon stops the gateway's charon (SIGTERM, or SIGKILL when kill)
+// and starts it again with its connection, as systemd does.
+func (g *gateway) restartCharon(o charonOptions, conn connection, kill bool) {
+	g.t.Helper()
+	if kill {
+		if err := g.charon.Signal(syscall.SIGKILL); err != nil {
+			g.t.Fatal(err)
+		}
+	}
+	g.charon.Stop(20 * time.Second)
+	g.startCharon(o)
+	g.load(conn.String())
+}
+
+// pinger pings dst from n in the background, 20 a second, until the test
+// ends (at most 10 minutes): traffic both ways through the tunnel for the
+// whole of a test, so that any moment without protection shows on the
+// transit link.
+func pinger(t *testing.T, n *testbed.Node, dir string, dst string) {
+	t.Helper()
+	p, err := n.Start(filepath.Join(dir, "ping-"+n.Role+".log"), "ping", "-n", "-q", "-i", "0.05", "-w", "600", dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop(5 * time.Second) })
+}
+
+// bothWays reports whether a ping crosses the tunnel in each direction.
+func bothWays(p *pair) bool {
+	ctx := context.Background()
+	o := testbed.PingOptions{Count: 1, Wait: 500 * time.Millisecond}
+	r1, err1 := p.topo.Client.Ping(ctx, testbed.ServerV4.Addr(), o)
+	r2, err2 := p.topo.Server.Ping(ctx, testbed.ClientV4.Addr(), o)
+	return err1 == nil && r1.OK() && err2 == nil && r2.OK()
+}
+
+// TestCharonLifecycle runs charon's life on both gateways under traffic in
+// both directions, with default routes that would carry any cleartext
+// across the transit link: charon restarted (SIGTERM: it deletes its
+// CHILD_SAs and policies on the way out) and killed (SIGKILL) on the
+// initiator A and on the responder B, with Debian's retransmit timers.
+// Not one cleartext frame of the LANs crosses the transit link (the
+// plugin keeps an outbound policy whose CHILD_SA went as a drop policy
+// while its connection is loaded), and after each event traffic passes
+// both ways again within 5 s.
+func TestCharonLifecycle(t *testing.T) {
+	requireStrongSwan(t)
+	opts := charonOptions{DebianTimers: true}
+	p := newPair(t, pairOptions{A: opts, B: opts})
+	ctx := context.Background()
+	for _, r := range []struct {
+		n   *testbed.Node
+		via string
+	}{{p.topo.GwA, testbed.GwBTransitV4.Addr().String()}, {p.topo.GwB, testbed.GwATransitV4.Addr().String()}} {
+		if _, err := r.n.IP(ctx, "-4", "route", "add", "default", "via", r.via); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ca, cb := v4("aes128gcm16")
+	ca.StartAction, ca.Child = "start", "        close_action = start"
+	cb.StartAction = "trap"
+	p.b.load(cb.String())
+	p.a.load(ca.String())
+	p.a.waitChild("net", 20*testSecond)
+	p.b.waitChild("net", 20*testSecond)
+
+	capture, err := p.topo.GwA.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if capture != nil {
+			capture.Stop()
+		}
+	}()
+	pinger(t, p.topo.Client, p.a.dir, testbed.ServerV4.Addr().String())
+	pinger(t, p.topo.Server, p.b.dir, testbed.ClientV4.Addr().String())
+	if !waitFor(20*time.Second, func() bool { return bothWays(p) }) {
+		t.Fatal("no traffic through the tunnel before the events")
+	}
+
+	events := []struct {
+		name string
+		do   func()
+	}{
+		{"charon on A restarted", func() { p.a.restartCharon(opts, ca, false) }},
+		{"charon on B restarted", func() { p.b.restartCharon(opts, cb, false) }},
+		{"charon on A killed", func() { p.a.restartCharon(opts, ca, true) }},
+		{"charon on B killed", func() { p.b.restartCharon(opts, cb, true) }},
+	}
+	var gaps []string
+	for _, ev := range events {
+		start := time.Now()
+		ev.do()
+		if !waitFor(60*time.Second, func() bool { return bothWays(p) }) {
+			t.Fatalf("%s: no traffic both ways within 60 s", ev.name)
+		}
+		gap := time.Since(start)
+		gaps = append(gaps, fmt.Sprintf("%s: %v", ev.name, gap.Round(10*time.Millisecond)))
+		if gap > 5*time.Second {
+			t.Errorf("%s: traffic passed both ways again only after %v, want within 5 s", ev.name, gap.Round(10*time.Millisecond))
+		}
+		time.Sleep(time.Second) // traffic flows for a while between events
+	}
+	t.Logf("until traffic passed both ways again:\n  %s", strings.Join(gaps, "\n  "))
+
+	res, err := capture.Stop()
+	capture = nil
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the transit link over the whole sequence: %s", res.Summary())
+	if !res.Complete() {
+		t.Errorf("capture incomplete: %d dropped, %d over the limit", res.Drops, res.Overflow)
+	}
+	leaks := res.Leaks(testbed.ClientV4.Addr(), testbed.ServerV4.Addr())
+	for i, f := range leaks {
+		if i == 10 {
+			break
+		}
+		t.Errorf("cleartext on the transit link at %s: %s", f.Time.Format("15:04:05.000"), f.String())
+	}
+	if len(leaks) > 0 {
+		t.Errorf("%d cleartext frames of the LANs crossed the transit link", len(leaks))
+	}
+	if n := p.a.charonLogCount("espd drops its traffic until charon installs it again"); n == 0 {
+		t.Errorf("A: the plugin never said it kept a policy as a drop policy")
+	}
+}
