@@ -109,7 +109,7 @@ stage_common() {
 	cp "$units_dir/espd.sysusers" "$s/sysusers.conf"
 	cp "$repo/LICENSE" "$s/doc/copyright"
 	for f in postinst prerm postrm; do
-		sed -e "s/@UNITS@/$units/" -e "s/@ENABLE@/espd.service/" "$here/deb/espd.$f" >"$s/scripts/$f"
+		sed -e "s/@UNITS@/$units/" -e "s/@ENABLE@/espd.service espd-holds.service/" "$here/deb/espd.$f" >"$s/scripts/$f"
 	done
 }
 

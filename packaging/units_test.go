@@ -24,6 +24,8 @@ const (
 	unitsDir    = "systemd"
 	plainUnit   = "espd.service"
 	handoffUnit = "espd-ike.service"
+	// holdsUnit restores the holds at boot (espd --restore-holds).
+	holdsUnit   = "espd-holds.service"
 	handoffFlag = "--ike-handoff"
 	sysusers    = "espd.sysusers"
 )

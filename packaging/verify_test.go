@@ -34,7 +34,7 @@ func TestUnitsVerify(t *testing.T) {
 	}
 	dir := t.TempDir()
 	var paths []string
-	for _, name := range []string{plainUnit, handoffUnit} {
+	for _, name := range []string{plainUnit, handoffUnit, holdsUnit} {
 		b, err := os.ReadFile(filepath.Join(unitsDir, name))
 		if err != nil {
 			t.Fatal(err)
