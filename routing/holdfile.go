@@ -227,66 +227,6 @@ func (r *Router) restoreFromFile() error {
 	return nil
 }
 
-// Hold is one held prefix as Holds lists it.
-type Hold struct {
-	Prefix netip.Prefix
-	// Policies is how many installed protect or drop policies route the
-	// prefix into the TUN; 0 for a hold that no policy owns (left by a
-	// previous espd, or restored from the hold file), which only
-	// ReleaseHold or Cleanup removes.
-	Policies int
-}
-
-// Holds lists the held prefixes.
-func (r *Router) Holds() []Hold {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []Hold
-	for p, e := range r.routes {
-		if e.wantHold() {
-			out = append(out, Hold{Prefix: p, Policies: e.tunnel})
-		}
-	}
-	slices.SortFunc(out, func(a, b Hold) int { return comparePrefix(a.Prefix, b.Prefix) })
-	return out
-}
-
-// ErrHoldOwned is returned by ReleaseHold for a prefix that a policy
-// still routes into the TUN.
-var ErrHoldOwned = errors.New("routing: the prefix is routed by a policy")
-
-// ErrNotHeld is returned by ReleaseHold for a prefix that is not held.
-var ErrNotHeld = errors.New("routing: the prefix is not held")
-
-// ReleaseHold removes the hold of a prefix that no policy owns, opening it
-// to the main table: the deliberate act of an administrator who no longer
-// wants the prefix closed (docs/safety.md, "Fail closed").
-func (r *Router) ReleaseHold(p netip.Prefix) error {
-	if !p.IsValid() {
-		return errors.New("routing: invalid prefix")
-	}
-	p = p.Masked()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return errors.New("routing: router closed")
-	}
-	e := r.routes[p]
-	switch {
-	case e == nil || !e.wantHold():
-		return fmt.Errorf("%w: %s", ErrNotHeld, p)
-	case e.tunnel > 0:
-		return fmt.Errorf("%w: %s (%d policies; remove them first)", ErrHoldOwned, p, e.tunnel)
-	}
-	e.adoptedHold = false
-	err := r.sync(p, e)
-	if e.empty() {
-		delete(r.routes, p)
-	}
-	r.holdsChanged()
-	return err
-}
-
 // RestoreHolds puts back, in the calling thread's network namespace, the
 // rules and the holds of every prefix cfg.HoldFile lists, without a TUN
 // and without a running espd: what a boot needs before its network comes

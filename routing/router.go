@@ -45,7 +45,8 @@
 // prefixes are also recorded on disk; RestoreHolds puts them back early in
 // the next boot, before the network is up, and New holds them again, so
 // that a prefix stays closed from power-on until its policy is installed
-// again (or an administrator releases it: ReleaseHold).
+// again (or, if none is, an administrator installs and removes a policy
+// for it).
 package routing
 
 import (
