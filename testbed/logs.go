@@ -58,3 +58,10 @@ func Attr(r slog.Record, key string) (slog.Value, bool) {
 	})
 	return v, found
 }
+
+// All returns every record, oldest first.
+func (l *Logs) All() []slog.Record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]slog.Record(nil), l.recs...)
+}
