@@ -24,7 +24,7 @@ type testServer struct {
 
 func startServer(t *testing.T, cfg ServerConfig) *testServer {
 	t.Helper()
-	db := sa.NewDB(sa.Options{AcquireInterval: -1})
+	db := sa.NewDB(sa.Options{AcquireInterval: -1, AcquireRate: -1}) // tests flood acquires
 	if cfg.Path == "" {
 		cfg.Path = filepath.Join(t.TempDir(), "run", "espd.sock")
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,10 +30,13 @@ type ikeHub struct {
 	mu  sync.Mutex
 	cur *ikeSession
 
-	// undelivered counts the datagrams dropped because no IKE daemon
-	// was registered or its queue was full (espd_ike_undelivered_total).
+	// undelivered counts the datagrams dropped because they were too
+	// long for an IKE_PACKET message, no IKE daemon was registered or its
+	// queue was full (espd_ike_undelivered_total).
 	undelivered atomic.Uint64
-	lastLog     atomic.Int64
+	// dropLog limits the log of those drops, which peers can cause, to a
+	// line every 10 s.
+	dropLog conn.LogLimit
 }
 
 // startIKE starts the hand-off if the options ask for it.
@@ -44,7 +48,7 @@ func (d *Daemon) startIKE() error {
 	if b == nil {
 		return errors.New("IKE hand-off before the data plane started")
 	}
-	h := &ikeHub{ike: b, log: d.log.With("component", "ike")}
+	h := &ikeHub{ike: b, log: d.log.With("component", "ike"), dropLog: conn.LogLimit{Every: 10 * time.Second}}
 	if err := b.StartIKE(d.opts.IKEPort, h.deliver); err != nil {
 		return err
 	}
@@ -96,27 +100,39 @@ func (d *Daemon) RegisterIKE(queue int) (control.IKESession, error) {
 // deliver is the IKE ports' handler: it copies the datagram to the
 // registration's queue, or drops and counts it.
 func (h *ikeHub) deliver(p conn.IKEPacket) {
+	if len(p.Data) > maxIKEData(p.Src.Addr(), p.Dst.Addr()) {
+		h.drop(p, "longer than an IKE_PACKET message carries (docs/control-protocol.md, section 9)")
+		return
+	}
 	h.mu.Lock()
 	s := h.cur
 	h.mu.Unlock()
-	if s == nil || !s.offer(conn.IKEPacket{Src: p.Src, Dst: p.Dst, Data: append([]byte(nil), p.Data...)}) {
-		h.undelivered.Add(1)
-		why := "no IKE daemon registered"
-		if s != nil {
-			why = "the IKE daemon's queue is full"
-		}
-		h.logLimited("IKE datagram dropped", "from", p.Src.String(), "reason", why, "dropped_total", h.undelivered.Load())
+	if s == nil {
+		h.drop(p, "no IKE daemon registered")
+	} else if !s.offer(conn.IKEPacket{Src: p.Src, Dst: p.Dst, Data: append([]byte(nil), p.Data...)}) {
+		h.drop(p, "the IKE daemon's queue is full")
 	}
 }
 
-// logLimited logs at most every 10 s.
-func (h *ikeHub) logLimited(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := h.lastLog.Load()
-	if now-last < int64(10*time.Second) || !h.lastLog.CompareAndSwap(last, now) {
-		return
+// drop counts an undelivered datagram and logs it, rate-limited.
+func (h *ikeHub) drop(p conn.IKEPacket, why string) {
+	n := h.undelivered.Add(1)
+	h.dropLog.Warn(h.log, "IKE datagram dropped", "from", p.Src, "bytes", len(p.Data), "reason", why, "dropped_total", n)
+}
+
+// maxIKEData is the longest IKE datagram from src to dst that the
+// hand-off takes: what an IKE_PACKET message (SRC if valid, DST,
+// IKE_PORTS, IKE_DATA) carries within control.MaxMessageSize, 65,492
+// bytes over IPv4 and 65,468 over IPv6. Every part is a multiple of 4
+// bytes, so IKE_DATA's padding costs nothing at the limit.
+func maxIKEData(src, dst netip.Addr) int {
+	n := control.MaxMessageSize - control.HeaderLen - (control.AttrHeaderLen + 4) - control.AttrHeaderLen
+	for _, a := range [2]netip.Addr{src, dst} {
+		if a.IsValid() {
+			n -= control.AttrHeaderLen + a.Unmap().BitLen()/8
+		}
 	}
-	h.log.Warn(msg, args...)
+	return min(n, 0xFFFF-control.AttrHeaderLen)
 }
 
 // ikeSession is one registration.

@@ -2,9 +2,11 @@ package daemon
 
 import (
 	"bytes"
+	"log/slog"
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,8 +26,9 @@ type handoffPeer struct {
 }
 
 // startHandoff runs a daemon with the IKE hand-off in a namespace linked
-// to a peer namespace over a veth pair (198.18.0.1 and .2).
-func startHandoff(t *testing.T) (*Daemon, string, *handoffPeer) {
+// to a peer namespace over a veth pair (198.18.0.1 and .2), logging to
+// log (nil: nowhere).
+func startHandoff(t *testing.T, log *slog.Logger) (*Daemon, string, *handoffPeer) {
 	t.Helper()
 	ns := testbed.NewNodeT(t, "ike")
 	peer := testbed.NewNodeT(t, "ikepeer")
@@ -42,6 +45,7 @@ func startHandoff(t *testing.T) (*Daemon, string, *handoffPeer) {
 		Dataplane:  dataplane.Config{Keepalive: -1},
 		Control:    control.ServerConfig{Path: sock},
 		IKEHandoff: true,
+		Logger:     log,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +149,7 @@ func packet(t *testing.T, m *control.Message) (src, dst netip.AddrPort, data []b
 // 4500 do not; the client's datagrams leave from the port it names, and
 // ESP from the NAT-T port is refused.
 func TestIKEHandoff(t *testing.T) {
-	_, sock, peer := startHandoff(t)
+	_, sock, peer := startHandoff(t, nil)
 	nc, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -237,5 +241,103 @@ func TestIKEHandoff(t *testing.T) {
 		if m == nil || m.Type != control.MsgError || m.Seq != seq {
 			t.Fatalf("want ERROR seq %d, got %+v", seq, m)
 		}
+	}
+}
+
+// TestIKEOverlong: datagrams on the IKE port longer than an IKE_PACKET
+// message carries are dropped, counted in espd_ike_undelivered_total and
+// logged at most once every 10 s with the count held back, whoever sends
+// them and however many; the longest that fits (maxIKEData, per family)
+// still reaches the IKE daemon.
+func TestIKEOverlong(t *testing.T) {
+	logs := &testbed.Logs{}
+	d, sock, peer := startHandoff(t, logs.Logger())
+	nc, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c := &ikeClient{t: t, nc: nc}
+	c.send(control.MsgIKERegister, 1, nil)
+	if m := c.read(5 * time.Second); m == nil || m.Type != control.MsgIKERegister {
+		t.Fatalf("IKE_REGISTER reply: %+v", m)
+	}
+	hub := d.ike.Load()
+	// The control socket's own warning for a datagram it could not
+	// forward, which the hub must never let through.
+	controlWarns := func() int {
+		n := 0
+		for _, r := range logs.All() {
+			if strings.HasPrefix(r.Message, "control: IKE packet from") {
+				n++
+			}
+		}
+		return n
+	}
+
+	const burst = 20
+	start := time.Now()
+	dropped := 0
+	for _, f := range []struct {
+		ike      *net.UDPConn
+		daemon   netip.Addr
+		longest  int
+		udpLimit int
+	}{{peer.ike4, peer.daemon4, 65492, 65507}, {peer.ike6, peer.daemon6, 65468, 65527}} {
+		to := netip.AddrPortFrom(f.daemon, 500)
+		if got := maxIKEData(f.ike.LocalAddr().(*net.UDPAddr).AddrPort().Addr(), f.daemon); got != f.longest {
+			t.Errorf("maxIKEData for %v = %d, want %d", f.daemon, got, f.longest)
+		}
+		fits := bytes.Repeat([]byte{0xa5}, f.longest)
+		if _, err := f.ike.WriteToUDPAddrPort(fits, to); err != nil {
+			t.Fatal(err)
+		}
+		m := c.read(10 * time.Second)
+		if m == nil || m.Type != control.MsgIKEPacket {
+			t.Fatalf("the longest datagram that fits (%d bytes to %v) was not handed over: %+v", f.longest, to, m)
+		}
+		if _, _, data := packet(t, m); !bytes.Equal(data, fits) {
+			t.Fatalf("handed over %d bytes of %d", len(data), len(fits))
+		}
+		// One at a time, so that the daemon's socket buffer holds them.
+		for i := range burst {
+			size := f.longest + 1 + i%(f.udpLimit-f.longest)
+			if _, err := f.ike.WriteToUDPAddrPort(make([]byte, size), to); err != nil {
+				t.Fatal(err)
+			}
+			dropped++
+			deadline := time.Now().Add(10 * time.Second)
+			for int(hub.undelivered.Load())+controlWarns() < dropped {
+				if time.Now().After(deadline) {
+					t.Fatalf("datagram %d of %d bytes neither counted nor logged within 10 s", i, size)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	if n := controlWarns(); n != 0 {
+		t.Errorf("%d over-long datagrams reached the control socket and logged %d warnings", dropped, n)
+	}
+	if m := c.read(300 * time.Millisecond); m != nil {
+		t.Errorf("an over-long datagram was handed over: %v", m.Type)
+	}
+	if n := sampleValue(t, scrape(t, d.metricsHandler()), "espd_ike_undelivered_total"); n != uint64(dropped) {
+		t.Errorf("espd_ike_undelivered_total = %d after %d over-long datagrams", n, dropped)
+	}
+	lines := logs.Records("IKE datagram dropped")
+	if max := 1 + int(elapsed/(10*time.Second)); len(lines) < 1 || len(lines) > max {
+		t.Fatalf("%d over-long datagrams in %v logged %d lines, want 1 to %d", dropped, elapsed, len(lines), max)
+	}
+	held := 0
+	for _, r := range lines {
+		v, ok := testbed.Attr(r, "suppressed")
+		if !ok || r.Level != slog.LevelWarn {
+			t.Fatalf("%v line without a suppressed count: %v", r.Level, r.Message)
+		}
+		held += int(v.Uint64())
+	}
+	if held+len(lines) > dropped {
+		t.Errorf("lines report %d held back, %d lines, for %d datagrams", held, len(lines), dropped)
 	}
 }

@@ -35,7 +35,7 @@ import (
 // 100,000. Each counter is exported once, from the one place that counts
 // it, and its help says what increments it (metrics_series_test.go
 // checks both, and that every series moves). What follows from other
-// series is not exported: the acquires the rate limit held back are
+// series is not exported: the acquires the rate limits held back are
 // espd_dataplane_no_sa_total minus espd_acquires_total. Per-state series (espd_sa_packets_total, espd_sa_bytes_total,
 // espd_sa_drops_total) are opt-in: Options.MetricsPerSA (espd
 // --metrics-per-sa N) exports them for at most N states, the oldest
@@ -367,7 +367,7 @@ var (
 	descDrops = prometheus.NewDesc("espd_drops_total",
 		"Packets a state dropped, by reason, summed over every state, removed ones included (the data path's drops before a state is found are espd_dataplane_*).", []string{"reason"}, nil)
 	descAcquires = prometheus.NewDesc("espd_acquires_total",
-		"Acquire events published: an outbound packet matched a protect policy whose reqid had no live state, and the rate limit per policy and destination let the event through (each such packet is in espd_dataplane_no_sa_total: the difference is what the rate limit held back).", nil, nil)
+		"Acquire events published: an outbound packet matched a protect policy whose reqid had no live state, and the rate limits (one per policy and destination a second, 100 a second in all) let the event through (each such packet is in espd_dataplane_no_sa_total: the difference is what the rate limits held back).", nil, nil)
 	descEventsDropped = prometheus.NewDesc("espd_events_dropped_total",
 		"Events (expiries, acquires, NAT mapping changes) not delivered to a control subscriber because its buffer was full, one per event and subscriber.", nil, nil)
 )

@@ -24,7 +24,7 @@ var ikeHelp = map[string]string{
 
 // descIKEUndelivered is the hub's count (ikeHub.undelivered).
 var descIKEUndelivered = prometheus.NewDesc("espd_ike_undelivered_total",
-	"IKE datagrams of espd_ike_received_total dropped because no IKE daemon was registered for the hand-off or its queue was full.", nil, nil)
+	"IKE datagrams of espd_ike_received_total dropped because they were longer than an IKE_PACKET message carries (65,492 bytes over IPv4, 65,468 over IPv6), no IKE daemon was registered for the hand-off or its queue was full.", nil, nil)
 
 var ikeFields = counterFields[conn.IKEStats]("espd_ike_", ikeHelp)
 

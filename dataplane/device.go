@@ -89,7 +89,7 @@ type Device struct {
 	mu        sync.Mutex // serializes Start/StartWith/Close and route changes
 	closed    bool
 	closeErr  error
-	logLimits [numLogLimits]atomic.Int64 // unix nanoseconds of the last log
+	logLimits [numLogLimits]conn.LogLimit // once a second per kind
 }
 
 // New returns a Device that is not started. log may be nil.
@@ -311,14 +311,11 @@ const (
 	numLogLimits
 )
 
-// logf logs at most once a second per kind.
+// logf logs a warning that packets or the network can trigger: at most
+// once a second per kind, with the number held back since the last
+// (conn.LogLimit).
 func (d *Device) logf(k logLimit, msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := d.logLimits[k].Load()
-	if now-last < int64(time.Second) || !d.logLimits[k].CompareAndSwap(last, now) {
-		return
-	}
-	d.log.Warn(msg, args...)
+	d.logLimits[k].Warn(d.log, msg, args...)
 }
 
 // handOffChanged wakes reportHandOff. The gauges call it from the data

@@ -120,7 +120,7 @@ type fakeSender struct {
 	count   atomic.Uint64
 	notify  chan int
 	closed  atomic.Bool
-	failAll bool
+	failAll atomic.Bool
 
 	recv []conn.Receiver
 	ips  [][]byte // Send's scratch, under mu
@@ -166,7 +166,7 @@ func (s *fakeSender) Send(pkts []conn.Packet) (int, error) {
 	if s.gate != nil {
 		<-s.gate
 	}
-	if s.closed.Load() || s.failAll {
+	if s.closed.Load() || s.failAll.Load() {
 		return 0, errFakeClosed
 	}
 	s.mu.Lock()

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"encoding/binary"
+	"log/slog"
 	"net/netip"
 	"testing"
 	"time"
@@ -41,6 +42,12 @@ func newHarness(t testing.TB, cfg Config, loop bool) *harness {
 // receiver instead of the wire's.
 func newHarnessWith(t testing.TB, cfg Config, loop bool, rx conn.Receiver) *harness {
 	t.Helper()
+	return newHarnessLog(t, cfg, loop, rx, nil)
+}
+
+// newHarnessLog is newHarnessWith with the device logging to log.
+func newHarnessLog(t testing.TB, cfg Config, loop bool, rx conn.Receiver, log *slog.Logger) *harness {
+	t.Helper()
 	h := &harness{t: t, db: sa.NewDB(sa.Options{Loopback: true}), tun: newFakeTUN(64, 1400), wire: newWire(1024)}
 	h.tx = &fakeSender{record: true}
 	if loop {
@@ -50,7 +57,7 @@ func newHarnessWith(t testing.TB, cfg Config, loop bool, rx conn.Receiver) *harn
 	if rx == nil {
 		rx = h.rx
 	}
-	d, err := New(cfg, h.db, nil)
+	d, err := New(cfg, h.db, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,10 @@ type Options struct {
 	// AcquireInterval is the least time between two acquire events for
 	// the same policy and destination. Default 1 s; negative: no limit.
 	AcquireInterval time.Duration
+	// AcquireRate bounds the acquire events of all policies and
+	// destinations together: at most AcquireRate a second, in bursts of
+	// at most AcquireRate. Default DefaultAcquireRate; negative: no limit.
+	AcquireRate int
 	// SPIReservation is how long an SPI that AllocSPI returned stays
 	// reserved if no AddSA consumes it. Default 60 s.
 	SPIReservation time.Duration
@@ -51,6 +55,9 @@ func (o *Options) setDefaults() {
 	if o.AcquireInterval == 0 {
 		o.AcquireInterval = time.Second
 	}
+	if o.AcquireRate == 0 {
+		o.AcquireRate = DefaultAcquireRate
+	}
 	if o.SPIReservation <= 0 {
 		o.SPIReservation = time.Minute
 	}
@@ -75,7 +82,7 @@ type DB struct {
 
 	sadb  // states, under sadb.mu
 	spdb  // policies, under spdb.mu
-	evdb  // subscriptions and the acquire limiter
+	evdb  // subscriptions and the acquire limiters
 	stats globalCounters
 }
 
@@ -89,7 +96,7 @@ func NewDB(o Options) *DB {
 	db.epoch = o.Now().Add(-time.Second)
 	db.sadb.init()
 	db.spdb.init()
-	db.evdb.init()
+	db.evdb.init(&db.opts)
 	return db
 }
 

@@ -16,8 +16,9 @@ type globalCounters struct {
 // here.
 type GlobalStats struct {
 	// Acquires counts the acquire events Acquire published;
-	// AcquiresSuppressed the calls of Acquire that the rate limit
-	// (Options.AcquireInterval) held back.
+	// AcquiresSuppressed the calls of Acquire that a rate limit held
+	// back: the one per policy and destination (Options.AcquireInterval)
+	// or the global one (Options.AcquireRate).
 	Acquires, AcquiresSuppressed uint64
 	// EventsDropped counts events not delivered to a subscriber because
 	// its buffer was full (one per event and subscriber).
