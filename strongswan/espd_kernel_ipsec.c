@@ -73,7 +73,42 @@ struct private_espd_kernel_ipsec_t {
 	 */
 	u_int ike_families, natt_families;
 	bool natt_check;
+
+	/**
+	 * Whether check_retained() is scheduled (guarded by mutex)
+	 */
+	bool retain_check;
+
+	/**
+	 * Whether espd was checked for a previous charon's SAs (reconcile)
+	 */
+	bool orphans_checked;
+
+	/**
+	 * peer_t: peers that a previous charon had SAs with, to negotiate
+	 * with again (guarded by mutex)
+	 */
+	linked_list_t *orphan_peers;
+
+	/**
+	 * When check_orphans() gives up on them (monotonic)
+	 */
+	time_t orphans_until;
 };
+
+/**
+ * The outer addresses of a previous charon's SAs: us and the peer.
+ */
+typedef struct {
+	host_t *me, *other;
+} peer_t;
+
+static void peer_destroy(peer_t *p)
+{
+	p->me->destroy(p->me);
+	p->other->destroy(p->other);
+	free(p);
+}
 
 /**
  * An SA installed into espd (no keys).
@@ -1259,6 +1294,105 @@ static void release_covered(private_espd_kernel_ipsec_t *this,
 	enumerator->destroy(enumerator);
 }
 
+/** how often kept drop policies are checked against the loaded connections */
+#define RETAIN_CHECK_MS 2000
+
+/**
+ * A kept drop policy's selectors, copied to be checked without the mutex.
+ */
+typedef struct {
+	traffic_selector_t *src_ts, *dst_ts;
+} ts_pair_t;
+
+static void ts_pair_destroy(ts_pair_t *p)
+{
+	p->src_ts->destroy(p->src_ts);
+	p->dst_ts->destroy(p->dst_ts);
+	free(p);
+}
+
+/**
+ * Delete the drop policies kept for connections that were unloaded since
+ * (swanctl --unload-conn, or removed from swanctl.conf and --load-all):
+ * their traffic is given up deliberately. Runs every RETAIN_CHECK_MS while
+ * any policy is kept.
+ */
+static job_requeue_t check_retained(private_espd_kernel_ipsec_t *this)
+{
+	enumerator_t *enumerator;
+	linked_list_t *kept = linked_list_create();
+	policy_entry_t *e, key = { .dir = POLICY_OUT };
+	ts_pair_t *p;
+	char buf[128];
+	bool more = FALSE;
+
+	this->mutex->lock(this->mutex);
+	enumerator = this->policies->create_enumerator(this->policies);
+	while (enumerator->enumerate(enumerator, NULL, &e))
+	{
+		if (e->retained && e->users->get_count(e->users) == 0)
+		{
+			INIT(p,
+				.src_ts = e->src_ts->clone(e->src_ts),
+				.dst_ts = e->dst_ts->clone(e->dst_ts),
+			);
+			kept->insert_last(kept, p);
+		}
+	}
+	enumerator->destroy(enumerator);
+	this->mutex->unlock(this->mutex);
+
+	enumerator = kept->create_enumerator(kept);
+	while (enumerator->enumerate(enumerator, &p))
+	{
+		if (loaded_connection(p->src_ts, p->dst_ts, buf, sizeof(buf)))
+		{
+			continue;
+		}
+		key.src_ts = p->src_ts;
+		key.dst_ts = p->dst_ts;
+		this->mutex->lock(this->mutex);
+		e = this->policies->get(this->policies, &key);
+		if (e && e->retained && e->users->get_count(e->users) == 0)
+		{
+			DBG1(DBG_KNL, "espd: no loaded connection covers %R === %R out "
+				 "any more; deleting the drop policy kept for it",
+				 e->src_ts, e->dst_ts);
+			this->policies->remove(this->policies, e);
+			uninstall_policy(this, e);
+			policy_entry_destroy(e);
+		}
+		this->mutex->unlock(this->mutex);
+	}
+	enumerator->destroy(enumerator);
+	kept->destroy_function(kept, (void*)ts_pair_destroy);
+
+	this->mutex->lock(this->mutex);
+	enumerator = this->policies->create_enumerator(this->policies);
+	while (!more && enumerator->enumerate(enumerator, NULL, &e))
+	{
+		more = e->retained && e->users->get_count(e->users) == 0;
+	}
+	enumerator->destroy(enumerator);
+	this->retain_check = more;
+	this->mutex->unlock(this->mutex);
+	return more ? JOB_RESCHEDULE_MS(RETAIN_CHECK_MS) : JOB_REQUEUE_NONE;
+}
+
+/**
+ * Make sure check_retained() runs. this->mutex is held.
+ */
+static void schedule_retain_check(private_espd_kernel_ipsec_t *this)
+{
+	if (!this->retain_check)
+	{
+		this->retain_check = TRUE;
+		lib->scheduler->schedule_job_ms(lib->scheduler, (job_t*)
+				callback_job_create((callback_job_cb_t)check_retained, this,
+									NULL, NULL), RETAIN_CHECK_MS);
+	}
+}
+
 static bool user_matches(policy_user_t *u, kernel_ipsec_manage_policy_t *data,
 						 bool exact)
 {
@@ -1329,6 +1463,7 @@ METHOD(kernel_ipsec_t, del_policy, status_t,
 	{
 		/* fail closed: keep dropping what the connection protected */
 		e->retained = TRUE;
+		schedule_retain_check(this);
 		if (retain_policy(this, e) == SUCCESS)
 		{
 			DBG1(DBG_KNL, "espd: policy %R === %R out: its CHILD_SA is gone "
@@ -1481,6 +1616,210 @@ typedef struct {
 	uint32_t reqid;
 } sa_ref_t;
 
+/** how long a previous charon's peers wait for their connection to load */
+#define ORPHAN_WAIT 30
+
+/**
+ * SA_LIST part: the outbound SAs that charon negotiated (NEGOTIATED) and
+ * this plugin did not install, by their outer addresses.
+ */
+static void orphan_reply(void *ctx, const espd_hdr_t *h, const uint8_t *body,
+						 size_t len)
+{
+	private_espd_kernel_ipsec_t *this = ctx;
+	espd_iter_t it;
+	espd_attr_t a;
+	espd_addr_t src = {}, dst = {};
+	uint32_t spi = 0, dir = 0, negotiated = 0;
+	bool have_src = FALSE, have_dst = FALSE;
+	sa_entry_t key = {}, *e;
+	enumerator_t *enumerator;
+	peer_t *p;
+	host_t *me, *other;
+	bool known = FALSE;
+
+	espd_iter_init(&it, body, len);
+	while (espd_iter_next(&it, &a))
+	{
+		switch (a.type)
+		{
+			case ESPD_A_SPI:
+				espd_attr_u32(&a, &spi);
+				break;
+			case ESPD_A_DIR:
+				espd_attr_u32(&a, &dir);
+				break;
+			case ESPD_A_NEGOTIATED:
+				espd_attr_u32(&a, &negotiated);
+				break;
+			case ESPD_A_SRC:
+				have_src = espd_attr_addr(&a, &src);
+				break;
+			case ESPD_A_DST:
+				have_dst = espd_attr_addr(&a, &dst);
+				break;
+		}
+	}
+	if (dir != ESPD_DIR_OUT || !negotiated || !have_src || !have_dst)
+	{
+		return;
+	}
+	me = espd_addr2host(&src, 0);
+	other = espd_addr2host(&dst, 0);
+	if (!me || !other)
+	{
+		DESTROY_IF(me);
+		DESTROY_IF(other);
+		return;
+	}
+	key = (sa_entry_t){ .spi = spi, .dst = other };
+	this->mutex->lock(this->mutex);
+	e = this->sas->get(this->sas, &key);
+	enumerator = this->orphan_peers->create_enumerator(this->orphan_peers);
+	while (!e && !known && enumerator->enumerate(enumerator, &p))
+	{
+		known = p->me->ip_equals(p->me, me) && p->other->ip_equals(p->other, other);
+	}
+	enumerator->destroy(enumerator);
+	if (!e && !known)
+	{
+		INIT(p, .me = me, .other = other);
+		this->orphan_peers->insert_last(this->orphan_peers, p);
+		me = other = NULL;
+	}
+	this->mutex->unlock(this->mutex);
+	DESTROY_IF(me);
+	DESTROY_IF(other);
+}
+
+/**
+ * Whether charon has an IKE_SA with the peer.
+ */
+static bool has_ike_sa(host_t *other)
+{
+	enumerator_t *enumerator;
+	ike_sa_t *ike_sa;
+	bool found = FALSE;
+
+	enumerator = charon->ike_sa_manager->create_enumerator(
+											charon->ike_sa_manager, TRUE);
+	while (!found && enumerator->enumerate(enumerator, &ike_sa))
+	{
+		found = other->ip_equals(other, ike_sa->get_other_host(ike_sa));
+	}
+	enumerator->destroy(enumerator);
+	return found;
+}
+
+/**
+ * Negotiate again with the peers of a previous charon's SAs. That charon
+ * was killed: its peers still have the IKE_SAs and CHILD_SAs it had, and
+ * learn that they are gone only at their DPD timeout (minutes with
+ * Debian's timers) or at the next espd restart here, when their ESP
+ * starts going nowhere. A new IKE_SA (with INITIAL_CONTACT) makes them
+ * drop the old ones at once. A peer's CHILD_SA configs that charon would
+ * bring up by itself (start_action trap or start) are initiated once their
+ * connection is loaded, unless an IKE_SA with the peer exists by then;
+ * checked every second for ORPHAN_WAIT seconds after espd was found.
+ */
+static job_requeue_t check_orphans(private_espd_kernel_ipsec_t *this)
+{
+	enumerator_t *peers, *children;
+	peer_cfg_t *peer_cfg;
+	child_cfg_t *child_cfg;
+	peer_t *p;
+	bool done, more;
+	u_int started;
+
+	for (;;)
+	{
+		this->mutex->lock(this->mutex);
+		if (this->orphan_peers->remove_first(this->orphan_peers,
+											 (void**)&p) != SUCCESS)
+		{
+			this->mutex->unlock(this->mutex);
+			break;
+		}
+		this->mutex->unlock(this->mutex);
+
+		done = has_ike_sa(p->other);
+		started = 0;
+		peers = charon->backends->create_peer_cfg_enumerator(charon->backends,
+										p->me, p->other, NULL, NULL, IKEV2);
+		while (!done && peers->enumerate(peers, &peer_cfg))
+		{
+			children = peer_cfg->create_child_cfg_enumerator(peer_cfg);
+			while (children->enumerate(children, &child_cfg))
+			{
+				if (child_cfg->get_start_action(child_cfg) == ACTION_NONE)
+				{
+					continue;
+				}
+				DBG1(DBG_KNL, "espd: a previous charon had SAs with %H that "
+					 "this one does not know; initiating %s/%s so that the "
+					 "peer replaces them now", p->other,
+					 peer_cfg->get_name(peer_cfg), child_cfg->get_name(child_cfg));
+				charon->controller->initiate(charon->controller,
+						peer_cfg->get_ref(peer_cfg),
+						child_cfg->get_ref(child_cfg), NULL, NULL, 0, FALSE);
+				started++;
+			}
+			children->destroy(children);
+			done = started > 0;
+		}
+		peers->destroy(peers);
+		if (done || time_monotonic(NULL) >= this->orphans_until)
+		{
+			if (!done)
+			{
+				DBG1(DBG_KNL, "espd: a previous charon had SAs with %H; no "
+					 "loaded connection initiates to it, so the peer keeps "
+					 "them until its DPD", p->other);
+			}
+			peer_destroy(p);
+			continue;
+		}
+		/* its connection is not loaded yet: again in a second */
+		this->mutex->lock(this->mutex);
+		this->orphan_peers->insert_last(this->orphan_peers, p);
+		this->mutex->unlock(this->mutex);
+		break;
+	}
+	this->mutex->lock(this->mutex);
+	more = this->orphan_peers->get_count(this->orphan_peers) > 0;
+	this->mutex->unlock(this->mutex);
+	return more ? JOB_RESCHEDULE(1) : JOB_REQUEUE_NONE;
+}
+
+/**
+ * On the first connection to espd: look for SAs a previous charon
+ * negotiated (it was killed, espd kept them) and schedule check_orphans().
+ */
+static void find_orphans(private_espd_kernel_ipsec_t *this)
+{
+	espd_msg_t m;
+
+	if (this->orphans_checked)
+	{
+		return;
+	}
+	this->orphans_checked = TRUE;
+	if (!espd_msg_init(&m, ESPD_MSG_SA_LIST, 0) ||
+		request(this, &m, orphan_reply, this, "listing SAs", FALSE) != 0)
+	{
+		return;
+	}
+	this->mutex->lock(this->mutex);
+	this->orphans_until = time_monotonic(NULL) + ORPHAN_WAIT;
+	if (this->orphan_peers->get_count(this->orphan_peers))
+	{
+		lib->scheduler->schedule_job(lib->scheduler, (job_t*)
+				callback_job_create((callback_job_cb_t)check_orphans, this,
+									NULL, NULL), 1);
+	}
+	this->mutex->unlock(this->mutex);
+}
+
 METHOD(espd_kernel_ipsec_t, reconcile, void,
 	private_espd_kernel_ipsec_t *this)
 {
@@ -1491,6 +1830,8 @@ METHOD(espd_kernel_ipsec_t, reconcile, void,
 	sa_stats_t st;
 	u_int count, i, j, gone = 0, soft = 0, policies = 0;
 	int r;
+
+	find_orphans(this);
 
 	/* policies first, so that no traffic leaks while charon replaces the
 	 * SAs (its trap policies in particular must be back) */
@@ -1632,6 +1973,8 @@ METHOD(kernel_ipsec_t, destroy, void,
 	}
 	enumerator->destroy(enumerator);
 	this->sas->destroy(this->sas);
+	this->orphan_peers->destroy_function(this->orphan_peers,
+										 (void*)peer_destroy);
 	espd_conn_destroy(this->conn);
 	this->mutex->destroy(this->mutex);
 	free(this);
@@ -1671,6 +2014,7 @@ espd_kernel_ipsec_t *espd_kernel_ipsec_create()
 		.mutex = mutex_create(MUTEX_TYPE_DEFAULT),
 		.sas = hashtable_create((hashtable_hash_t)sa_hash,
 								(hashtable_equals_t)sa_equals, 32),
+		.orphan_peers = linked_list_create(),
 		.policies = hashtable_create((hashtable_hash_t)policy_hash,
 									 (hashtable_equals_t)policy_equals, 32),
 		.spi_min = lib->settings->get_int(lib->settings, "%s.spi_min",

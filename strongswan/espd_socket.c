@@ -530,9 +530,52 @@ METHOD(socket_t, supported_families, socket_family_t,
 	return SOCKET_FAMILY_BOTH;
 }
 
+/**
+ * How long charon, stopping with IKE packets held, waits for espd to take
+ * them: long enough for an espd restart (an upgrade restarts espd and
+ * charon together), short beside systemd's stop timeout.
+ */
+#define HELD_EXIT_WAIT_MS 5000
+
+/**
+ * charon is stopping with IKE packets held, typically the deletes it sent
+ * while espd restarted in the same upgrade: hand them to espd if it comes
+ * back within HELD_EXIT_WAIT_MS. Lost, they would leave the peer sending
+ * into SAs that no longer exist until its DPD gives up, minutes later.
+ */
+static void send_held_at_exit(private_espd_socket_t *this)
+{
+	char err[512] = "";
+	u_int held = this->held->get_count(this->held);
+	int fd, waited;
+
+	if (!held)
+	{
+		return;
+	}
+	for (waited = 0; this->fd < 0 && waited < HELD_EXIT_WAIT_MS; waited += 100)
+	{
+		fd = do_register(this, err, sizeof(err));
+		if (fd >= 0)
+		{
+			this->fd = fd;
+			break;
+		}
+		usleep(100000);
+	}
+	if (this->fd >= 0)
+	{
+		send_held(this);
+		return;
+	}
+	DBG1(DBG_NET, "espd: charon stops with %u IKE packets espd never took "
+		 "(%s): the peer learns of these deletes only at its DPD", held, err);
+}
+
 METHOD(socket_t, destroy, void,
 	private_espd_socket_t *this)
 {
+	send_held_at_exit(this);
 	if (this->fd >= 0)
 	{
 		close(this->fd);

@@ -276,6 +276,15 @@ func (g *gateway) espdPolicies() int {
 	return len(regexp.MustCompile(`(?m)^\s+dir (in|out|fwd) `).FindAllString(out, -1))
 }
 
+// espdPoliciesKept returns how many of espd's policies are outbound drop
+// policies, as the plugin keeps them for a loaded connection whose
+// CHILD_SA went.
+func (g *gateway) espdPoliciesKept() int {
+	g.t.Helper()
+	out := g.mustEspctl("policy", "list")
+	return len(regexp.MustCompile(`(?m)^\s+dir out action drop `).FindAllString(out, -1))
+}
+
 // tunnelRoutes returns espd's routes into the TUN.
 func (g *gateway) tunnelRoutes() string {
 	g.t.Helper()

@@ -34,16 +34,28 @@ func transfer(t *testing.T, from, to *testbed.Node, dst testbed.Family, n int64,
 	return res
 }
 
-// checkEmpty checks that espd has no states, no policies and no routes
-// into the TUN left.
+// checkEmpty checks what a terminate with the connection still loaded
+// leaves in espd: no states, and only the outbound policies, kept as drop
+// policies (docs/safety.md, "Under charon"); then it unloads every
+// connection of g's charon and checks that the plugin deletes those too:
+// no policies and no routes into the TUN left.
 func checkEmpty(t *testing.T, g *gateway) {
 	t.Helper()
 	ok := waitFor(5*time.Second, func() bool {
 		s := g.espdSPIs()
+		return len(s["in"]) == 0 && len(s["out"]) == 0 && g.espdPolicies() == g.espdPoliciesKept()
+	})
+	if !ok || g.espdPoliciesKept() == 0 {
+		t.Errorf("%s: after the terminate espd has more than its kept outbound drop policies, or none:\n%s\n%s", g.name,
+			g.mustEspctl("sa", "list"), g.mustEspctl("policy", "list"))
+	}
+	g.load("")
+	ok = waitFor(10*time.Second, func() bool {
+		s := g.espdSPIs()
 		return len(s["in"]) == 0 && len(s["out"]) == 0 && g.espdPolicies() == 0 && g.tunnelRoutes() == ""
 	})
 	if !ok {
-		t.Errorf("%s: espd still has state after the terminate:\n%s\n%s\nroutes:\n%s", g.name,
+		t.Errorf("%s: espd still has state after the connections were unloaded:\n%s\n%s\nroutes:\n%s", g.name,
 			g.mustEspctl("sa", "list"), g.mustEspctl("policy", "list"), g.tunnelRoutes())
 	}
 }
