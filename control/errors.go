@@ -112,16 +112,39 @@ var fieldAttrs = map[string]AttrType{
 	sa.FieldReplaySeq:    AttrReplaySeq,
 	sa.FieldReplayBitmap: AttrReplayBitmap,
 	sa.FieldNegotiated:   AttrNegotiated,
+	sa.FieldSuite:        AttrAlgName,
+	sa.FieldESN:          AttrESN,
+	sa.FieldKeys:         AttrEncKey,
+	sa.FieldReqID:        AttrReqID,
+	sa.FieldReplayWindow: AttrReplayWindow,
+}
+
+// sameSetting lists, for an attribute of fieldAttrs, the others that give
+// the same setting: the algorithm (and ESN) by name or by IDs, the keys.
+var sameSetting = map[AttrType][]AttrType{
+	AttrAlgName: {AttrEncAlg, AttrEncKeyLen, AttrIntegAlg, AttrESN},
+	AttrESN:     {AttrAlgName, AttrEncAlg},
+	AttrEncKey:  {AttrIntegKey},
 }
 
 // attrFromError returns the attribute at fault in an error returned by a
-// Backend: the one of an sa.FieldError in its chain, else 0.
-func attrFromError(err error) AttrType {
+// Backend for a request carrying attrs: the one of an sa.FieldError in
+// its chain, or, when the request does not carry that one, the first it
+// carries of those that give the same setting; else 0.
+func attrFromError(err error, attrs []Attr) AttrType {
 	var fe *sa.FieldError
-	if errors.As(err, &fe) {
-		return fieldAttrs[fe.Field]
+	if !errors.As(err, &fe) {
+		return 0
 	}
-	return 0
+	t := fieldAttrs[fe.Field]
+	for _, alt := range append([]AttrType{t}, sameSetting[t]...) {
+		for _, a := range attrs {
+			if a.Type == alt {
+				return alt
+			}
+		}
+	}
+	return t
 }
 
 // errnoFromError chooses the code for an error returned by a Backend: the

@@ -13,7 +13,7 @@ func (c *conn) handle(m *Message) error {
 	fail := func(err error) error {
 		e, ok := err.(*Error)
 		if !ok {
-			e = &Error{Code: errnoFromError(err), Msg: err.Error(), Attr: attrFromError(err)}
+			e = &Error{Code: errnoFromError(err), Msg: err.Error(), Attr: attrFromError(err, m.Attrs)}
 		}
 		return c.sendError(m.Version, m.Seq, m.Type, e)
 	}

@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(floodChildEnv); spec != "" {
 		os.Exit(floodChild(spec))
 	}
+	if path := os.Getenv(serverChildEnv); path != "" {
+		os.Exit(serverChild(path))
+	}
 	os.Exit(m.Run())
 }
 

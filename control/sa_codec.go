@@ -61,6 +61,11 @@ const (
 	// FieldNegotiated is NEGOTIATED (sa.Config.Negotiated). It cannot
 	// change: an SA_UPDATE may carry it only with the state's own value.
 	FieldNegotiated
+	// FieldESN is ESN (Config.Suite.ESN), which the attributes of
+	// FieldSuite include; on its own it is ESN without the algorithm.
+	// Neither can change: an SA_UPDATE may carry them only with the
+	// state's own values.
+	FieldESN
 	// FieldsAll is every field.
 	FieldsAll Fields = 1<<iota - 1
 )
@@ -94,6 +99,9 @@ func (u SAUpdate) Apply(cur sa.Config) sa.Config {
 	}
 	if f&FieldSuite != 0 {
 		c.Suite = n.Suite
+	}
+	if f&FieldESN != 0 {
+		c.Suite.ESN = n.Suite.ESN
 	}
 	c.EncKey, c.IntegKey = nil, nil
 	if f&FieldKeys != 0 {
@@ -216,8 +224,13 @@ func putSAFields(b *Builder, c sa.Config, f Fields, update bool) {
 	if f&FieldReqID != 0 {
 		b.U32(AttrReqID, c.ReqID)
 	}
-	if f&FieldSuite != 0 && c.Suite != (crypto.Suite{}) { // an SPI reservation has none
-		putSuite(b, c.Suite)
+	switch {
+	case f&FieldSuite != 0:
+		if c.Suite != (crypto.Suite{}) { // an SPI reservation has none
+			putSuite(b, c.Suite)
+		}
+	case f&FieldESN != 0:
+		b.Bool(AttrESN, c.Suite.ESN)
 	}
 	if f&FieldKeys != 0 {
 		if c.EncKey != nil {
@@ -436,6 +449,14 @@ func readSAFields(r *reader, c *sa.Config, update bool) Fields {
 	if s, ok := readSuite(r); ok {
 		c.Suite = s
 		f |= FieldSuite
+	}
+	if esn, ok := r.boolean(AttrESN); ok {
+		// With the algorithm readSuite took it; without, it still says
+		// what ESN must be (an SA_UPDATE cannot change it).
+		if f&FieldSuite == 0 {
+			c.Suite.ESN = esn
+		}
+		f |= FieldESN
 	}
 	ek, hasEK := r.bytes(AttrEncKey)
 	ik, hasIK := r.bytes(AttrIntegKey)

@@ -150,7 +150,7 @@ func (r *ReplayWindow) Check(seq uint64) error {
 	// If the window moved on since top was read, this word may already
 	// hold newer sequence numbers; then seq is too old for the new window
 	// and rejecting it is right, while a stale pass is caught by Update.
-	if r.bitmap[(seq>>6)&r.mask].Load()&(1<<(seq&63)) != 0 {
+	if r.has(seq) {
 		return ErrReplay
 	}
 	return nil
@@ -206,7 +206,7 @@ func (r *ReplayWindow) Update(seq uint64) error {
 // sizes and ESN. Numbers that r's larger window covers but old's did not
 // count as received: old refused them. A window without ESN cannot hold a
 // highest number above 2^32-1: Continue then leaves r refusing every
-// number up to 2^32-1 and returns false.
+// number up to 2^32-1 and returns false. Its work is bounded by r's size.
 func (r *ReplayWindow) Continue(old *ReplayWindow) bool {
 	old.mu.Lock()
 	defer old.mu.Unlock()
@@ -220,21 +220,26 @@ func (r *ReplayWindow) Continue(old *ReplayWindow) bool {
 	if r.size == 0 || top == 0 {
 		return ok
 	}
-	lo := uint64(1)
-	if top >= r.size {
-		lo = top - r.size + 1
-	}
-	for seq := lo; seq <= top; seq++ {
-		seen := true
-		if ok && old.size > 0 && top-seq < old.size {
-			seen = old.bitmap[(seq>>6)&old.mask].Load()&(1<<(seq&63)) != 0
-		}
-		if seen {
-			w := &r.bitmap[(seq>>6)&r.mask]
-			w.Store(w.Load() | 1<<(seq&63))
+	// Offsets i from top, not numbers: top may be 2^64-1.
+	for i := range min(r.size, top) {
+		seq := top - i
+		if !ok || old.size == 0 || i >= old.size || old.has(seq) {
+			r.set(seq)
 		}
 	}
 	return ok
+}
+
+// has reports whether the bit for seq is set. The caller checks that seq
+// lies within the window.
+func (r *ReplayWindow) has(seq uint64) bool {
+	return r.bitmap[(seq>>6)&r.mask].Load()&(1<<(seq&63)) != 0
+}
+
+// set sets the bit for seq. Called with mu held.
+func (r *ReplayWindow) set(seq uint64) {
+	w := &r.bitmap[(seq>>6)&r.mask]
+	w.Store(w.Load() | 1<<(seq&63))
 }
 
 // Bitmap returns which numbers of the window, counted down from Top, have
@@ -254,7 +259,7 @@ func (r *ReplayWindow) Bitmap() []byte {
 	}
 	b := make([]byte, r.size/8)
 	for i := range min(r.size, top) {
-		if r.bitmap[((top-i)>>6)&r.mask].Load()&(1<<((top-i)&63)) != 0 {
+		if r.has(top - i) {
 			b[i/8] |= 1 << (i % 8)
 		}
 	}
@@ -288,7 +293,8 @@ func ReplayStateSeen(top uint64, bitmap []byte, seq uint64) bool {
 // replay-bitmap, on a new window or one in use (concurrent Check and
 // Update stay correct). top 0 changes nothing. A window without ESN takes
 // top up to 2^32-1 (larger values are clamped: the caller validates them);
-// bits for numbers below 1 are ignored.
+// bits for numbers below 1 are ignored. Its work is bounded by the
+// window's size, whatever top is (2^64-1 included).
 func (r *ReplayWindow) Merge(top uint64, bitmap []byte) {
 	if top == 0 {
 		return
@@ -304,15 +310,16 @@ func (r *ReplayWindow) Merge(top uint64, bitmap []byte) {
 		r.top.Store(nt)
 		return
 	}
-	lo := uint64(1)
-	if nt >= r.size {
-		lo = nt - r.size + 1
-	}
-	// What the window refuses now, read before any word is cleared.
-	refused := make([]bool, nt-lo+1)
-	for seq := lo; seq <= nt; seq++ {
-		if seq <= cur && (cur-seq >= r.size || r.bitmap[(seq>>6)&r.mask].Load()&(1<<(seq&63)) != 0) {
-			refused[seq-lo] = true
+	// The window after the merge holds the n numbers nt-i for offsets i
+	// below n; loops run over offsets, so that their length is the
+	// window's size whatever the numbers (nt may be 2^64-1).
+	n := min(r.size, nt)
+	// What the window refuses now, bit i for nt-i, read before any word
+	// is cleared.
+	var refused [MaxReplayWindow / 64]uint64
+	for i := range n {
+		if seq := nt - i; seq <= cur && (cur-seq >= r.size || r.has(seq)) {
+			refused[i/64] |= 1 << (i % 64)
 		}
 	}
 	if nt > cur {
@@ -321,10 +328,9 @@ func (r *ReplayWindow) Merge(top uint64, bitmap []byte) {
 			r.bitmap[(c+1+i)&r.mask].Store(0)
 		}
 	}
-	for seq := lo; seq <= nt; seq++ {
-		if refused[seq-lo] || ReplayStateSeen(top, bitmap, seq) {
-			w := &r.bitmap[(seq>>6)&r.mask]
-			w.Store(w.Load() | 1<<(seq&63))
+	for i := range n {
+		if seq := nt - i; refused[i/64]&(1<<(i%64)) != 0 || ReplayStateSeen(top, bitmap, seq) {
+			r.set(seq)
 		}
 	}
 	if nt > cur {

@@ -103,10 +103,23 @@ const (
 	FieldNegotiated = "negotiated"
 )
 
+// Names of the settings UpdateSA cannot change, as FieldError.Field gives
+// them: Config.Suite (its ESN alone: FieldESN), the keys, ReqID and, for
+// an inbound state, ReplayWindow.
+const (
+	FieldSuite        = "suite"
+	FieldESN          = "esn"
+	FieldKeys         = "keys"
+	FieldReqID        = "reqid"
+	FieldReplayWindow = "replay-window"
+)
+
 // FieldError is what Validate (and so AddSA, UpdateSA and Apply) returns
-// for an unusable sequence-number setting, and AddSA, UpdateSA and Apply
-// for a key origin that cannot change: Field names it (FieldOSeq,
-// FieldReplaySeq, FieldReplayBitmap or FieldNegotiated), so that a front
+// for an unusable sequence-number setting, AddSA, UpdateSA and Apply for
+// a key origin that cannot change, and UpdateSA and Apply for any other
+// setting an update cannot change: Field names it (FieldOSeq,
+// FieldReplaySeq, FieldReplayBitmap, FieldNegotiated, FieldSuite,
+// FieldESN, FieldKeys, FieldReqID or FieldReplayWindow), so that a front
 // end can point at its own spelling of it.
 type FieldError struct {
 	Field string
@@ -319,6 +332,14 @@ func (c Config) String() string {
 // Format makes every fmt verb (%v, %+v, %#v, %x, %d, ...) print String,
 // so that no formatting of a Config can show its keys.
 func (c Config) Format(f fmt.State, _ rune) { io.WriteString(f, c.String()) }
+
+// onOff is "on" or "off".
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}
 
 // origin names a state's key origin (Config.Negotiated) in messages.
 func origin(negotiated bool) string {

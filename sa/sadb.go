@@ -124,8 +124,8 @@ func (s *SA) publishCodec(p *params, old *esp.Decapsulator) {
 // numbers, replay window and counters. The state is the one with c's SPI,
 // direction and destination, or, if the destination is what changes, the
 // only one with c's SPI, direction and reqid. Keys (nil means unchanged),
-// algorithms, reqid and replay window size cannot change: replace the
-// state instead (Apply with the state in DeleteSAs and the new one in
+// algorithms (ESN included), reqid and replay window size cannot change
+// (a *FieldError names which was given): replace the state instead (Apply with the state in DeleteSAs and the new one in
 // AddSAs keeps its counters when the key stays). A higher OSeq raises an
 // outbound state's counter (reserved in the SeqStore first), a ReplaySeq
 // and ReplayBitmap are merged into an inbound state's window; neither
@@ -135,18 +135,23 @@ func (db *DB) UpdateSA(c Config) error {
 	return err
 }
 
-// checkUpdate reports why c cannot update s in place.
+// checkUpdate reports why c cannot update s in place: a *FieldError
+// naming the setting that cannot change.
 func (s *SA) checkUpdate(c *Config) error {
 	old := s.params.Load()
+	esnOnly := c.Suite
+	esnOnly.ESN = s.suite.ESN
 	switch {
+	case c.Suite != s.suite && esnOnly == s.suite:
+		return fieldErrorf(FieldESN, "sa: state spi 0x%08x: UpdateSA cannot turn ESN %s (%v to %v): a state's sequence numbers keep their width; delete the state and add a new one", s.spi, onOff(c.Suite.ESN), s.suite, c.Suite)
 	case c.Suite != s.suite:
-		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the algorithms (%v to %v): delete the state and add a new one", s.spi, s.suite, c.Suite)
+		return fieldErrorf(FieldSuite, "sa: state spi 0x%08x: UpdateSA cannot change the algorithms (%v to %v): delete the state and add a new one", s.spi, s.suite, c.Suite)
 	case (c.EncKey != nil || c.IntegKey != nil) && crypto.KeyFingerprint(c.EncKey, c.IntegKey) != s.fp:
-		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the keys: delete the state and add a new one", s.spi)
+		return fieldErrorf(FieldKeys, "sa: state spi 0x%08x: UpdateSA cannot change the keys: delete the state and add a new one", s.spi)
 	case c.ReqID != s.reqid:
-		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the reqid (%d to %d): delete the state and add a new one", s.spi, s.reqid, c.ReqID)
+		return fieldErrorf(FieldReqID, "sa: state spi 0x%08x: UpdateSA cannot change the reqid (%d to %d): delete the state and add a new one", s.spi, s.reqid, c.ReqID)
 	case s.dir == DirIn && c.ReplayWindow != old.cfg.ReplayWindow:
-		return fmt.Errorf("sa: state spi 0x%08x: UpdateSA cannot change the replay window (%d to %d): delete the state and add a new one", s.spi, old.cfg.ReplayWindow, c.ReplayWindow)
+		return fieldErrorf(FieldReplayWindow, "sa: state spi 0x%08x: UpdateSA cannot change the replay window (%d to %d): delete the state and add a new one", s.spi, old.cfg.ReplayWindow, c.ReplayWindow)
 	case c.Negotiated != old.cfg.Negotiated:
 		return fieldErrorf(FieldNegotiated, "sa: state spi 0x%08x: UpdateSA cannot change whether its keys were negotiated (%s to %s): the origin of a key decides how long its sequence numbers are remembered; delete the state and add a new one with a new key", s.spi, origin(old.cfg.Negotiated), origin(c.Negotiated))
 	}

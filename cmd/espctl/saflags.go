@@ -227,6 +227,9 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 			try(e)
 			c.Suite = s
 			fl |= control.FieldSuite
+			if set["esn"] {
+				fl |= control.FieldESN
+			}
 		}
 	}
 	if set["enc-key-file"] || set["integ-key-file"] || set["auth-key-file"] || full {
