@@ -40,6 +40,14 @@ func pinger(t *testing.T, n *testbed.Node, dir string, dst string) *testbed.Proc
 	return p
 }
 
+// restartEspd starts espd again after a kill, as systemd does
+// (Restart=on-failure, RestartSec=1).
+func (g *gateway) restartEspd() {
+	g.t.Helper()
+	time.Sleep(time.Second)
+	g.runEspd()
+}
+
 // upgrade restarts espd and charon together, as an upgrade of both
 // packages does: espd stops first, charon stops while espd is away (its
 // IKE deletes cannot leave yet) and espd comes back while it stops.
@@ -72,11 +80,13 @@ func bothWays(p *pair) bool {
 	return err1 == nil && r1.OK() && err2 == nil && r2.OK()
 }
 
-// TestCharonLifecycle runs charon's life on both gateways under traffic in
-// both directions, with default routes that would carry any cleartext
-// across the transit link: charon restarted (SIGTERM: it deletes its
-// CHILD_SAs and policies on the way out) and killed (SIGKILL) on the
-// initiator A and on the responder B, with Debian's retransmit timers.
+// TestCharonLifecycle runs a charon-keyed gateway's life on both gateways
+// under traffic in both directions, with default routes that would carry
+// any cleartext across the transit link: espd killed (systemd restarts
+// it), charon restarted (SIGTERM: it deletes its CHILD_SAs and policies
+// on the way out) and killed (SIGKILL), and both restarted together as an
+// upgrade does, on the initiator A and on the responder B, with Debian's
+// retransmit timers.
 // Not one cleartext frame of the LANs crosses the transit link (the
 // plugin keeps an outbound policy whose CHILD_SA went as a drop policy
 // while its connection is loaded), and traffic passes both ways again
@@ -130,6 +140,8 @@ func TestCharonLifecycle(t *testing.T) {
 		do     func()
 		oneWay bool
 	}{
+		{"espd on A killed", func() { p.a.killEspd(); p.a.restartEspd() }, false},
+		{"espd on B killed", func() { p.b.killEspd(); p.b.restartEspd() }, false},
 		{"charon on A restarted", func() { p.a.restartCharon(opts, ca, false) }, false},
 		{"charon on B restarted", func() { p.b.restartCharon(opts, cb, false) }, false},
 		{"charon on A killed", func() { p.a.restartCharon(opts, ca, true) }, false},
