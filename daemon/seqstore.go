@@ -13,13 +13,14 @@ import (
 // function that closes it. An empty dir keeps it in memory (sa's default:
 // safe for the life of the process only).
 //
-// A damaged record (seqstore.ErrCorrupt) does not stop espd: it starts
-// with a store that refuses every outbound state with the reason, and
-// says so loudly, because it cannot know which sequence numbers its keys
-// have sent. Inbound states and policies work as usual, and the operator
-// can see and fix the cause (docs/safety.md). Any other failure (the
-// directory is in use by another espd, has unsafe permissions, cannot be
-// created) is returned: espd refuses to start.
+// A damaged store (seqstore.ErrCorrupt: a bad record, a log that does
+// not match its witness) does not stop espd: it starts with a store that
+// refuses every outbound state with the reason, and says so loudly,
+// because it cannot know which sequence numbers its keys have sent.
+// Inbound states (their keys unrecorded) and policies work as usual, and
+// the operator can see and fix the cause (docs/safety.md). Any other
+// failure (the directory is in use by another espd, has unsafe
+// permissions, cannot be created) is returned: espd refuses to start.
 func openSeqStore(dir string, log *slog.Logger) (sa.SeqStore, func() error, error) {
 	none := func() error { return nil }
 	log = log.With("component", "seqstore")
@@ -29,7 +30,7 @@ func openSeqStore(dir string, log *slog.Logger) (sa.SeqStore, func() error, erro
 	}
 	st, err := seqstore.Open(dir, seqstore.Options{Logger: log})
 	if errors.Is(err, seqstore.ErrCorrupt) {
-		log.Error("REFUSING EVERY OUTBOUND SA: the record of sequence numbers already sent is damaged, so any outbound key could repeat a nonce; inbound SAs work. Move the file aside and install fresh keys (docs/safety.md)", "err", err)
+		log.Error("REFUSING EVERY OUTBOUND SA: the record of sequence numbers already sent is damaged, so any outbound key could repeat a nonce; inbound SAs work. Move seq.log and seq.head aside and install fresh keys (docs/safety.md)", "err", err)
 		return seqstore.Refuse{Err: err}, none, nil
 	}
 	if err != nil {

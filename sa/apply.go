@@ -132,10 +132,13 @@ func (db *DB) apply(ch *Changes) ([]*SA, error) {
 	// state of these keys can appear meanwhile. A state that continues
 	// another, or an update, with a floor above its key's numbers gets a
 	// reservation above the floor now, recorded before commit raises its
-	// counter to it.
+	// counter to it. Inbound keys are recorded as such (useInbound).
 	floors := make([]uint64, len(adds))
 	for i, s := range adds {
 		if s.dir != DirOut {
+			if err := db.useInbound(s); err != nil {
+				return nil, err
+			}
 			continue
 		}
 		floor := ch.AddSAs[i].OSeq

@@ -36,6 +36,9 @@ type SA struct {
 	// states keyed with fp (seqkeys.go).
 	fp  crypto.Fingerprint
 	key *keyEntry
+	// inRecorded: the SeqStore counts this inbound state (Inbound), so
+	// its removal calls RetireInbound. Guarded by db.keying.
+	inRecorded bool
 
 	// Guarded by db.sadb.mu, set when an outbound state is removed
 	// (sealSeq): the last sequence number it handed out and its durable

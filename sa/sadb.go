@@ -252,8 +252,8 @@ func (db *DB) FlushSAs() {
 }
 
 // hardExpire removes s and fires a hard-expire event, unless it is
-// already dead. It may be called from the data path: it records an
-// outbound state's last number in the SeqStore from another goroutine.
+// already dead. It may be called from the data path: it retires the
+// state in the SeqStore from another goroutine.
 func (db *DB) hardExpire(s *SA, r ExpireReason) {
 	if s.State() == StateDead {
 		return
@@ -266,9 +266,7 @@ func (db *DB) hardExpire(s *SA, r ExpireReason) {
 	}
 	d.mu.Unlock()
 	if removed {
-		if s.dir == DirOut {
-			db.retireLater(s)
-		}
+		db.retireLater(s)
 		db.publish(s.expireEvent(EventHardExpire, r, db))
 	}
 }
@@ -350,7 +348,14 @@ func (d *sadb) snapshotInstalled(buf []*SA) []*SA {
 }
 
 // discard erases the key material of a state that was built but not
-// installed (nobody can hold it).
+// installed (nobody can hold it), and gives back its SeqStore count of
+// an inbound key (the record that the key served inbound stays).
 func (s *SA) discard() {
+	if s.inRecorded {
+		s.inRecorded = false
+		if err := s.db.opts.Seq.RetireInbound(s.fp); err != nil {
+			s.db.seqError(fmt.Errorf("sa: state spi 0x%08x (not installed): %w", s.spi, err))
+		}
+	}
 	s.transform.Zero()
 }

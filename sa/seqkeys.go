@@ -16,7 +16,10 @@ import (
 //
 //   - A key belongs to one live state at a time, whatever the direction
 //     (two outbound states, or an inbound and an outbound one, with the
-//     same key number their packets from the same counter space).
+//     same key number their packets from the same counter space), and
+//     to one direction for ever: the SeqStore records inbound keys too
+//     (Inbound, before the state is installed), and a key it says served
+//     the other direction is refused (after a delete, after a restart).
 //   - An outbound state continues above what its key may already have
 //     sent: above the SeqStore's record (Resume) for a new state, above
 //     the exact last number of the state it replaces (Apply, or a re-add
@@ -172,6 +175,9 @@ func (db *DB) startSeq(s *SA, used, limit uint64) {
 // durably. Called with DB.keying held for a state not yet installed whose
 // key has no live or retiring state.
 func (db *DB) resumeSeq(s *SA, floor uint64) error {
+	if err := db.checkDirection(s); err != nil {
+		return err
+	}
 	hw, err := db.opts.Seq.Resume(s.fp, s.params.Load().cfg.Negotiated)
 	if err != nil {
 		return fmt.Errorf("sa: state spi 0x%08x: cannot know which sequence numbers key %s has used: %w", s.spi, fpString(s.fp), err)
@@ -188,10 +194,56 @@ func (db *DB) resumeSeq(s *SA, floor uint64) error {
 	return nil
 }
 
-// retire records the exact last number of a removed outbound state in
-// the store, unless a newer state of its key took over meanwhile (Apply,
-// AddSA). Called with DB.keying held and sadb.mu not held.
+// checkDirection refuses s if the SeqStore says its key served the
+// other direction. Called with DB.keying held.
+func (db *DB) checkDirection(s *SA) error {
+	out, in, err := db.opts.Seq.Used(s.fp)
+	if err != nil {
+		return fmt.Errorf("sa: state spi 0x%08x dir %v: cannot know in which direction key %s was used: %w", s.spi, s.dir, fpString(s.fp), err)
+	}
+	if s.dir == DirOut && in || s.dir == DirIn && out {
+		other := DirIn
+		if s.dir == DirIn {
+			other = DirOut
+		}
+		return fmt.Errorf("sa: state spi 0x%08x dir %v: key %s was used dir %v before (by a state since deleted, or before a restart); a key serves one direction for ever, since the other end numbers its packets under it too: use a new key: %w", s.spi, s.dir, fpString(s.fp), other, ErrKeyDirection)
+	}
+	return nil
+}
+
+// useInbound records, durably, that the new inbound state s uses its
+// key, after checking that the key never served outbound. Options.Loopback
+// DBs record nothing (their inbound states share outbound keys). Called
+// with DB.keying held, before s is installed.
+func (db *DB) useInbound(s *SA) error {
+	if db.opts.Loopback {
+		return nil
+	}
+	if err := db.checkDirection(s); err != nil {
+		return err
+	}
+	if err := db.opts.Seq.Inbound(s.fp, s.params.Load().cfg.Negotiated); err != nil {
+		return fmt.Errorf("sa: state spi 0x%08x dir in: cannot record key %s as inbound: %w", s.spi, fpString(s.fp), err)
+	}
+	s.inRecorded = true
+	return nil
+}
+
+// retire records in the store that a removed state is gone: an inbound
+// state's key loses a user (RetireInbound); an outbound state's exact
+// last number is recorded, unless a newer state of its key took over
+// meanwhile (Apply, AddSA). Called with DB.keying held and sadb.mu not
+// held.
 func (db *DB) retire(s *SA) {
+	if s.dir == DirIn {
+		if s.inRecorded {
+			s.inRecorded = false
+			if err := db.opts.Seq.RetireInbound(s.fp); err != nil {
+				db.seqError(fmt.Errorf("sa: state spi 0x%08x: recording that its inbound key is no longer used: %w", s.spi, err))
+			}
+		}
+		return
+	}
 	d := &db.sadb
 	e := s.key
 	d.mu.Lock()
@@ -219,13 +271,11 @@ func (db *DB) retire(s *SA) {
 	d.mu.Unlock()
 }
 
-// retireAll retires the outbound states among ss. Called with DB.keying
-// held and sadb.mu not held.
+// retireAll retires the states ss. Called with DB.keying held and
+// sadb.mu not held.
 func (db *DB) retireAll(ss []*SA) {
 	for _, s := range ss {
-		if s.dir == DirOut {
-			db.retire(s)
-		}
+		db.retire(s)
 	}
 }
 

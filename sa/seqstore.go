@@ -1,12 +1,15 @@
 package sa
 
 import (
+	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/espd/espd/crypto"
 )
 
-// SeqStore records, durably, how far each outbound key's sequence numbers may have gone.
+// SeqStore records, durably, how far each outbound key's sequence numbers
+// may have gone, and which keys served inbound states.
 //
 // The DB never sends a sequence number that a SeqStore has not recorded
 // first: AddSA continues above Resume, reserves a block ahead with Reserve
@@ -15,7 +18,10 @@ import (
 // goes. After a crash the store still holds the last reservation, so the
 // next AddSA with the same key continues above everything that may have
 // been sent. Keys are known only by their fingerprint (crypto.KeyFingerprint).
-// Methods may be called concurrently.
+// A key serves one direction, for ever (the other end numbers its
+// packets under it too): the DB records inbound keys with Inbound before
+// it installs their state, and refuses a key that Used says served the
+// other direction. Methods may be called concurrently.
 type SeqStore interface {
 	// Resume returns the highest sequence number that may have been sent with key fp (0: never used).
 	// negotiated is the state's Config.Negotiated: a durable store may forget a retired key
@@ -25,7 +31,19 @@ type SeqStore interface {
 	Reserve(fp crypto.Fingerprint, limit uint64) error
 	// Retire records that the state keyed with fp is gone after sending exactly up to last.
 	Retire(fp crypto.Fingerprint, last uint64) error
+	// Inbound records, durably before it returns, that an inbound state uses fp (negotiated as
+	// for Resume), and counts it until its RetireInbound. It fails if fp was used outbound.
+	Inbound(fp crypto.Fingerprint, negotiated bool) error
+	// RetireInbound records that an inbound state of fp (one Inbound) is gone.
+	RetireInbound(fp crypto.Fingerprint) error
+	// Used reports whether fp was used outbound (Resume) and inbound (Inbound), as far as the
+	// store remembers (see Resume's negotiated).
+	Used(fp crypto.Fingerprint) (out, in bool, err error)
 }
+
+// ErrKeyDirection is the error (wrapped) of a state whose key served the
+// other direction before.
+var ErrKeyDirection = errors.New("a key serves one direction")
 
 // MemSeqStore is a SeqStore kept in memory: it makes the rules hold for
 // the life of the process (a key re-added after delete, or whose state is
@@ -34,11 +52,21 @@ type SeqStore interface {
 type MemSeqStore struct {
 	mu   sync.Mutex
 	high map[crypto.Fingerprint]uint64
+	dir  map[crypto.Fingerprint]Direction // every key used, by direction
 }
 
 // NewMemSeqStore returns an empty in-memory store.
 func NewMemSeqStore() *MemSeqStore {
-	return &MemSeqStore{high: make(map[crypto.Fingerprint]uint64)}
+	return &MemSeqStore{high: make(map[crypto.Fingerprint]uint64), dir: make(map[crypto.Fingerprint]Direction)}
+}
+
+// use records that fp serves d, unless it served the other direction.
+func (m *MemSeqStore) use(fp crypto.Fingerprint, d Direction) error {
+	if u, ok := m.dir[fp]; ok && u != d {
+		return fmt.Errorf("sa: key %s served dir %v: it cannot serve dir %v: %w", fpString(fp), u, d, ErrKeyDirection)
+	}
+	m.dir[fp] = d
+	return nil
 }
 
 // Resume returns the highest sequence number reserved or retired for fp.
@@ -46,7 +74,28 @@ func NewMemSeqStore() *MemSeqStore {
 func (m *MemSeqStore) Resume(fp crypto.Fingerprint, _ bool) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if err := m.use(fp, DirOut); err != nil {
+		return 0, err
+	}
 	return m.high[fp], nil
+}
+
+// Inbound records that fp serves inbound states.
+func (m *MemSeqStore) Inbound(fp crypto.Fingerprint, _ bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.use(fp, DirIn)
+}
+
+// RetireInbound does nothing: the key stays recorded.
+func (m *MemSeqStore) RetireInbound(crypto.Fingerprint) error { return nil }
+
+// Used reports the direction fp served, if any.
+func (m *MemSeqStore) Used(fp crypto.Fingerprint) (out, in bool, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, ok := m.dir[fp]
+	return ok && d == DirOut, ok && d == DirIn, nil
 }
 
 // Reserve raises fp's high-water mark to limit (it never lowers it).

@@ -20,6 +20,7 @@ type testStore struct {
 	mu      sync.Mutex
 	high    map[crypto.Fingerprint]uint64 // what a file would hold
 	retired map[crypto.Fingerprint]uint64 // last Retire per key
+	inbound map[crypto.Fingerprint]int    // inbound states per key
 	calls   []string
 
 	failResume, failReserve, failRetire error
@@ -90,6 +91,33 @@ func (m *testStore) Retire(fp crypto.Fingerprint, last uint64) error {
 	m.high[fp] = last
 	m.retired[fp] = last
 	return nil
+}
+
+func (m *testStore) Inbound(fp crypto.Fingerprint, negotiated bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.log("inbound")
+	if m.inbound == nil {
+		m.inbound = map[crypto.Fingerprint]int{}
+	}
+	m.inbound[fp]++
+	return nil
+}
+
+func (m *testStore) RetireInbound(fp crypto.Fingerprint) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.log("retire inbound")
+	m.inbound[fp]--
+	return nil
+}
+
+func (m *testStore) Used(fp crypto.Fingerprint) (out, in bool, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, in = m.inbound[fp]
+	_, out = m.high[fp]
+	return out, in, nil
 }
 
 func (m *testStore) get(fp crypto.Fingerprint) (high, retired uint64, ok bool) {
@@ -323,8 +351,15 @@ func TestDuplicateKeyRefused(t *testing.T) {
 		if err := db.DeleteSA(first.SPI(), first.Config().Dst); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := db.AddSA(b); err != nil {
+		// After the first state went, its key serves its direction
+		// again, never the other one (one key, one direction, for ever).
+		_, err = db.AddSA(b)
+		if dirs[0] == dirs[1] && err != nil {
 			t.Errorf("%v then %v: key refused after the first state went: %v", dirs[0], dirs[1], err)
+		}
+		want = fmt.Sprintf("dir %v: key %s was used dir %v before", dirs[1], fpString(fpOf(a)), dirs[0])
+		if dirs[0] != dirs[1] && (!errors.Is(err, ErrKeyDirection) || !strings.Contains(err.Error(), want)) {
+			t.Errorf("%v then %v after the first state went: %v, want ErrKeyDirection saying %q", dirs[0], dirs[1], err, want)
 		}
 	}
 	// Options.Loopback lets exactly an inbound twin with the same SPI in.

@@ -38,33 +38,57 @@ func prepareDir(dir string) error {
 	return nil
 }
 
-// lockDir takes an exclusive flock on dir's lock file, which holds the pid
-// of the espd that owns the directory; it fails at once if another process
-// (or another Open in this one) holds it.
-func lockDir(dir string) (*os.File, error) {
+// dirLock is an Open's hold on its state directory.
+type dirLock struct{ dir, file *os.File }
+
+// Close releases the directory.
+func (l *dirLock) Close() error { return errors.Join(l.file.Close(), l.dir.Close()) }
+
+// lockDir takes an exclusive flock on dir itself, which cannot be removed
+// from under its holder as a file can, and on its lock file, which holds
+// the pid of the espd that owns the directory (and which earlier espd
+// versions lock). It fails at once, with ErrLocked, if another process (or
+// another Open in this one) holds either.
+func lockDir(dir string) (*dirLock, error) {
 	path := filepath.Join(dir, lockName)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	locked := func() error {
+		who := "another espd"
+		if b, rerr := os.ReadFile(path); rerr == nil {
+			if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil && pid > 0 {
+				who = fmt.Sprintf("another espd (pid %d)", pid)
+			}
+		}
+		return fmt.Errorf("seqstore: state directory %s is in use by %s: %w", dir, who, ErrLocked)
+	}
+	d, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("seqstore: lock: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		defer f.Close()
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		d.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			who := "another espd"
-			if b, rerr := os.ReadFile(path); rerr == nil {
-				if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil && pid > 0 {
-					who = fmt.Sprintf("another espd (pid %d)", pid)
-				}
-			}
-			return nil, fmt.Errorf("seqstore: state directory %s is in use by %s: %w", dir, who, ErrLocked)
+			return nil, locked()
+		}
+		return nil, fmt.Errorf("seqstore: lock %s: %w", dir, err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("seqstore: lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		d.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, locked()
 		}
 		return nil, fmt.Errorf("seqstore: lock %s: %w", path, err)
 	}
-	// Informational only: the flock is the lock.
+	// Informational only: the flocks are the lock.
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
-	return f, nil
+	return &dirLock{dir: d, file: f}, nil
 }
 
 // syncDir makes a rename or a creation in dir durable.

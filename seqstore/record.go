@@ -17,7 +17,9 @@ import (
 //	              4 clock (written at Close: how long espd ran)
 //	1       1     flags: bit 0 reused (written by earlier versions: the
 //	              key was added again after use), bit 1 negotiated
-//	              (every state of the key was negotiated by IKE)
+//	              (every state of the key was negotiated by IKE), bit 2
+//	              inbound (format 2: the key is used by inbound states;
+//	              value is then 0)
 //	2       6     zero
 //	8       8     value: the highest sequence number that may have been
 //	              sent with the key (header: the format version)
@@ -53,10 +55,21 @@ const (
 	// without it is a manual key's (or was written before the origin was
 	// recorded) and is kept for ever.
 	flagNegotiated = 2
+	// flagInbound marks the record of a key used by inbound states: it
+	// has no sequence numbers of espd's, and it must never be used
+	// outbound (nor an outbound key inbound): a key serves one
+	// direction, for ever.
+	flagInbound = 4
 )
 
-// formatVersion is the header's value.
-const formatVersion = 1
+// formatVersion is the header's value. Version 2 added flagInbound and
+// the witness (head.go); an espd that reads only version 1 refuses a
+// version 2 log (fail closed). Version 1 logs are read, and upgraded by
+// the compaction at Open.
+const (
+	formatVersion = 2
+	formatV1      = 1
+)
 
 // magic is the header's fingerprint field.
 var magic = crypto.Fingerprint([]byte("espd outbound sequence numbers\n\x00"))
@@ -96,6 +109,9 @@ func parse(b []byte) (record, error) {
 	}
 	r := record{kind: b[0], flags: b[1], value: binary.BigEndian.Uint64(b[8:]), clock: binary.BigEndian.Uint64(b[16:])}
 	copy(r.fp[:], b[24:56])
+	if r.flags&flagInbound != 0 && r.value != 0 {
+		return record{}, errors.New("inbound record with a sequence number")
+	}
 	for _, z := range [][]byte{b[2:8], b[56:60]} {
 		for _, c := range z {
 			if c != 0 {
@@ -103,7 +119,7 @@ func parse(b []byte) (record, error) {
 			}
 		}
 	}
-	if r.flags&^(flagReused|flagNegotiated) != 0 {
+	if r.flags&^(flagReused|flagNegotiated|flagInbound) != 0 {
 		return record{}, fmt.Errorf("unknown flags %#x", r.flags)
 	}
 	if r.kind < kindHeader || r.kind > kindClock {

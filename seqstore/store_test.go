@@ -132,8 +132,7 @@ func TestCrashResumesAtReservation(t *testing.T) {
 	must(t, s.Reserve(fp(1), 1<<20))
 	must(t, s.Reserve(fp(1), 2<<20))
 	// What a killed process leaves: the files, nothing more written.
-	s.f.Close()
-	s.lock.Close()
+	crash(s)
 
 	s = open(t, dir, Options{})
 	defer s.Close()
@@ -314,8 +313,10 @@ func TestCorruptionRefused(t *testing.T) {
 			if err != nil || !bytes.Equal(after, b) {
 				t.Errorf("Open changed the damaged file (%v)", err)
 			}
-			// The lock is released: the operator's fix can reopen it.
+			// The lock is released: the operator's fix (moving the log
+			// and its witness aside) can reopen it.
 			must(t, os.Remove(path))
+			must(t, os.Remove(filepath.Join(dir, HeadName)))
 			s = open(t, dir, Options{})
 			s.Close()
 		})
@@ -603,7 +604,7 @@ func TestOldLogKeepsAll(t *testing.T) {
 	var buf bytes.Buffer
 	var b [recordSize]byte
 	put := func(r record) { r.put(&b); buf.Write(b[:]) }
-	put(record{kind: kindHeader, value: formatVersion, fp: magic})
+	put(record{kind: kindHeader, value: formatV1, fp: magic})
 	put(record{kind: kindReserve, value: 1 << 20, clock: 10, fp: fp(1)})
 	put(record{kind: kindRetire, value: 77, clock: 20, fp: fp(1)})
 	put(record{kind: kindRetire, flags: flagReused, value: 88, clock: 30, fp: fp(2)})
