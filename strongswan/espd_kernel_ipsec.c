@@ -495,13 +495,34 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 	if (id->mark.value || id->mark.mask || data->mark.value ||
 		data->mark.mask)
 	{
-		DBG1(DBG_KNL, "espd: SA %.8x: marks are ignored (espd routes by "
-			 "policy, not by mark)", spi);
+		DBG1(DBG_KNL, "espd: SA %.8x: refused: marks (mark_in, mark_out, "
+			 "set_mark_in, set_mark_out) are not supported by espd, which "
+			 "would apply the SA to traffic the marks exclude; see "
+			 "docs/strongswan.md, \"What espd supports\"", spi);
+		return NOT_SUPPORTED;
 	}
 	if (id->if_id)
 	{
-		DBG1(DBG_KNL, "espd: SA %.8x: interface ID %u is ignored", spi,
-			 id->if_id);
+		DBG1(DBG_KNL, "espd: SA %.8x: refused: interface ID %u (if_id_in, "
+			 "if_id_out) is not supported by espd, which would apply the SA "
+			 "to all of the gateway's traffic instead of what is routed into "
+			 "that interface; see docs/strongswan.md, \"What espd supports\"",
+			 spi, id->if_id);
+		return NOT_SUPPORTED;
+	}
+	if (data->copy_dscp == DSCP_COPY_IN_ONLY || data->copy_dscp == DSCP_COPY_YES)
+	{
+		DBG1(DBG_KNL, "espd: SA %.8x: refused: copy_dscp = %N; espd copies "
+			 "the DSCP into the outer header only, never back into a "
+			 "decrypted packet (use out, the default, or no)", spi,
+			 dscp_copy_names, data->copy_dscp);
+		return NOT_SUPPORTED;
+	}
+	if (data->hw_offload == HW_OFFLOAD_YES)
+	{
+		DBG1(DBG_KNL, "espd: SA %.8x: refused: hw_offload = yes; espd does "
+			 "the crypto itself (use hw_offload = no or auto)", spi);
+		return NOT_SUPPORTED;
 	}
 	if (data->label)
 	{
@@ -550,8 +571,7 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 	espd_msg_u32(&m, ESPD_A_ECN, data->copy_ecn ? 1 : 0);
 	espd_msg_u32(&m, ESPD_A_DF, data->copy_df ? ESPD_DF_COPY : ESPD_DF_CLEAR);
 	espd_msg_u32(&m, ESPD_A_COPY_DSCP,
-				 data->copy_dscp == DSCP_COPY_OUT_ONLY ||
-				 data->copy_dscp == DSCP_COPY_YES ? 1 : 0);
+				 data->copy_dscp == DSCP_COPY_OUT_ONLY ? 1 : 0);
 	/* charon negotiated these keys for this CHILD_SA and never installs
 	 * them again once it is gone: espd may forget their sequence numbers
 	 * after its retention (a manual key's are kept for ever) */
@@ -1143,8 +1163,22 @@ METHOD(kernel_ipsec_t, add_policy, status_t,
 	}
 	if (id->mark.value || id->mark.mask || id->if_id || id->interface)
 	{
-		DBG2(DBG_KNL, "espd: policy %R === %R: mark, interface ID and "
-			 "interface are ignored", id->src_ts, id->dst_ts);
+		DBG1(DBG_KNL, "espd: policy %R === %R %N: refused: %s is not "
+			 "supported by espd, which would apply the policy to all of the "
+			 "gateway's traffic it matches; see docs/strongswan.md, \"What "
+			 "espd supports\"", id->src_ts, id->dst_ts, policy_dir_names,
+			 id->dir, id->if_id ? "an interface ID (if_id_in, if_id_out)" :
+			 id->interface ? "an interface restriction (interface)" :
+			 "a mark (mark_in, mark_out)");
+		return NOT_SUPPORTED;
+	}
+	if (data->sa && (data->sa->ah.use || data->sa->ipcomp.transform ||
+					 data->sa->mode != MODE_TUNNEL) && data->type == POLICY_IPSEC)
+	{
+		DBG1(DBG_KNL, "espd: policy %R === %R %N: refused: espd carries ESP "
+			 "in tunnel mode only, without AH or IPComp", id->src_ts,
+			 id->dst_ts, policy_dir_names, id->dir);
+		return NOT_SUPPORTED;
 	}
 	INIT(u,
 		.type = data->type,
