@@ -287,25 +287,42 @@ func heldRoutes(t *testing.T, n *testbed.Node, when string) {
 }
 
 // failClosed runs the whole sequence with stop taking espd down on gwA.
-func failClosed(t *testing.T, how string, stop func(g *fcGateway)) {
-	top := newTopology(t, 0)
-	defaultRoutes(t, top)
-	a := newFCGateway(t, top.GwA)
-	ea := a.start()
-	b := startEspd(t, top.GwB)
+// fcKeyed is the fail-closed tests' start: both gateways keyed, gwA with
+// default routes toward the transit link, whose capture runs until the
+// test stops it (c set to nil) or ends.
+type fcKeyed struct {
+	top *testbed.Topology
+	a   *fcGateway
+	b   *espd
+	c   *testbed.Capture
+}
+
+func newFCKeyed(t *testing.T) *fcKeyed {
+	t.Helper()
+	f := &fcKeyed{top: newTopology(t, 0)}
+	defaultRoutes(t, f.top)
+	f.a = newFCGateway(t, f.top.GwA)
+	ea := f.a.start()
+	f.b = startEspd(t, f.top.GwB)
 	k := newFCKeys(t, 0)
 	keyAll(t, ea, k.a, fcPolicies(fcLANA, fcLANB))
-	keyAll(t, b, k.b, fcPolicies(fcLANB, fcLANA))
-
-	c, err := top.GwA.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 256})
+	keyAll(t, f.b, k.b, fcPolicies(fcLANB, fcLANA))
+	c, err := f.top.GwA.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		if c != nil {
-			c.Stop()
+	f.c = c
+	t.Cleanup(func() {
+		if f.c != nil {
+			f.c.Stop()
 		}
-	}()
+	})
+	return f
+}
+
+func failClosed(t *testing.T, how string, stop func(g *fcGateway)) {
+	f := newFCKeyed(t)
+	top, a, b, c := f.top, f.a, f.b, f.c
 	// 500 datagrams a second, for at most 60 s.
 	s := startStream(t, top, 2*time.Millisecond, 30000)
 	s.waitReceived(t, 200, 20*time.Second, "before "+how)
@@ -316,14 +333,14 @@ func failClosed(t *testing.T, how string, stop func(g *fcGateway)) {
 	heldRoutes(t, top.GwA, "espd down after "+how)
 	time.Sleep(time.Second)
 	heldRoutes(t, top.GwA, "a second later")
-	ea = a.start()
+	ea := a.start()
 	up := time.Now()
 	during := s.sent.Load() - sentBefore
 	t.Logf("%s: espd on gwA down for %v; the client sent %d datagrams meanwhile", how, up.Sub(down).Round(time.Millisecond), during)
 	if during < 200 {
 		t.Errorf("only %d datagrams sent while espd was down; the outage proves nothing", during)
 	}
-	k = newFCKeys(t, 1)
+	k := newFCKeys(t, 1)
 	keyAll(t, ea, k.a, fcPolicies(fcLANA, fcLANB))
 	rekeyB(t, b, k)
 	s.waitReceived(t, 200, 20*time.Second, "after the restart")
@@ -332,7 +349,7 @@ func failClosed(t *testing.T, how string, stop func(g *fcGateway)) {
 		t.Logf("%d sends failed on the client", n)
 	}
 	fcCheck(t, c, down, up)
-	c = nil
+	f.c = nil
 }
 
 // TestFailClosedKill kills espd on gwA with SIGKILL in the middle of a
@@ -421,24 +438,8 @@ func TestFailClosedNothingLeftBehind(t *testing.T) {
 func TestFailClosedReboot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	top := newTopology(t, 0)
-	defaultRoutes(t, top)
-	a := newFCGateway(t, top.GwA)
-	ea := a.start()
-	b := startEspd(t, top.GwB)
-	k := newFCKeys(t, 0)
-	keyAll(t, ea, k.a, fcPolicies(fcLANA, fcLANB))
-	keyAll(t, b, k.b, fcPolicies(fcLANB, fcLANA))
-
-	c, err := top.GwA.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if c != nil {
-			c.Stop()
-		}
-	}()
+	f := newFCKeyed(t)
+	top, a, b, c := f.top, f.a, f.b, f.c
 	s := startStream(t, top, 2*time.Millisecond, 30000)
 	s.waitReceived(t, 200, 20*time.Second, "before the power loss")
 	s.stop()
@@ -472,17 +473,17 @@ func TestFailClosedReboot(t *testing.T) {
 	if !eventually(20*time.Second, func() bool { return s.sent.Load() >= 300 }) {
 		t.Fatal("the client sent nothing after the reboot")
 	}
-	ea = a.start()
+	ea := a.start()
 	sent := s.sent.Load()
 	if !eventually(20*time.Second, func() bool { return s.sent.Load() >= sent+300 }) {
 		t.Fatal("the client sent nothing after espd started")
 	}
 	up := time.Now()
-	k = newFCKeys(t, 1)
+	k := newFCKeys(t, 1)
 	keyAll(t, ea, k.a, fcPolicies(fcLANA, fcLANB))
 	rekeyB(t, b, k)
 	s.waitReceived(t, 200, 20*time.Second, "after the reboot")
 	s.stop()
 	fcCheck(t, c, down, up)
-	c = nil
+	f.c = nil
 }

@@ -12,6 +12,32 @@ import (
 	"github.com/espd/espd/testbed"
 )
 
+// stopCaptureNoLeaks stops a capture of the transit link and fails the
+// test for each cleartext frame of the LANs' hosts in it; it returns the
+// capture's result.
+func stopCaptureNoLeaks(t *testing.T, c *testbed.Capture, what string) *testbed.CaptureResult {
+	t.Helper()
+	res, err := c.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: %s", what, res.Summary())
+	if !res.Complete() {
+		t.Errorf("capture incomplete: %d dropped, %d over the limit", res.Drops, res.Overflow)
+	}
+	leaks := res.Leaks(testbed.ClientV4.Addr(), testbed.ServerV4.Addr())
+	for i, f := range leaks {
+		if i == 10 {
+			break
+		}
+		t.Errorf("cleartext on the transit link at %s: %s", f.Time.Format("15:04:05.000"), f.String())
+	}
+	if len(leaks) > 0 {
+		t.Errorf("%s: %d cleartext frames of the LANs crossed the transit link", what, len(leaks))
+	}
+	return res
+}
+
 // restartCharon stops the gateway's charon (SIGTERM, or SIGKILL when kill)
 // and starts it again with its connection, as systemd does.
 func (g *gateway) restartCharon(o charonOptions, conn connection, kill bool) {
@@ -175,25 +201,8 @@ func TestCharonLifecycle(t *testing.T) {
 	}
 	t.Logf("until traffic passed both ways again:\n  %s", strings.Join(gaps, "\n  "))
 
-	res, err := capture.Stop()
+	stopCaptureNoLeaks(t, capture, "the transit link over the whole sequence")
 	capture = nil
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("the transit link over the whole sequence: %s", res.Summary())
-	if !res.Complete() {
-		t.Errorf("capture incomplete: %d dropped, %d over the limit", res.Drops, res.Overflow)
-	}
-	leaks := res.Leaks(testbed.ClientV4.Addr(), testbed.ServerV4.Addr())
-	for i, f := range leaks {
-		if i == 10 {
-			break
-		}
-		t.Errorf("cleartext on the transit link at %s: %s", f.Time.Format("15:04:05.000"), f.String())
-	}
-	if len(leaks) > 0 {
-		t.Errorf("%d cleartext frames of the LANs crossed the transit link", len(leaks))
-	}
 	if n := p.a.charonLogCount("espd drops its traffic until charon installs it again"); n == 0 {
 		t.Errorf("A: the plugin never said it kept a policy as a drop policy")
 	}
