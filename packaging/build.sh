@@ -70,14 +70,15 @@ nfpm=$work/bin/nfpm
 
 # The units: the unit files of the directory and their drop-ins (NAME.d/*.conf) go
 # to /usr/lib/systemd/system; the maintainer scripts stop and purge the units, and
-# enable espd.service (only it: another unit may be an alternative to it, README.md
-# "Packages").
+# enable espd.service (not espd-ike.service, its alternative: README.md "Packages")
+# and espd-holds.service, which restores the holds at boot for either.
 unit_files=$(cd "$units_dir" && find . -mindepth 1 -type f | sed 's|^\./||' \
 	| grep -E '^[^/]+\.(service|socket|timer|path|target)$|^[^/]+\.d/[^/]+\.conf$' | sort)
 mapfile -t unit_list <<<"$unit_files"
 units=$(grep -v / <<<"$unit_files" | tr '\n' ' ')
 units=${units% }
-for f in $(cd "$units_dir" && find . -mindepth 1 -type f | sed 's|^\./||' | grep -vxF "$unit_files"); do
+# espd.sysusers is packaged too, as /usr/lib/sysusers.d/espd.conf (below).
+for f in $(cd "$units_dir" && find . -mindepth 1 -type f | sed 's|^\./||' | grep -vxF "$unit_files" | grep -vxF espd.sysusers); do
 	log "not packaged (not a unit or drop-in): $units_dir/$f"
 done
 # A unit that runs espd or espctl must name the path the package installs.

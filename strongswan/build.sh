@@ -186,17 +186,19 @@ if [ "$need_build" = 1 ]; then
 fi
 nm -D --defined-only "$so" | grep -c ' T espd_plugin_create$' >/dev/null || die "$so lacks espd_plugin_create"
 
-# 6. Install.
+# 6. Install (or stage, with ESPD_SS_DESTDIR: the logs say which).
+verb=installed
+[ -z "$destdir" ] || verb="staged in $destdir:"
 install -d "$destdir$plugindir" "$destdir$confdir"
 if ! cmp -s "$so" "$destdir$plugindir/libstrongswan-espd.so"; then
 	install -m 0644 "$so" "$destdir$plugindir/libstrongswan-espd.so.tmp"
 	mv "$destdir$plugindir/libstrongswan-espd.so.tmp" "$destdir$plugindir/libstrongswan-espd.so"
-	log "installed $plugindir/libstrongswan-espd.so"
+	log "$verb $plugindir/libstrongswan-espd.so"
 fi
 conf="$destdir$confdir/espd.conf"
 if [ ! -f "$conf" ] || [ "${ESPD_SS_CONF:-0}" = 1 ]; then
 	install -m 0644 "$here/espd.conf" "$conf"
-	log "installed $confdir/espd.conf"
+	log "$verb $confdir/espd.conf"
 elif ! cmp -s "$here/espd.conf" "$conf"; then
 	install -m 0644 "$here/espd.conf" "$conf.espd-new"
 	log "kept your $confdir/espd.conf; the shipped one is $confdir/espd.conf.espd-new"
