@@ -178,7 +178,15 @@ func boot(t *testing.T, dir string, volatile bool, debs string, node *testbed.No
 	})
 	if state != "running" {
 		failed, _ := c.run(nil, "systemctl", "--failed", "--no-pager")
-		t.Fatalf("systemd in the container: %q (%v), want running\n%s", state, err, failed)
+		units, _ := c.run(nil, "systemctl", "--failed", "--no-legend", "--plain")
+		argv := []string{"journalctl", "-b", "--no-pager", "-n", "40"}
+		for _, l := range strings.Split(units, "\n") {
+			if f := strings.Fields(l); len(f) > 0 {
+				argv = append(argv, "-u", f[0])
+			}
+		}
+		journal, _ := c.run(nil, argv...)
+		t.Fatalf("systemd in the container: %q (%v), want running\n%s\n%s", state, err, failed, journal)
 	}
 	return c
 }
