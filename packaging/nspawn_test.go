@@ -74,6 +74,7 @@ type container struct {
 	cmd    *exec.Cmd
 	out    *bytes.Buffer // systemd-nspawn's own output
 	leader int           // the container's PID 1, as the machine sees it
+	done   chan struct{} // closed when systemd-nspawn has exited
 }
 
 // bootContainer boots rootfs with systemd-nspawn in node's network
@@ -87,9 +88,46 @@ type container struct {
 // with --private-network.
 func bootContainer(t *testing.T, rootfs, debs string, node *testbed.Node) *container {
 	t.Helper()
-	c := &container{out: new(bytes.Buffer)}
-	c.cmd = exec.Command("systemd-nspawn", "--quiet", "--register=no", "--keep-unit",
-		"--directory="+rootfs, "--volatile=overlay",
+	return boot(t, rootfs, true, debs, node)
+}
+
+// persistentRoot returns a root file system for boot(volatile=false) that
+// keeps what the containers booted from it write, from one boot to the
+// next, until the test ends: an overlay mount with rootfs below and a
+// directory of the test above (rootfs itself is never written).
+func persistentRoot(t *testing.T, rootfs string) string {
+	t.Helper()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "root")
+	for _, d := range []string{"upper", "work", "root"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", rootfs, filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	if err := syscall.Mount("overlay", root, "overlay", 0, opts); err != nil {
+		t.Fatalf("overlay mount of %s on %s: %v", rootfs, root, err)
+	}
+	t.Cleanup(func() {
+		// After the containers' cleanups (registered later, run first).
+		if err := syscall.Unmount(root, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", root, err)
+		}
+	})
+	return root
+}
+
+// boot boots the root file system dir as bootContainer says; with volatile
+// false it boots dir as it is, writable (persistentRoot), so that a later
+// boot of dir finds what this one wrote.
+func boot(t *testing.T, dir string, volatile bool, debs string, node *testbed.Node) *container {
+	t.Helper()
+	c := &container{out: new(bytes.Buffer), done: make(chan struct{})}
+	args := []string{"--quiet", "--register=no", "--keep-unit", "--directory=" + dir}
+	if volatile {
+		args = append(args, "--volatile=overlay")
+	}
+	c.cmd = exec.Command("systemd-nspawn", append(args,
 		// A name of its own: systemd-nspawn keeps per-name state under
 		// /run/systemd/nspawn that the previous container may still be
 		// removing.
@@ -102,7 +140,7 @@ func bootContainer(t *testing.T, rootfs, debs string, node *testbed.Node) *conta
 		// the container's systemd enforces DevicePolicy= and DeviceAllow=
 		// with a BPF device program on its cgroup v2 hierarchy.
 		"--system-call-filter=bpf",
-		"--bind-ro="+debs+":/mnt/espd", "--console=pipe", "--boot")
+		"--bind-ro="+debs+":/mnt/espd", "--console=pipe", "--boot")...)
 	// A cgroup v2 hierarchy in the container even where the machine has
 	// v1 or hybrid: with v1 systemd-nspawn mounts the devices controller
 	// read-only and DevicePolicy= silently does nothing.
@@ -111,17 +149,10 @@ func bootContainer(t *testing.T, rootfs, debs string, node *testbed.Node) *conta
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { c.cmd.Wait(); close(done) }()
+	go func() { c.cmd.Wait(); close(c.done) }()
 	t.Cleanup(func() {
-		// SIGTERM: systemd-nspawn has the container's systemd power off.
-		c.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			c.cmd.Process.Kill()
-			<-done
-			t.Errorf("the container did not power off within 30 s of SIGTERM")
+		if !c.exited() {
+			c.poweroff(t)
 		}
 		if t.Failed() {
 			t.Logf("systemd-nspawn:\n%s", testbed.Tail(c.out.String(), 40))
@@ -147,9 +178,60 @@ func bootContainer(t *testing.T, rootfs, debs string, node *testbed.Node) *conta
 	})
 	if state != "running" {
 		failed, _ := c.run(nil, "systemctl", "--failed", "--no-pager")
-		t.Fatalf("systemd in the container: %q (%v), want running\n%s", state, err, failed)
+		units, _ := c.run(nil, "systemctl", "--failed", "--no-legend", "--plain")
+		argv := []string{"journalctl", "-b", "--no-pager", "-n", "40"}
+		for _, l := range strings.Split(units, "\n") {
+			if f := strings.Fields(l); len(f) > 0 {
+				argv = append(argv, "-u", f[0])
+			}
+		}
+		journal, _ := c.run(nil, argv...)
+		t.Fatalf("systemd in the container: %q (%v), want running\n%s\n%s", state, err, failed, journal)
 	}
 	return c
+}
+
+// exited reports whether systemd-nspawn has exited.
+func (c *container) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// poweroff has the container's systemd power off (SIGTERM to
+// systemd-nspawn: a clean shutdown) and waits until it has, at most 30 s,
+// then kills it.
+func (c *container) poweroff(t *testing.T) {
+	t.Helper()
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(30 * time.Second):
+		c.cmd.Process.Kill()
+		<-c.done
+		t.Errorf("the container did not power off within 30 s of SIGTERM")
+	}
+}
+
+// powerCut kills the container's PID 1 with SIGKILL, which kills every
+// process in the container at once (the end of its PID namespace): no unit
+// stops, nothing is written on the way down. It waits until systemd-nspawn
+// has exited.
+func (c *container) powerCut(t *testing.T) {
+	t.Helper()
+	if err := syscall.Kill(c.leader, syscall.SIGKILL); err != nil {
+		t.Fatalf("SIGKILL to the container's PID 1 (%d): %v", c.leader, err)
+	}
+	select {
+	case <-c.done:
+	case <-time.After(30 * time.Second):
+		c.cmd.Process.Kill()
+		<-c.done
+		t.Errorf("systemd-nspawn did not exit within 30 s of its container's PID 1 being killed")
+	}
 }
 
 // childOf returns the PID of a child of pid, or 0.

@@ -54,106 +54,9 @@ import (
 // that fails fails the test, since it may mean that the pinned revision
 // is no longer there to install.
 func TestPackagesUnderSystemd(t *testing.T) {
-	rootfs := nspawnRootfs(t)
-	for _, tool := range []string{"apt-get", "dpkg-scanpackages", "dpkg"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("CI=true: needs %s", tool)
-			}
-			t.Skipf("needs %s", tool)
-		}
-	}
-
-	// Both packages for this machine's architecture, as README.md's
-	// "Packages" builds them (the plugin needs root; nspawnRootfs made sure).
-	debs := t.TempDir()
-	build := exec.Command("bash", "build.sh", "--arch", runtime.GOARCH, "-o", debs)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("packaging/build.sh: %v\n%s", err, out)
-	}
-	espdDeb := onePackage(t, debs, "espd")
-	pluginDeb := onePackage(t, debs, "strongswan-espd")
-	aptMirror(t, rootfs, filepath.Join(debs, "mirror"), espdDeb, pluginDeb)
-
-	top := testbed.NewT(t, testbed.Options{Prefix: "nspawnss"})
-	gw := map[string]*container{
-		"A": bootContainer(t, rootfs, debs, top.GwA),
-		"B": bootContainer(t, rootfs, debs, top.GwB),
-	}
-	for _, name := range []string{"A", "B"} {
-		c := gw[name]
-		t.Cleanup(func() {
-			if t.Failed() {
-				out, _ := c.run(nil, "journalctl", "--no-pager", "-o", "short-monotonic", "-u", "strongswan", "-u", "espd-ike", "-u", "espd", "-u", "strongswan-starter")
-				t.Logf("journal of gateway %s:\n%s", name, testbed.Tail(out, 60))
-			}
-		})
-		// As in TestUnitUnderSystemd: udev's mode, which the container lacks.
-		c.must(t, "chmod", "0666", "/dev/net/tun")
-		// The mirror is the only apt source; apt-get answers yes by itself
-		// (the commands below are the docs' as written).
-		c.must(t, "sh", "-ec", `rm -f /etc/apt/sources.list.d/*
-echo 'deb [trusted=yes] file:/mnt/espd/mirror ./' > /etc/apt/sources.list
-echo 'APT::Get::Assume-Yes "true";' > /etc/apt/apt.conf.d/90espd-test
-apt-get update -qq`)
-	}
-
-	// Gateway B: charon-systemd runs before the plugin package comes.
-	aptGet(t, gw["B"], "/", "apt-get install charon-systemd")
-	before := gw["B"].show(t, "strongswan.service", "ActiveState", "MainPID")
-	if before["ActiveState"] != "active" {
-		t.Fatalf("gateway B: installing charon-systemd left strongswan.service %v, want active", before)
-	}
-	if plugins := loadedPlugins(t, gw["B"]); strings.Contains(plugins, " espd ") {
-		t.Fatalf("gateway B: charon loaded the espd plugin before it was installed: %s", plugins)
-	}
-
-	// Gateway A: README.md's command, in a checkout whose dist/ holds the packages.
-	readme := docLine(t, "../README.md", "sudo apt-get install ./dist/espd_*_amd64.deb ./dist/strongswan-espd_*_amd64.deb")
-	readme = strings.ReplaceAll(strings.TrimPrefix(readme, "sudo "), "_amd64.deb", "_"+runtime.GOARCH+".deb")
-	gw["A"].must(t, "sh", "-ec", "mkdir -p /root/espd && ln -s /mnt/espd /root/espd/dist")
-	aptGet(t, gw["A"], "/root/espd", readme)
-	// Gateway B: deploy.md's, in the directory the packages were copied to.
-	aptGet(t, gw["B"], "/mnt/espd", docLine(t, "../docs/deploy.md", "apt-get install ./espd_*.deb"))
-	aptGet(t, gw["B"], "/mnt/espd", docLine(t, "../docs/deploy.md", "apt-get install ./strongswan-espd_*.deb"))
-
-	for _, name := range []string{"A", "B"} {
-		c := gw[name]
-		for _, pkg := range []string{"strongswan-starter", "strongswan-charon"} {
-			if out, err := c.run(nil, "dpkg-query", "-W", "-f", "${db:Status-Abbrev}", pkg); err == nil && strings.HasPrefix(out, "ii") {
-				t.Errorf("gateway %s: installing the packages installed %s", name, pkg)
-			}
-		}
-		if p := c.show(t, "strongswan-starter.service", "LoadState", "ActiveState"); p["ActiveState"] == "active" {
-			t.Errorf("gateway %s: strongswan-starter.service runs: %v", name, p)
-		}
-		p := c.show(t, "strongswan.service", "ActiveState", "ExecMainPID", "UnitFileState")
-		if p["ActiveState"] != "active" || p["UnitFileState"] != "enabled" {
-			t.Errorf("gateway %s: strongswan.service after the install: %v, want active and enabled", name, p)
-		}
-		if plugins := loadedPlugins(t, c); !strings.Contains(plugins, " espd ") {
-			t.Errorf("gateway %s: strongswan.service's charon has no espd plugin loaded: %s", name, plugins)
-		}
-		checkOneCharon(t, name, c)
-		t.Logf("gateway %s: strongswan.service %v, %s", name, p, strings.TrimSpace(loadedPlugins(t, c)))
-	}
-	if after := gw["B"].show(t, "strongswan.service", "MainPID"); after["MainPID"] == before["MainPID"] {
-		t.Errorf("gateway B: the plugin's install did not restart the charon that ran before (MainPID %s)", after["MainPID"])
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
-
-	// docs/deploy.md's section 6, as written, up to the block that takes
-	// charon down for section 7.
-	blocks := deployBlocks(t, "## 6.", "## 7.")
-	last := len(blocks) - 1
-	if !strings.Contains(blocks[last].text, "systemctl disable --now strongswan") {
-		t.Fatalf("docs/deploy.md's last block of section 6 is not `systemctl disable --now strongswan`:\n%s", blocks[last].text)
-	}
-	for _, b := range blocks[:last] {
-		runDeployBlock(t, gw, top, b)
-	}
+	bed := newPackageBed(t, "nspawnss", false)
+	gw, top := bed.gw, bed.top
+	last := bed.section6(t)
 
 	for _, name := range []string{"A", "B"} {
 		c := gw[name]
@@ -216,12 +119,166 @@ apt-get update -qq`)
 		t.Errorf("ping from LAN A's client to LAN B's server: %v\n%s", err, r.Output)
 	}
 
-	runDeployBlock(t, gw, top, blocks[last])
+	runDeployBlock(t, gw, top, last)
 	for _, name := range []string{"A", "B"} {
 		if p := gw[name].show(t, "strongswan.service", "ActiveState", "UnitFileState"); p["ActiveState"] != "inactive" || p["UnitFileState"] != "disabled" {
 			t.Errorf("gateway %s: after deploy.md's `systemctl disable --now strongswan`: %v", name, p)
 		}
 	}
+}
+
+// packageBed is a test bed of two gateway containers with both packages
+// installed as TestPackagesUnderSystemd says.
+type packageBed struct {
+	top *testbed.Topology
+	gw  map[string]*container // "A", "B"
+	// debs is the machine's directory with the packages (/mnt/espd in the
+	// containers) and mirror/; espdDeb and pluginDeb are their base names.
+	debs, espdDeb, pluginDeb string
+	// roots are the root file systems the containers booted, by gateway;
+	// persistent ones (persistentRoot) can be booted again (reboot).
+	roots      map[string]string
+	persistent bool
+}
+
+// newPackageBed builds both packages and the apt mirror, boots the two
+// gateway containers in a new test bed (namespaces named with prefix) and
+// installs the packages as TestPackagesUnderSystemd says, with its checks.
+// With persistent, each gateway boots a root file system of its own that
+// outlives the container (bed.reboot).
+func newPackageBed(t *testing.T, prefix string, persistent bool) *packageBed {
+	t.Helper()
+	rootfs := nspawnRootfs(t)
+	for _, tool := range []string{"apt-get", "dpkg-scanpackages", "dpkg"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("CI=true: needs %s", tool)
+			}
+			t.Skipf("needs %s", tool)
+		}
+	}
+
+	// Both packages for this machine's architecture, as README.md's
+	// "Packages" builds them (the plugin needs root; nspawnRootfs made sure).
+	debs := t.TempDir()
+	build := exec.Command("bash", "build.sh", "--arch", runtime.GOARCH, "-o", debs)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("packaging/build.sh: %v\n%s", err, out)
+	}
+	espdDeb := onePackage(t, debs, "espd")
+	pluginDeb := onePackage(t, debs, "strongswan-espd")
+	aptMirror(t, rootfs, filepath.Join(debs, "mirror"), espdDeb, pluginDeb)
+
+	bed := &packageBed{
+		top:  testbed.NewT(t, testbed.Options{Prefix: prefix}),
+		gw:   map[string]*container{},
+		debs: debs, espdDeb: espdDeb, pluginDeb: pluginDeb,
+		roots:      map[string]string{"A": rootfs, "B": rootfs},
+		persistent: persistent,
+	}
+	gw := bed.gw
+	for _, name := range []string{"A", "B"} {
+		if persistent {
+			bed.roots[name] = persistentRoot(t, rootfs)
+		}
+		gw[name] = boot(t, bed.roots[name], !persistent, debs, bed.node(name))
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			bed.logJournals(t, 60)
+		}
+	})
+	for _, name := range []string{"A", "B"} {
+		c := gw[name]
+		// As in TestUnitUnderSystemd: udev's mode, which the container lacks.
+		c.must(t, "chmod", "0666", "/dev/net/tun")
+		// The mirror is the only apt source; apt-get answers yes by itself
+		// (the commands below are the docs' as written).
+		c.must(t, "sh", "-ec", `rm -f /etc/apt/sources.list.d/*
+echo 'deb [trusted=yes] file:/mnt/espd/mirror ./' > /etc/apt/sources.list
+echo 'APT::Get::Assume-Yes "true";' > /etc/apt/apt.conf.d/90espd-test
+apt-get update -qq`)
+	}
+
+	// Gateway B: charon-systemd runs before the plugin package comes.
+	aptGet(t, gw["B"], "/", "apt-get install charon-systemd")
+	before := gw["B"].show(t, "strongswan.service", "ActiveState", "MainPID")
+	if before["ActiveState"] != "active" {
+		t.Fatalf("gateway B: installing charon-systemd left strongswan.service %v, want active", before)
+	}
+	if plugins := loadedPlugins(t, gw["B"]); strings.Contains(plugins, " espd ") {
+		t.Fatalf("gateway B: charon loaded the espd plugin before it was installed: %s", plugins)
+	}
+
+	// Gateway A: README.md's command, in a checkout whose dist/ holds the packages.
+	readme := docLine(t, "../README.md", "sudo apt-get install ./dist/espd_*_amd64.deb ./dist/strongswan-espd_*_amd64.deb")
+	readme = strings.ReplaceAll(strings.TrimPrefix(readme, "sudo "), "_amd64.deb", "_"+runtime.GOARCH+".deb")
+	gw["A"].must(t, "sh", "-ec", "mkdir -p /root/espd && ln -s /mnt/espd /root/espd/dist")
+	aptGet(t, gw["A"], "/root/espd", readme)
+	// Gateway B: deploy.md's, in the directory the packages were copied to.
+	aptGet(t, gw["B"], "/mnt/espd", docLine(t, "../docs/deploy.md", "apt-get install ./espd_*.deb"))
+	aptGet(t, gw["B"], "/mnt/espd", docLine(t, "../docs/deploy.md", "apt-get install ./strongswan-espd_*.deb"))
+
+	for _, name := range []string{"A", "B"} {
+		c := gw[name]
+		for _, pkg := range []string{"strongswan-starter", "strongswan-charon"} {
+			if out, err := c.run(nil, "dpkg-query", "-W", "-f", "${db:Status-Abbrev}", pkg); err == nil && strings.HasPrefix(out, "ii") {
+				t.Errorf("gateway %s: installing the packages installed %s", name, pkg)
+			}
+		}
+		if p := c.show(t, "strongswan-starter.service", "LoadState", "ActiveState"); p["ActiveState"] == "active" {
+			t.Errorf("gateway %s: strongswan-starter.service runs: %v", name, p)
+		}
+		p := c.show(t, "strongswan.service", "ActiveState", "ExecMainPID", "UnitFileState")
+		if p["ActiveState"] != "active" || p["UnitFileState"] != "enabled" {
+			t.Errorf("gateway %s: strongswan.service after the install: %v, want active and enabled", name, p)
+		}
+		if plugins := loadedPlugins(t, c); !strings.Contains(plugins, " espd ") {
+			t.Errorf("gateway %s: strongswan.service's charon has no espd plugin loaded: %s", name, plugins)
+		}
+		checkOneCharon(t, name, c)
+		t.Logf("gateway %s: strongswan.service %v, %s", name, p, strings.TrimSpace(loadedPlugins(t, c)))
+	}
+	if after := gw["B"].show(t, "strongswan.service", "MainPID"); after["MainPID"] == before["MainPID"] {
+		t.Errorf("gateway B: the plugin's install did not restart the charon that ran before (MainPID %s)", after["MainPID"])
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	return bed
+}
+
+// logJournals logs the last lines of the journals of charon and espd on
+// each gateway whose container runs.
+func (bed *packageBed) logJournals(t *testing.T, lines int) {
+	t.Helper()
+	for _, name := range []string{"A", "B"} {
+		if c := bed.gw[name]; !c.exited() {
+			out, _ := c.run(nil, "journalctl", "--no-pager", "-o", "short-monotonic", "-u", "strongswan", "-u", "espd-ike", "-u", "espd", "-u", "espd-holds", "-u", "strongswan-starter")
+			t.Logf("journal of gateway %s:\n%s", name, testbed.Tail(out, lines))
+		}
+	}
+}
+
+// node returns the gateway's test bed namespace.
+func (bed *packageBed) node(name string) *testbed.Node {
+	return map[string]*testbed.Node{"A": bed.top.GwA, "B": bed.top.GwB}[name]
+}
+
+// section6 runs docs/deploy.md's section 6, as written, on both gateways,
+// up to the block that takes charon down for section 7, which it returns.
+func (bed *packageBed) section6(t *testing.T) deployBlock {
+	t.Helper()
+	blocks := deployBlocks(t, "## 6.", "## 7.")
+	last := len(blocks) - 1
+	if !strings.Contains(blocks[last].text, "systemctl disable --now strongswan") {
+		t.Fatalf("docs/deploy.md's last block of section 6 is not `systemctl disable --now strongswan`:\n%s", blocks[last].text)
+	}
+	for _, b := range blocks[:last] {
+		runDeployBlock(t, bed.gw, bed.top, b)
+	}
+	return blocks[last]
 }
 
 // onePackage returns the base name of the one package name_*_GOARCH.deb
