@@ -309,12 +309,13 @@ static uint32_t put_selector(espd_msg_t *m, traffic_selector_t *src_ts,
 }
 
 /**
- * Send a request on the request connection; logs failures. Returns 0, a
- * positive espd error code or a negative transport error.
+ * Send a request on the request connection; logs failures but the espd
+ * error quiet (0: none), which the caller expects and handles. Returns 0,
+ * a positive espd error code or a negative transport error.
  */
 static int request(private_espd_kernel_ipsec_t *this, espd_msg_t *m,
 				   espd_reply_cb_t cb, void *ctx, const char *what,
-				   bool quiet_enoent)
+				   int quiet)
 {
 	char err[512] = "";
 	int r;
@@ -327,7 +328,7 @@ static int request(private_espd_kernel_ipsec_t *this, espd_msg_t *m,
 	}
 	r = espd_conn_request(this->conn, m, cb, ctx, err, sizeof(err));
 	espd_msg_free(m);
-	if (r > 0 && !(quiet_enoent && r == ENOENT))
+	if (r > 0 && r != quiet)
 	{
 		DBG1(DBG_KNL, "espd: %s failed: %s (%s)", what, err,
 			 espd_errno_name(r));
@@ -382,7 +383,7 @@ METHOD(kernel_ipsec_t, get_spi, status_t,
 	}
 	espd_msg_u32(&m, ESPD_A_SPI_MIN, this->spi_min);
 	espd_msg_u32(&m, ESPD_A_SPI_MAX, this->spi_max);
-	if (request(this, &m, spi_reply, &got, "allocating an SPI", FALSE) != 0 ||
+	if (request(this, &m, spi_reply, &got, "allocating an SPI", 0) != 0 ||
 		got == 0)
 	{
 		return FAILED;
@@ -613,7 +614,7 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 
 	snprintf(what, sizeof(what), "adding %s SA %.8x (reqid %u)",
 			 data->inbound ? "inbound" : "outbound", spi, data->reqid);
-	if (request(this, &m, NULL, NULL, what, FALSE) != 0)
+	if (request(this, &m, NULL, NULL, what, 0) != 0)
 	{
 		return FAILED;
 	}
@@ -683,7 +684,7 @@ METHOD(kernel_ipsec_t, update_sa, status_t,
 		espd_msg_pair(&m, ESPD_A_ENCAP, 0, 0);
 	}
 	snprintf(what, sizeof(what), "updating SA %.8x", key.spi);
-	r = request(this, &m, NULL, NULL, what, FALSE);
+	r = request(this, &m, NULL, NULL, what, 0);
 	if (r == ENOENT)
 	{
 		return NOT_FOUND;
@@ -777,7 +778,7 @@ static int get_sa(private_espd_kernel_ipsec_t *this, uint32_t spi,
 	espd_msg_u32(&m, ESPD_A_SPI, spi);
 	put_host(&m, ESPD_A_DST, dst);
 	snprintf(what, sizeof(what), "querying SA %.8x", spi);
-	return request(this, &m, stats_reply, st, what, quiet);
+	return request(this, &m, stats_reply, st, what, quiet ? ENOENT : 0);
 }
 
 METHOD(kernel_ipsec_t, query_sa, status_t,
@@ -870,7 +871,7 @@ METHOD(kernel_ipsec_t, del_sa, status_t,
 	espd_msg_u32(&m, ESPD_A_SPI, key.spi);
 	put_host(&m, ESPD_A_DST, id->dst);
 	snprintf(what, sizeof(what), "deleting SA %.8x", key.spi);
-	r = request(this, &m, NULL, NULL, what, TRUE);
+	r = request(this, &m, NULL, NULL, what, ENOENT);
 	if (r == ENOENT)
 	{
 		/* expired in espd, or died with a previous espd */
@@ -905,7 +906,7 @@ METHOD(kernel_ipsec_t, flush_sas, status_t,
 	{
 		return FAILED;
 	}
-	return request(this, &m, NULL, NULL, "flushing SAs", FALSE) == 0 ?
+	return request(this, &m, NULL, NULL, "flushing SAs", 0) == 0 ?
 			SUCCESS : FAILED;
 }
 
@@ -1076,7 +1077,8 @@ static status_t send_policy(private_espd_kernel_ipsec_t *this,
 		snprintf(what, sizeof(what), "%s policy %R === %R %N",
 				 type == ESPD_MSG_POLICY_ADD ? "adding" : "updating",
 				 e->src_ts, e->dst_ts, policy_dir_names, e->dir);
-		r = request(this, &m, NULL, NULL, what, TRUE);
+		r = request(this, &m, NULL, NULL, what,
+					type == ESPD_MSG_POLICY_ADD ? EEXIST : ENOENT);
 		if (r == 0)
 		{
 			e->installed = TRUE;
@@ -1128,7 +1130,7 @@ static status_t uninstall_policy(private_espd_kernel_ipsec_t *this,
 	put_policy_id(&m, e);
 	snprintf(what, sizeof(what), "deleting policy %R === %R %N", e->src_ts,
 			 e->dst_ts, policy_dir_names, e->dir);
-	r = request(this, &m, NULL, NULL, what, TRUE);
+	r = request(this, &m, NULL, NULL, what, ENOENT);
 	e->installed = FALSE;
 	if (r == 0 || r == ENOENT)
 	{
@@ -1541,7 +1543,7 @@ METHOD(kernel_ipsec_t, flush_policies, status_t,
 	{
 		return FAILED;
 	}
-	return request(this, &m, NULL, NULL, "flushing policies", FALSE) == 0 ?
+	return request(this, &m, NULL, NULL, "flushing policies", 0) == 0 ?
 			SUCCESS : FAILED;
 }
 
@@ -1839,7 +1841,7 @@ static void find_orphans(private_espd_kernel_ipsec_t *this)
 	}
 	this->orphans_checked = TRUE;
 	if (!espd_msg_init(&m, ESPD_MSG_SA_LIST, 0) ||
-		request(this, &m, orphan_reply, this, "listing SAs", FALSE) != 0)
+		request(this, &m, orphan_reply, this, "listing SAs", 0) != 0)
 	{
 		return;
 	}
