@@ -29,6 +29,12 @@ type ikeHub struct {
 
 	mu  sync.Mutex
 	cur *ikeSession
+	// pending keeps, between two registrations (charon restarting), what
+	// arrived or what the ended one never read, for the next one: at most
+	// pendingMax datagrams, none older than pendingAge. Before the first
+	// registration nothing is kept.
+	pending    []pendingIKE
+	registered bool // a registration has existed
 
 	// undelivered counts the datagrams dropped because they were too
 	// long for an IKE_PACKET message, no IKE daemon was registered or its
@@ -37,6 +43,32 @@ type ikeHub struct {
 	// dropLog limits the log of those drops, which peers can cause, to a
 	// line every 10 s.
 	dropLog conn.LogLimit
+}
+
+// What the hub keeps between two registrations. A restarting charon
+// registers again within a second; a peer's request that arrives in
+// between (typically its IKE_SA_INIT right after the old charon's
+// delete) would otherwise wait for the peer's retransmit, 4 s or more.
+// charon's espd plugin holds such a request until its connections are
+// loaded.
+const (
+	pendingMax = 32
+	pendingAge = 5 * time.Second
+)
+
+type pendingIKE struct {
+	p    conn.IKEPacket
+	when time.Time
+}
+
+// keep adds p to pending, dropping the oldest beyond pendingMax. h.mu is
+// held.
+func (h *ikeHub) keep(p conn.IKEPacket, when time.Time) {
+	if len(h.pending) == pendingMax {
+		h.drop(h.pending[0].p, "more arrived while no IKE daemon was registered than are kept")
+		h.pending = append(h.pending[:0], h.pending[1:]...)
+	}
+	h.pending = append(h.pending, pendingIKE{p, when})
 }
 
 // startIKE starts the hand-off if the options ask for it.
@@ -87,6 +119,15 @@ func (d *Daemon) RegisterIKE(queue int) (control.IKESession, error) {
 	h.mu.Lock()
 	old := h.cur
 	h.cur = s
+	h.registered = true
+	pending := h.pending
+	h.pending = nil
+	// Under h.mu, so that nothing deliver queues overtakes them.
+	for _, q := range pending {
+		if time.Since(q.when) > pendingAge || !s.offer(q.p) {
+			h.drop(q.p, "kept too long for the next IKE daemon")
+		}
+	}
 	h.mu.Unlock()
 	if old != nil {
 		h.log.Warn("IKE hand-off taken over by a new registration; the previous one ends")
@@ -104,12 +145,15 @@ func (h *ikeHub) deliver(p conn.IKEPacket) {
 		h.drop(p, "longer than an IKE_PACKET message carries (docs/control-protocol.md, section 9)")
 		return
 	}
+	c := conn.IKEPacket{Src: p.Src, Dst: p.Dst, Data: append([]byte(nil), p.Data...)}
 	h.mu.Lock()
-	s := h.cur
-	h.mu.Unlock()
-	if s == nil {
+	defer h.mu.Unlock()
+	switch s := h.cur; {
+	case s == nil && !h.registered:
 		h.drop(p, "no IKE daemon registered")
-	} else if !s.offer(conn.IKEPacket{Src: p.Src, Dst: p.Dst, Data: append([]byte(nil), p.Data...)}) {
+	case s == nil:
+		h.keep(c, time.Now())
+	case !s.offer(c):
 		h.drop(p, "the IKE daemon's queue is full")
 	}
 }
@@ -194,8 +238,19 @@ func (s *ikeSession) Close() {
 	s.mu.Unlock()
 	h := s.hub
 	h.mu.Lock()
-	if h.cur == s {
+	// What the ended registration never read goes to the next one.
+	switch now := time.Now(); {
+	case h.cur == s:
 		h.cur = nil
+		for p := range s.ch {
+			h.keep(p, now)
+		}
+	case h.cur != nil:
+		for p := range s.ch {
+			if !h.cur.offer(p) {
+				h.drop(p, "the IKE daemon's queue is full")
+			}
+		}
 	}
 	h.mu.Unlock()
 }

@@ -87,7 +87,83 @@ struct private_espd_socket_t {
 	 * sent as soon as the hand-off is registered again (guarded by mutex)
 	 */
 	linked_list_t *held;
+
+	/**
+	 * Monotonic time charon started (the socket was created)
+	 */
+	time_t started;
 };
+
+/**
+ * For this long after charon starts, an IKE_SA_INIT for which no
+ * connection is loaded yet waits for one (wait_for_config()).
+ */
+#define STARTUP_GRACE 10
+
+/**
+ * Whether data (an IKE message, after the non-ESP marker on the NAT-T
+ * port) is an IKE_SA_INIT request.
+ */
+static bool is_sa_init_request(chunk_t data)
+{
+	if (data.len >= 4 && !data.ptr[0] && !data.ptr[1] && !data.ptr[2] &&
+		!data.ptr[3])
+	{
+		data = chunk_skip(data, 4);
+	}
+	/* IKE header: SPIs (16), next payload, version, exchange type, flags */
+	return data.len >= 28 && data.ptr[17] >> 4 == 2 && data.ptr[18] == 34 &&
+		   (data.ptr[19] & 0x08) && !(data.ptr[19] & 0x20);
+}
+
+/**
+ * Whether a loaded connection may answer an IKE_SA_INIT from pkt's source
+ * (IKEv2: the backends match no config version with IKE_ANY).
+ */
+static bool have_config(packet_t *pkt)
+{
+	enumerator_t *enumerator;
+	peer_cfg_t *cfg;
+	bool found;
+
+	enumerator = charon->backends->create_peer_cfg_enumerator(charon->backends,
+						pkt->get_destination(pkt), pkt->get_source(pkt),
+						NULL, NULL, IKEV2);
+	found = enumerator->enumerate(enumerator, &cfg);
+	enumerator->destroy(enumerator);
+	return found;
+}
+
+/**
+ * Right after charon starts, swanctl --load-all (charon-systemd's
+ * ExecStartPost) has not loaded the connections yet. A peer that
+ * negotiates again at once (its close_action after this charon's
+ * predecessor deleted the IKE_SA, on a restart or an upgrade) would get
+ * NO_PROPOSAL_CHOSEN and, with the default keyingtries, give up. Such a
+ * request waits until a connection for it is loaded, at most until
+ * STARTUP_GRACE seconds after charon started; later requests go to charon
+ * at once whatever it has loaded.
+ */
+static void wait_for_config(private_espd_socket_t *this, packet_t *pkt)
+{
+	bool old;
+
+	if (time_monotonic(NULL) >= this->started + STARTUP_GRACE ||
+		!is_sa_init_request(pkt->get_data(pkt)) || have_config(pkt))
+	{
+		return;
+	}
+	DBG1(DBG_NET, "espd: IKE_SA_INIT from %#H before any connection for it "
+		 "is loaded; holding it up to %d s after charon's start for "
+		 "swanctl --load-all", pkt->get_source(pkt), STARTUP_GRACE);
+	while (time_monotonic(NULL) < this->started + STARTUP_GRACE &&
+		   !have_config(pkt))
+	{
+		old = thread_cancelability(TRUE);
+		usleep(100000);
+		thread_cancelability(old);
+	}
+}
 
 static void held_destroy(held_t *h)
 {
@@ -311,6 +387,7 @@ METHOD(socket_t, receive, status_t,
 			}
 			DBG3(DBG_NET, "espd: received packet from %#H to %#H",
 				 pkt->get_source(pkt), pkt->get_destination(pkt));
+			wait_for_config(this, pkt);
 			*out = pkt;
 			return SUCCESS;
 		}
@@ -604,6 +681,7 @@ socket_t *espd_socket_create()
 		.fd = -1,
 		.mutex = mutex_create(MUTEX_TYPE_DEFAULT),
 		.held = linked_list_create(),
+		.started = time_monotonic(NULL),
 		.buf = malloc(ESPD_MAX_MSG),
 		.port = lib->settings->get_int(lib->settings, "%s.port",
 									   CHARON_UDP_PORT, lib->ns),
