@@ -27,6 +27,11 @@ units=$(grep -E '^/usr/lib/systemd/system/[^/]+\.(service|socket|timer|path|targ
 
 espd_inode=$(stat -c %d:%i /usr/sbin/espd)
 
+# An administrator enables espd-ike.service by hand (docs/deploy.md, section 6:
+# `systemctl enable --now espd-ike`); purge must not leave that link dangling.
+mkdir -p /etc/systemd/system/multi-user.target.wants
+ln -sfn /usr/lib/systemd/system/espd-ike.service /etc/systemd/system/multi-user.target.wants/espd-ike.service
+
 log "apt-get purge ${pkgs[*]}"
 apt-get purge -y -qq "${pkgs[@]}" >/dev/null
 
