@@ -49,10 +49,19 @@ func runCleanup(opts daemon.Options, w io.Writer) error {
 	if table == 0 {
 		table = routing.DefaultTable
 	}
-	if len(removed) == 0 {
+	n := 0
+	for _, line := range removed {
+		if strings.HasPrefix(line, "rule ") || strings.HasPrefix(line, "route ") {
+			n++
+		}
+	}
+	switch {
+	case len(removed) == 0:
 		fmt.Fprintf(w, "nothing to remove: no rule looks up table %d and it has no route of espd's (proto %d)\n", table, routing.Protocol)
-	} else {
-		fmt.Fprintf(w, "removed %d rules and routes of table %d; nothing of espd's is left in the kernel's routing\n", len(removed), table)
+	case n == 0:
+		fmt.Fprintf(w, "no rule looks up table %d and it has no route of espd's; removed the record of held prefixes\n", table)
+	default:
+		fmt.Fprintf(w, "removed %d rules and routes of table %d; nothing of espd's is left in the kernel's routing\n", n, table)
 	}
 	return nil
 }
