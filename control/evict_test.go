@@ -312,18 +312,7 @@ func TestFloodFromOneUser(t *testing.T) {
 	cmd.Env = append(os.Environ(), floodChildEnv+"="+ts.path+" "+strconv.Itoa(flood))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 4244, Groups: []uint32{}}}
 	cmd.Dir = "/"
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdin, stdout := startChild(t, cmd)
 	timer := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() })
 	defer timer.Stop()
 	defer func() {

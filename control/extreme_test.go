@@ -186,17 +186,10 @@ func serverChild(path string) int {
 	return 0
 }
 
-// startServerChild starts serverChild and returns its socket. The child is
-// killed if it has not exited within replyBound of the test's end.
-func startServerChild(t *testing.T) string {
+// startChild starts cmd, a copy of the test binary, with pipes to its
+// standard input and output and its standard error on the test's.
+func startChild(t *testing.T, cmd *exec.Cmd) (io.WriteCloser, io.ReadCloser) {
 	t.Helper()
-	bin, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "espd.sock")
-	cmd := exec.Command(bin, "-test.run=^$")
-	cmd.Env = append(os.Environ(), serverChildEnv+"="+path)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -209,6 +202,21 @@ func startServerChild(t *testing.T) string {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	return stdin, stdout
+}
+
+// startServerChild starts serverChild and returns its socket. The child is
+// killed if it has not exited within replyBound of the test's end.
+func startServerChild(t *testing.T) string {
+	t.Helper()
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "espd.sock")
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.Env = append(os.Environ(), serverChildEnv+"="+path)
+	stdin, stdout := startChild(t, cmd)
 	exited := make(chan error, 1)
 	ready := make(chan string, 1)
 	go func() {

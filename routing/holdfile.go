@@ -84,9 +84,9 @@ func readHoldFile(path string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// writeHoldFile replaces path with a record of prefixes.
+// writeHoldFile replaces path with a record of prefixes (in heldPrefixes'
+// order).
 func writeHoldFile(path string, prefixes []netip.Prefix) error {
-	slices.SortFunc(prefixes, comparePrefix)
 	var buf bytes.Buffer
 	buf.WriteString(holdFileHeader + "\n")
 	for _, p := range prefixes {
@@ -122,7 +122,8 @@ func writeHoldFile(path string, prefixes []netip.Prefix) error {
 	return nil
 }
 
-// heldPrefixes lists the prefixes that are held now. r.mu is held.
+// heldPrefixes lists the prefixes that are held now, sorted. r.mu is
+// held.
 func (r *Router) heldPrefixes() []netip.Prefix {
 	var out []netip.Prefix
 	for p, e := range r.routes {
@@ -130,6 +131,7 @@ func (r *Router) heldPrefixes() []netip.Prefix {
 			out = append(out, p)
 		}
 	}
+	slices.SortFunc(out, comparePrefix)
 	return out
 }
 
@@ -159,18 +161,15 @@ func (r *Router) holdWriter() {
 		}
 		held := r.heldPrefixes()
 		r.mu.Unlock()
-		slices.SortFunc(held, comparePrefix)
 		if last != nil && slices.Equal(held, last) {
 			continue
 		}
 		if err := writeHoldFile(r.cfg.HoldFile, held); err != nil {
-			r.setHoldErr(err)
 			if r.cfg.HoldFileError != nil {
 				r.cfg.HoldFileError(err)
 			}
 			continue
 		}
-		r.setHoldErr(nil)
 		last = held
 	}
 }
@@ -180,20 +179,6 @@ func comparePrefix(a, b netip.Prefix) int {
 		return c
 	}
 	return a.Bits() - b.Bits()
-}
-
-func (r *Router) setHoldErr(err error) {
-	r.holdMu.Lock()
-	r.holdErr = err
-	r.holdMu.Unlock()
-}
-
-// HoldFileErr returns why the last write of the hold file failed, or nil
-// once a later write succeeded.
-func (r *Router) HoldFileErr() error {
-	r.holdMu.Lock()
-	defer r.holdMu.Unlock()
-	return r.holdErr
 }
 
 // restoreFromFile holds every prefix the hold file lists that the table

@@ -213,8 +213,6 @@ type Router struct {
 
 	holdWake chan struct{} // holdsChanged to holdWriter; nil without HoldFile
 	holdDone chan struct{} // closed when holdWriter returns
-	holdMu   sync.Mutex
-	holdErr  error // the last hold file write's failure
 }
 
 // New opens a netlink handle in the calling thread's network namespace,

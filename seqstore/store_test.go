@@ -276,26 +276,12 @@ func TestCorruptionRefused(t *testing.T) {
 		{"middle record kind", 3 * recordSize, 3 * recordSize},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := stateDir(t)
-			clk := &fakeClock{t: time.Unix(1e9, 0)} // no clock record at Close
-			s := open(t, dir, Options{now: clk.now})
-			for i := range 5 {
-				resume(t, s, fp(i))
-				must(t, s.Reserve(fp(i), 1<<20))
-			}
-			must(t, s.Close())
+			dir, b := filledDir(t)
 			path := filepath.Join(dir, LogName)
-			b, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(b) != 6*recordSize {
-				t.Fatalf("log of %d bytes, want %d", len(b), 6*recordSize)
-			}
 			b[tc.byteAt] ^= 0x01
 			must(t, os.WriteFile(path, b, 0o600))
 
-			_, err = Open(dir, Options{})
+			_, err := Open(dir, Options{})
 			var ce *CorruptError
 			if !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("Open of a damaged log: %v, want a CorruptError", err)
@@ -317,8 +303,7 @@ func TestCorruptionRefused(t *testing.T) {
 			// and its witness aside) can reopen it.
 			must(t, os.Remove(path))
 			must(t, os.Remove(filepath.Join(dir, HeadName)))
-			s = open(t, dir, Options{})
-			s.Close()
+			open(t, dir, Options{}).Close()
 		})
 	}
 	t.Run("empty file", func(t *testing.T) {
