@@ -38,15 +38,13 @@ type Backend interface {
 	// AddPolicy installs a policy and returns it with its index
 	// (POLICY_ADD).
 	AddPolicy(p sa.Policy) (sa.Policy, error)
-	// UpdatePolicy replaces the policy with p's selector and direction
-	// (POLICY_UPDATE).
+	// UpdatePolicy replaces the policy with p's selector, direction and
+	// interface ID (POLICY_UPDATE).
 	UpdatePolicy(p sa.Policy) (sa.Policy, error)
-	// DeletePolicy removes the policy with this selector and direction
-	// (POLICY_DEL).
-	DeletePolicy(sel sa.Selector, dir sa.Direction) error
-	// GetPolicy returns the policy with this selector and direction
-	// (POLICY_GET).
-	GetPolicy(sel sa.Selector, dir sa.Direction) (sa.Policy, error)
+	// DeletePolicy removes the policy id names (POLICY_DEL).
+	DeletePolicy(id sa.PolicyID) error
+	// GetPolicy returns the policy id names (POLICY_GET).
+	GetPolicy(id sa.PolicyID) (sa.Policy, error)
 	// ListPolicies returns every policy (POLICY_LIST).
 	ListPolicies() ([]sa.Policy, error)
 	// FlushPolicies removes every policy (POLICY_FLUSH).

@@ -43,14 +43,14 @@ func (b dbBackend) AddPolicy(p sa.Policy) (sa.Policy, error) { return b.db.AddPo
 
 func (b dbBackend) UpdatePolicy(p sa.Policy) (sa.Policy, error) { return b.db.UpdatePolicy(p) }
 
-func (b dbBackend) DeletePolicy(sel sa.Selector, dir sa.Direction) error {
-	return b.db.DeletePolicy(sel, dir)
+func (b dbBackend) DeletePolicy(id sa.PolicyID) error {
+	return b.db.DeletePolicy(id)
 }
 
-func (b dbBackend) GetPolicy(sel sa.Selector, dir sa.Direction) (sa.Policy, error) {
-	p, ok := b.db.GetPolicy(sel, dir)
+func (b dbBackend) GetPolicy(id sa.PolicyID) (sa.Policy, error) {
+	p, ok := b.db.GetPolicy(id)
 	if !ok {
-		return sa.Policy{}, fmt.Errorf("policy %v dir %v: %w", sel, dir, sa.ErrNotFound)
+		return sa.Policy{}, fmt.Errorf("policy %v: %w", id, sa.ErrNotFound)
 	}
 	return p, nil
 }

@@ -393,10 +393,9 @@ func (c *Client) UpdatePolicy(ctx context.Context, p sa.Policy) (sa.Policy, erro
 	return c.policyReply(c.do(ctx, MsgPolicyUpdate, func(b *Builder) { p.Index = 0; putPolicy(b, p) }))
 }
 
-// GetPolicy returns the policy with this selector and direction
-// (POLICY_GET).
-func (c *Client) GetPolicy(ctx context.Context, sel sa.Selector, dir sa.Direction) (sa.Policy, error) {
-	return c.policyReply(c.do(ctx, MsgPolicyGet, func(b *Builder) { putPolicyID(b, sel, dir) }))
+// GetPolicy returns the policy id names (POLICY_GET).
+func (c *Client) GetPolicy(ctx context.Context, id sa.PolicyID) (sa.Policy, error) {
+	return c.policyReply(c.do(ctx, MsgPolicyGet, func(b *Builder) { putPolicyID(b, id) }))
 }
 
 func (c *Client) policyReply(parts []*Message, err error) (sa.Policy, error) {
@@ -407,10 +406,9 @@ func (c *Client) policyReply(parts []*Message, err error) (sa.Policy, error) {
 	return readPolicy(attrs)
 }
 
-// DeletePolicy removes the policy with this selector and direction
-// (POLICY_DEL).
-func (c *Client) DeletePolicy(ctx context.Context, sel sa.Selector, dir sa.Direction) error {
-	_, err := c.do(ctx, MsgPolicyDel, func(b *Builder) { putPolicyID(b, sel, dir) })
+// DeletePolicy removes the policy id names (POLICY_DEL).
+func (c *Client) DeletePolicy(ctx context.Context, id sa.PolicyID) error {
+	_, err := c.do(ctx, MsgPolicyDel, func(b *Builder) { putPolicyID(b, id) })
 	return err
 }
 
@@ -488,6 +486,7 @@ func (c *Client) stats(ctx context.Context, fill func(*Builder)) (Stats, error) 
 			in.Config.Dir, _ = dirFromWire(v)
 		}
 		in.Config.ReqID, _ = r.u32(AttrReqID)
+		in.Config.IfID, _ = r.u32(AttrIfID)
 		if n, ok := r.nest(AttrSAStats, spaceSAStats); ok {
 			in.Stats, in.ReplayTop, in.ReplayBitmap = readSAStats(n)
 			r.absorb(n)

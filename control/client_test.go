@@ -217,7 +217,7 @@ func TestClientPolicyRoundTrips(t *testing.T) {
 	}
 	_, err = c.AddPolicy(ctx, p)
 	wantCode(t, err, EEXIST)
-	if g, err := c.GetPolicy(ctx, p.Selector, p.Dir); err != nil || g != p {
+	if g, err := c.GetPolicy(ctx, p.ID()); err != nil || g != p {
 		t.Fatalf("GetPolicy: %v %v", g, err)
 	}
 	p.Action, p.Priority = sa.ActionBypass, 7
@@ -233,12 +233,12 @@ func TestClientPolicyRoundTrips(t *testing.T) {
 	if err != nil || len(list) != 2 {
 		t.Fatalf("ListPolicies: %v %v", list, err)
 	}
-	if err := c.DeletePolicy(ctx, p.Selector, p.Dir); err != nil {
+	if err := c.DeletePolicy(ctx, p.ID()); err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.GetPolicy(ctx, p.Selector, p.Dir)
+	_, err = c.GetPolicy(ctx, p.ID())
 	wantCode(t, err, ENOENT)
-	wantCode(t, c.DeletePolicy(ctx, p.Selector, p.Dir), ENOENT)
+	wantCode(t, c.DeletePolicy(ctx, p.ID()), ENOENT)
 	if err := c.FlushPolicies(ctx); err != nil {
 		t.Fatal(err)
 	}

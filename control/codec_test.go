@@ -214,9 +214,17 @@ func TestPolicyRoundTrip(t *testing.T) {
 	if err != nil || got != p {
 		t.Fatalf("got %v (%v) want %v", got, err, p)
 	}
-	sel, dir, err := readPolicyID(decodeOK(t, encode(t, MsgPolicyDel, 0, 1, func(b *Builder) { putPolicyID(b, p.Selector, p.Dir) })).Attrs)
-	if err != nil || sel != p.Selector || dir != p.Dir {
-		t.Fatalf("id: %v %v %v", sel, dir, err)
+	id, err := readPolicyID(decodeOK(t, encode(t, MsgPolicyDel, 0, 1, func(b *Builder) { putPolicyID(b, p.ID()) })).Attrs)
+	if err != nil || id != p.ID() {
+		t.Fatalf("id: %v %v", id, err)
+	}
+	// IF_ID is absent for interface 0.
+	p.IfID = 0
+	m := decodeOK(t, encode(t, MsgPolicyDel, 0, 1, func(b *Builder) { putPolicyID(b, p.ID()) }))
+	for _, a := range m.Attrs {
+		if a.Type == AttrIfID {
+			t.Errorf("IF_ID sent for interface 0")
+		}
 	}
 	// ACTION defaults to protect.
 	def, err := readPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) {
@@ -427,7 +435,7 @@ func TestTypedRejects(t *testing.T) {
 		}, EBADMSG, "duplicate SELECTOR"},
 		{"policy action", func() error {
 			_, err := readPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) {
-				putPolicyID(b, sa.Selector{}, sa.DirIn)
+				putPolicyID(b, sa.PolicyID{Dir: sa.DirIn})
 				b.U32(AttrAction, 9)
 			})).Attrs)
 			return err

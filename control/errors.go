@@ -116,6 +116,7 @@ var fieldAttrs = map[string]AttrType{
 	sa.FieldESN:          AttrESN,
 	sa.FieldKeys:         AttrEncKey,
 	sa.FieldReqID:        AttrReqID,
+	sa.FieldIfID:         AttrIfID,
 	sa.FieldReplayWindow: AttrReplayWindow,
 }
 

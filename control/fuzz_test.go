@@ -40,12 +40,12 @@ func decodeTyped(m *Message) error {
 	case MsgPolicyAdd, MsgPolicyUpdate:
 		_, err = readPolicy(m.Attrs)
 	case MsgPolicyDel:
-		_, _, err = readPolicyID(m.Attrs)
+		_, err = readPolicyID(m.Attrs)
 	case MsgPolicyGet, MsgPolicyList:
 		if reply {
 			_, err = readPolicy(m.Attrs)
 		} else {
-			_, _, err = readPolicyID(m.Attrs)
+			_, err = readPolicyID(m.Attrs)
 		}
 	case MsgStats:
 		r := newReader(m.Attrs)

@@ -261,22 +261,22 @@ func handlePolicyUpdate(c *conn, m *Message, r *replier) error {
 }
 
 func handlePolicyDel(c *conn, m *Message, r *replier) error {
-	sel, dir, err := readPolicyID(m.Attrs)
+	id, err := readPolicyID(m.Attrs)
 	if err != nil {
 		return err
 	}
-	if err := c.s.backend.DeletePolicy(sel, dir); err != nil {
+	if err := c.s.backend.DeletePolicy(id); err != nil {
 		return err
 	}
 	return r.reply(nil)
 }
 
 func handlePolicyGet(c *conn, m *Message, r *replier) error {
-	sel, dir, err := readPolicyID(m.Attrs)
+	id, err := readPolicyID(m.Attrs)
 	if err != nil {
 		return err
 	}
-	p, err := c.s.backend.GetPolicy(sel, dir)
+	p, err := c.s.backend.GetPolicy(id)
 	if err != nil {
 		return err
 	}
@@ -345,6 +345,9 @@ func putSAStatsPart(b *Builder, in SAInfo) {
 	b.Addr(AttrDst, in.Config.Dst)
 	b.U32(AttrDir, dirToWire[in.Config.Dir])
 	b.U32(AttrReqID, in.Config.ReqID)
+	if in.Config.IfID != 0 {
+		b.U32(AttrIfID, in.Config.IfID)
+	}
 	putSAStats(b, in.Stats, in.ReplayTop, in.ReplayBitmap)
 }
 

@@ -15,6 +15,9 @@ func putPolicy(b *Builder, p sa.Policy) {
 	}
 	b.Addr(AttrTmplSrc, p.TmplSrc)
 	b.Addr(AttrTmplDst, p.TmplDst)
+	if p.IfID != 0 {
+		b.U32(AttrIfID, p.IfID)
+	}
 }
 
 // readPolicyDir reads a policy direction, which may be fwd.
@@ -62,24 +65,32 @@ func readPolicy(attrs []Attr) (sa.Policy, error) {
 	p.Index, _ = r.u32(AttrIndex)
 	p.TmplSrc, _ = r.addr(AttrTmplSrc)
 	p.TmplDst, _ = r.addr(AttrTmplDst)
+	p.IfID, _ = r.u32(AttrIfID)
 	if p.TmplSrc.IsValid() && p.TmplDst.IsValid() && p.TmplSrc.Is4() != p.TmplDst.Is4() {
 		r.fail(EINVAL, AttrTmplDst, "TMPL_SRC %v and TMPL_DST %v are of different families", p.TmplSrc, p.TmplDst)
 	}
 	return p, r.error()
 }
 
-// putPolicyID appends what names a policy: its selector and direction.
-func putPolicyID(b *Builder, sel sa.Selector, dir sa.Direction) {
-	putSelector(b, AttrSelector, sel)
-	b.U32(AttrDir, dirToWire[dir])
+// putPolicyID appends what names a policy: its selector, direction and
+// interface ID.
+func putPolicyID(b *Builder, id sa.PolicyID) {
+	putSelector(b, AttrSelector, id.Selector)
+	b.U32(AttrDir, dirToWire[id.Dir])
+	if id.IfID != 0 {
+		b.U32(AttrIfID, id.IfID)
+	}
 }
 
 // readPolicyID reads POLICY_DEL and POLICY_GET requests.
-func readPolicyID(attrs []Attr) (sa.Selector, sa.Direction, error) {
+func readPolicyID(attrs []Attr) (sa.PolicyID, error) {
 	r := newReader(attrs)
-	sel, ok := readPolicySelector(r)
+	var id sa.PolicyID
+	var ok bool
+	id.Selector, ok = readPolicySelector(r)
 	r.require(AttrSelector, ok)
-	dir, ok := readPolicyDir(r)
+	id.Dir, ok = readPolicyDir(r)
 	r.require(AttrDir, ok)
-	return sel, dir, r.error()
+	id.IfID, _ = r.u32(AttrIfID)
+	return id, r.error()
 }

@@ -29,7 +29,7 @@ var attrNames = [...]map[AttrType]string{
 		AttrLifeHard: "LIFETIME_HARD", AttrTTL: "TTL", AttrDSCP: "DSCP", AttrCopyDSCP: "COPY_DSCP",
 		AttrECN: "ECN", AttrDF: "DF", AttrTFCPad: "TFC_PAD", AttrSAStats: "SA_STATS",
 		AttrNewSrc: "NEW_SRC", AttrNewDst: "NEW_DST", AttrOSeq: "OSEQ", AttrReplaySeq: "REPLAY_SEQ",
-		AttrReplayBitmap: "REPLAY_BITMAP", AttrNegotiated: "NEGOTIATED",
+		AttrReplayBitmap: "REPLAY_BITMAP", AttrNegotiated: "NEGOTIATED", AttrIfID: "IF_ID",
 		AttrAction: "ACTION", AttrPriority: "PRIORITY", AttrIndex: "INDEX",
 		AttrTmplSrc: "TMPL_SRC", AttrTmplDst: "TMPL_DST", AttrSPIMin: "SPI_MIN", AttrSPIMax: "SPI_MAX",
 		AttrVersion: "VERSION", AttrSoftware: "SOFTWARE", AttrMaxMsgSize: "MAX_MSG_SIZE",

@@ -66,6 +66,9 @@ const (
 	// Neither can change: an SA_UPDATE may carry them only with the
 	// state's own values.
 	FieldESN
+	// FieldIfID is IF_ID (sa.Config.IfID). It cannot change: an
+	// SA_UPDATE may carry it only with the state's own value.
+	FieldIfID
 	// FieldsAll is every field.
 	FieldsAll Fields = 1<<iota - 1
 )
@@ -115,6 +118,9 @@ func (u SAUpdate) Apply(cur sa.Config) sa.Config {
 	}
 	if f&FieldReqID != 0 {
 		c.ReqID = n.ReqID
+	}
+	if f&FieldIfID != 0 {
+		c.IfID = n.IfID
 	}
 	if f&FieldSelectors != 0 {
 		c.Selectors = n.Selectors
@@ -223,6 +229,9 @@ func putSAFields(b *Builder, c sa.Config, f Fields, update bool) {
 	}
 	if f&FieldReqID != 0 {
 		b.U32(AttrReqID, c.ReqID)
+	}
+	if f&FieldIfID != 0 && c.IfID != 0 {
+		b.U32(AttrIfID, c.IfID)
 	}
 	switch {
 	case f&FieldSuite != 0:
@@ -445,6 +454,10 @@ func readSAFields(r *reader, c *sa.Config, update bool) Fields {
 	if v, ok := r.u32(AttrReqID); ok {
 		c.ReqID = v
 		f |= FieldReqID
+	}
+	if v, ok := r.u32(AttrIfID); ok {
+		c.IfID = v
+		f |= FieldIfID
 	}
 	if s, ok := readSuite(r); ok {
 		c.Suite = s

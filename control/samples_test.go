@@ -43,7 +43,7 @@ func fullConfig(t testing.TB) sa.Config {
 	return sa.Config{
 		SPI: 0xC0010203, Dir: sa.DirOut, Src: v4a, Dst: v4b, Suite: s,
 		EncKey: key(s.EncKeyLen(), 1), IntegKey: key(s.IntegKeyLen(), 100),
-		ReplayWindow: 128, EncapSrcPort: 4500, EncapDstPort: 4501, ReqID: 7,
+		ReplayWindow: 128, EncapSrcPort: 4500, EncapDstPort: 4501, ReqID: 7, IfID: 42,
 		Selectors: []sa.Selector{
 			{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.19.0.0/16"),
 				Proto: 6, SrcPorts: sa.PortRange{Lo: 1024, Hi: 65535}, DstPorts: sa.PortRange{Lo: 443, Hi: 443}},
@@ -85,7 +85,7 @@ func fullPolicy() sa.Policy {
 		Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.19.0.0/16"),
 			Proto: 17, SrcPorts: sa.PortRange{Lo: 5000, Hi: 5010}, DstPorts: sa.PortRange{Lo: 53, Hi: 53}},
 		Dir: sa.DirFwd, Action: sa.ActionDrop, Priority: 99, ReqID: 5, Index: 0x102,
-		TmplSrc: v4a, TmplDst: v4b,
+		TmplSrc: v4a, TmplDst: v4b, IfID: 42,
 	}
 }
 
@@ -163,7 +163,7 @@ func sampleMessages(t testing.TB) [][]byte {
 	add(MsgSAList, FlagReply|FlagMulti, func(b *Builder) { putSAInfo(b, SAInfo{Config: gcmConfig(t, 9)}) })
 	add(MsgSPIAlloc, 0, func(b *Builder) { b.U32(AttrSPIMin, 0x100); b.U32(AttrSPIMax, 0x200) })
 	add(MsgPolicyAdd, 0, func(b *Builder) { putPolicy(b, fullPolicy()) })
-	add(MsgPolicyDel, 0, func(b *Builder) { p := fullPolicy(); putPolicyID(b, p.Selector, p.Dir) })
+	add(MsgPolicyDel, 0, func(b *Builder) { putPolicyID(b, fullPolicy().ID()) })
 	add(MsgStats, FlagReply|FlagMulti, func(b *Builder) { putGlobalStats(b, sampleGlobal()) })
 	add(MsgStats, FlagReply|FlagMulti, func(b *Builder) {
 		putSAStatsPart(b, SAInfo{Config: cfg, Stats: sampleStats(), ReplayTop: 3})

@@ -145,6 +145,7 @@ const (
 	AttrTmplDst  AttrType = 36 // address
 
 	AttrNegotiated AttrType = 37 // u32 boolean: the keys were negotiated by IKE (sa.Config.Negotiated)
+	AttrIfID       AttrType = 38 // u32: interface ID, XFRM's if_id (sa.Config.IfID, sa.Policy.IfID)
 
 	AttrSPIMin AttrType = 40 // u32
 	AttrSPIMax AttrType = 41 // u32

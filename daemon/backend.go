@@ -78,17 +78,17 @@ func (d *Daemon) UpdatePolicy(p sa.Policy) (sa.Policy, error) {
 }
 
 // DeletePolicy removes a policy and its route.
-func (d *Daemon) DeletePolicy(sel sa.Selector, dir sa.Direction) error {
+func (d *Daemon) DeletePolicy(id sa.PolicyID) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.deletePolicyLocked(sel, dir)
+	return d.deletePolicyLocked(id)
 }
 
 // GetPolicy returns a policy.
-func (d *Daemon) GetPolicy(sel sa.Selector, dir sa.Direction) (sa.Policy, error) {
-	p, ok := d.db.GetPolicy(sel, dir)
+func (d *Daemon) GetPolicy(id sa.PolicyID) (sa.Policy, error) {
+	p, ok := d.db.GetPolicy(id)
 	if !ok {
-		return p, fmt.Errorf("policy %s dir %s: %w", sel, dir, sa.ErrNotFound)
+		return p, fmt.Errorf("policy %v: %w", id, sa.ErrNotFound)
 	}
 	return p, nil
 }

@@ -26,7 +26,7 @@ func (d *Daemon) addPolicyLocked(p sa.Policy) (sa.Policy, error) {
 		return p, err
 	}
 	if err := d.routes.InstallPolicyRoute(p); err != nil {
-		d.db.DeletePolicy(p.Selector, p.Dir)
+		d.db.DeletePolicy(p.ID())
 		return p, fmt.Errorf("route for policy %s: %w", p.Selector, err)
 	}
 	return p, nil
@@ -35,9 +35,9 @@ func (d *Daemon) addPolicyLocked(p sa.Policy) (sa.Policy, error) {
 // updatePolicyLocked replaces a policy (same selector and direction),
 // moving its route reference when the action changes. d.mu is held.
 func (d *Daemon) updatePolicyLocked(p sa.Policy) (sa.Policy, error) {
-	old, ok := d.db.GetPolicy(p.Selector, p.Dir)
+	old, ok := d.db.GetPolicy(p.ID())
 	if !ok {
-		return p, fmt.Errorf("policy %s dir %s: %w", p.Selector, p.Dir, sa.ErrNotFound)
+		return p, fmt.Errorf("policy %v: %w", p.ID(), sa.ErrNotFound)
 	}
 	if err := d.routes.InstallPolicyRoute(p); err != nil {
 		return p, fmt.Errorf("route for policy %s: %w", p.Selector, err)
@@ -54,15 +54,15 @@ func (d *Daemon) updatePolicyLocked(p sa.Policy) (sa.Policy, error) {
 }
 
 // deletePolicyLocked removes a policy and its route. d.mu is held.
-func (d *Daemon) deletePolicyLocked(sel sa.Selector, dir sa.Direction) error {
-	p, ok := d.db.GetPolicy(sel, dir)
+func (d *Daemon) deletePolicyLocked(id sa.PolicyID) error {
+	p, ok := d.db.GetPolicy(id)
 	if !ok {
-		return fmt.Errorf("policy %s dir %s: %w", sel, dir, sa.ErrNotFound)
+		return fmt.Errorf("policy %v: %w", id, sa.ErrNotFound)
 	}
-	if err := d.db.DeletePolicy(sel, dir); err != nil {
+	if err := d.db.DeletePolicy(id); err != nil {
 		return err
 	}
-	delete(d.file.policies, policyKey{sel, dir})
+	delete(d.file.policies, p.ID())
 	return d.routes.RemovePolicyRoute(p)
 }
 
@@ -70,7 +70,7 @@ func (d *Daemon) deletePolicyLocked(sel sa.Selector, dir sa.Direction) error {
 func (d *Daemon) flushPoliciesLocked() error {
 	var errs []error
 	for _, p := range d.db.Policies() {
-		errs = append(errs, d.deletePolicyLocked(p.Selector, p.Dir))
+		errs = append(errs, d.deletePolicyLocked(p.ID()))
 	}
 	return errors.Join(errs...)
 }

@@ -19,11 +19,8 @@ type saKey struct {
 	dst netip.Addr
 }
 
-// policyKey identifies a policy: selector and direction.
-type policyKey struct {
-	sel sa.Selector
-	dir sa.Direction
-}
+// policyKey identifies a policy: selector, direction and interface ID.
+type policyKey = sa.PolicyID
 
 // fileState is what the configuration file installed, so that a reload
 // knows what to change and leaves what the control socket installed alone.
@@ -167,9 +164,9 @@ func (d *Daemon) planLocked(f *config.File) (*reloadPlan, error) {
 	}
 
 	for i, p := range f.Policies {
-		k := policyKey{p.Selector, p.Dir}
+		k := p.ID()
 		old, owned := d.file.policies[k]
-		_, live := d.db.GetPolicy(p.Selector, p.Dir)
+		_, live := d.db.GetPolicy(k)
 		if !owned && live {
 			return nil, fmt.Errorf("%s: policy #%d (%s dir %s) is already installed through the control socket; delete it first", d.opts.ConfigPath, i+1, p.Selector, p.Dir)
 		}
@@ -190,8 +187,8 @@ func (d *Daemon) planLocked(f *config.File) (*reloadPlan, error) {
 		if _, keep := pl.next.policies[k]; keep {
 			continue
 		}
-		ch.DeletePolicies = append(ch.DeletePolicies, sa.PolicyID{Selector: old.Selector, Dir: old.Dir})
-		if _, live := d.db.GetPolicy(old.Selector, old.Dir); live {
+		ch.DeletePolicies = append(ch.DeletePolicies, old.ID())
+		if _, live := d.db.GetPolicy(old.ID()); live {
 			pl.remove = append(pl.remove, old)
 		}
 	}

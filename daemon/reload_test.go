@@ -100,7 +100,7 @@ func (r *running) snapshot(t *testing.T) string {
 		lines = append(lines, fmt.Sprintf("file sa %#x %v: %v %x", k.spi, k.dst, v.cfg, v.keys[:8]))
 	}
 	for k, v := range r.d.file.policies {
-		lines = append(lines, fmt.Sprintf("file policy %v %v: %v", k.sel, k.dir, v))
+		lines = append(lines, fmt.Sprintf("file policy %v: %v", k, v))
 	}
 	slices.Sort(lines)
 	b.WriteString(strings.Join(lines, "\n"))

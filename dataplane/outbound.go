@@ -110,7 +110,7 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 			continue
 		}
 		if !r.havePol || f != r.flow {
-			r.pol, r.polOK = d.db.LookupPolicy(sa.DirOut, f)
+			r.pol, r.polOK = d.db.LookupPolicy(0, sa.DirOut, f)
 			r.flow, r.havePol = f, true
 		}
 		if !r.polOK {

@@ -15,10 +15,21 @@ type StateID struct {
 	Dst netip.Addr
 }
 
-// PolicyID names an installed policy: its selector and direction.
+// PolicyID names an installed policy: its selector, direction and
+// interface ID (Policy.IfID).
 type PolicyID struct {
 	Selector Selector
 	Dir      Direction
+	IfID     uint32
+}
+
+// String returns the policy's identity in the style of ip-xfrm(8).
+func (id PolicyID) String() string {
+	s := fmt.Sprintf("%v dir %v", id.Selector, id.Dir)
+	if id.IfID != 0 {
+		s += fmt.Sprintf(" if_id %d", id.IfID)
+	}
+	return s
 }
 
 // Changes are state and policy changes that Apply makes together: a
@@ -93,7 +104,7 @@ func (db *DB) apply(ch *Changes) ([]*SA, error) {
 		if err := p.Validate(); err != nil {
 			return nil, err
 		}
-		id := policyID{sel: p.Selector.normalized(), dir: p.Dir}
+		id := p.ID().key()
 		if put[id] {
 			return nil, fmt.Errorf("sa: policy dir %v %v is given twice", p.Dir, p.Selector)
 		}
@@ -460,7 +471,7 @@ func (s *spdb) planPolicies(ch *Changes) ([]polChange, error) {
 	put := make(map[policyID]bool)
 	for _, p := range ch.Policies {
 		p.Selector = p.Selector.normalized()
-		id := policyID{sel: p.Selector, dir: p.Dir}
+		id := p.ID().key()
 		if put[id] {
 			return nil, fmt.Errorf("sa: policy dir %v %v is given twice", p.Dir, p.Selector)
 		}
@@ -476,7 +487,7 @@ func (s *spdb) planPolicies(ch *Changes) ([]polChange, error) {
 		out = append(out, polChange{e: e, p: p})
 	}
 	for _, id := range ch.DeletePolicies {
-		pid := policyID{sel: id.Selector.normalized(), dir: id.Dir}
+		pid := id.key()
 		if e := s.byID[pid]; e != nil && !put[pid] {
 			put[pid] = true
 			out = append(out, polChange{e: e, del: true})

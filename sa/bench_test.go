@@ -53,7 +53,7 @@ func BenchmarkLookupPolicy(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
-				if _, ok := db.LookupPolicy(DirOut, fs[i%len(fs)]); !ok {
+				if _, ok := db.LookupPolicy(0, DirOut, fs[i%len(fs)]); !ok {
 					b.Fatal("no policy")
 				}
 			}
@@ -74,7 +74,7 @@ func BenchmarkLookupPolicy(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := range b.N {
-			db.LookupPolicy(DirOut, fs[i%len(fs)])
+			db.LookupPolicy(0, DirOut, fs[i%len(fs)])
 		}
 		b.ReportMetric(float64(len(db.spdb.dirs[DirOut].tuples)), "tuples")
 	})

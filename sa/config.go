@@ -32,6 +32,11 @@ type Config struct {
 	// means raw ESP.
 	EncapSrcPort, EncapDstPort uint16
 	ReqID                      uint32
+	// IfID is XFRM's if_id: an inbound state's packets, once decrypted,
+	// leave through the route-based interface with this ID, and an
+	// outbound state serves only the policies of this ID (Policy.IfID).
+	// 0: espd's policy-based TUN. UpdateSA cannot change it.
+	IfID uint32
 	// Selectors are the inner traffic the state may carry, as seen in the
 	// state's direction (for an inbound state Src is the remote network);
 	// empty means any.
@@ -111,6 +116,7 @@ const (
 	FieldESN          = "esn"
 	FieldKeys         = "keys"
 	FieldReqID        = "reqid"
+	FieldIfID         = "if-id"
 	FieldReplayWindow = "replay-window"
 )
 
@@ -119,7 +125,7 @@ const (
 // a key origin that cannot change, and UpdateSA and Apply for any other
 // setting an update cannot change: Field names it (FieldOSeq,
 // FieldReplaySeq, FieldReplayBitmap, FieldNegotiated, FieldSuite,
-// FieldESN, FieldKeys, FieldReqID or FieldReplayWindow), so that a front
+// FieldESN, FieldKeys, FieldReqID, FieldIfID or FieldReplayWindow), so that a front
 // end can point at its own spelling of it.
 type FieldError struct {
 	Field string
@@ -281,6 +287,9 @@ func (c Config) String() string {
 	}
 	if c.ReqID != 0 {
 		fmt.Fprintf(&b, " reqid %d", c.ReqID)
+	}
+	if c.IfID != 0 {
+		fmt.Fprintf(&b, " if_id %d", c.IfID)
 	}
 	if c.Dir == DirIn {
 		fmt.Fprintf(&b, " replay-window %d", c.ReplayWindow)

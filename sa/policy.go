@@ -25,7 +25,15 @@ type Policy struct {
 	// TmplSrc and TmplDst are the tunnel endpoints of the template: the
 	// outer addresses of the states an acquire asks for.
 	TmplSrc, TmplDst netip.Addr
+	// IfID is XFRM's if_id: a policy with IfID N applies only to packets
+	// routed into the route-based interface N (docs/architecture.md,
+	// "Route-based interfaces"); 0 is espd's policy-based TUN. It is part
+	// of the policy's identity: one selector may exist once per IfID.
+	IfID uint32
 }
+
+// ID returns what identifies p among the installed policies.
+func (p Policy) ID() PolicyID { return PolicyID{Selector: p.Selector, Dir: p.Dir, IfID: p.IfID} }
 
 // Validate reports what makes p unusable.
 func (p Policy) Validate() error {
@@ -54,6 +62,9 @@ func (p Policy) String() string {
 	}
 	if p.TmplSrc.IsValid() || p.TmplDst.IsValid() {
 		fmt.Fprintf(&b, " tmpl src %v dst %v", p.TmplSrc, p.TmplDst)
+	}
+	if p.IfID != 0 {
+		fmt.Fprintf(&b, " if_id %d", p.IfID)
 	}
 	return b.String()
 }
@@ -99,8 +110,14 @@ func (e *policyEntry) matchesRest(f *flowBits) bool {
 		e.SrcPorts.Contains(f.sport) && e.DstPorts.Contains(f.dport)
 }
 
-// policyID is what makes a policy unique: its selector and direction.
+// policyID is what makes a policy unique: its selector, direction and
+// interface ID.
 type policyID struct {
-	sel Selector
-	dir Direction
+	sel  Selector
+	dir  Direction
+	ifID uint32
+}
+
+func (id PolicyID) key() policyID {
+	return policyID{sel: id.Selector.normalized(), dir: id.Dir, ifID: id.IfID}
 }

@@ -51,30 +51,30 @@ func TestAddPolicyIndexAndDuplicate(t *testing.T) {
 	if u.Src != pfx("198.18.0.0/24") {
 		t.Errorf("UpdatePolicy kept host bits: %v", u.Src)
 	}
-	lp, ok := db.LookupPolicy(DirOut, flow("198.18.0.1", "198.19.0.1", 6, 1, 2))
+	lp, ok := db.LookupPolicy(0, DirOut, flow("198.18.0.1", "198.19.0.1", 6, 1, 2))
 	if !ok || lp.Action != ActionDrop || lp.Priority != 5 {
 		t.Errorf("after update lookup = %v, %v", lp, ok)
 	}
 	if n := len(db.Policies()); n != 2 {
 		t.Errorf("%d policies, want 2", n)
 	}
-	if err := db.DeletePolicy(p.Selector, DirOut); err != nil {
+	if err := db.DeletePolicy(PolicyID{Selector: p.Selector, Dir: DirOut}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.DeletePolicy(p.Selector, DirOut); !errors.Is(err, ErrNotFound) {
+	if err := db.DeletePolicy(PolicyID{Selector: p.Selector, Dir: DirOut}); !errors.Is(err, ErrNotFound) {
 		t.Errorf("second delete: %v, want ErrNotFound", err)
 	}
-	if _, ok := db.LookupPolicy(DirOut, flow("198.18.0.1", "198.19.0.1", 6, 1, 2)); ok {
+	if _, ok := db.LookupPolicy(0, DirOut, flow("198.18.0.1", "198.19.0.1", 6, 1, 2)); ok {
 		t.Error("deleted policy still found")
 	}
-	if _, ok := db.GetPolicy(in.Selector, DirIn); !ok {
+	if _, ok := db.GetPolicy(PolicyID{Selector: in.Selector, Dir: DirIn}); !ok {
 		t.Error("GetPolicy lost the inbound policy")
 	}
 	db.FlushPolicies()
 	if len(db.Policies()) != 0 {
 		t.Error("FlushPolicies left policies")
 	}
-	if _, ok := db.LookupPolicy(DirIn, flow("198.18.0.1", "198.19.0.1", 6, 1, 2)); ok {
+	if _, ok := db.LookupPolicy(0, DirIn, flow("198.18.0.1", "198.19.0.1", 6, 1, 2)); ok {
 		t.Error("flushed policy still found")
 	}
 	if _, err := db.AddPolicy(p); err != nil {
@@ -110,36 +110,36 @@ func TestLookupPolicyOrder(t *testing.T) {
 	}
 	f := flow("198.18.0.10", "198.19.0.10", 6, 5555, 443)
 	wide := add(Policy{Priority: 10})
-	if got, _ := db.LookupPolicy(DirOut, f); got.Index != wide.Index {
+	if got, _ := db.LookupPolicy(0, DirOut, f); got.Index != wide.Index {
 		t.Fatalf("got %v, want the only policy", got)
 	}
 	narrow := add(Policy{Selector: Selector{Src: pfx("198.18.0.0/24"), Dst: pfx("198.19.0.0/24")}, Priority: 10})
-	if got, _ := db.LookupPolicy(DirOut, f); got.Index != narrow.Index {
+	if got, _ := db.LookupPolicy(0, DirOut, f); got.Index != narrow.Index {
 		t.Fatalf("equal priority: got %v, want the more specific %v", got, narrow)
 	}
 	proto := add(Policy{Selector: Selector{Src: pfx("198.18.0.0/24"), Dst: pfx("198.19.0.0/24"), Proto: 6}, Priority: 10})
-	if got, _ := db.LookupPolicy(DirOut, f); got.Index != proto.Index {
+	if got, _ := db.LookupPolicy(0, DirOut, f); got.Index != proto.Index {
 		t.Fatalf("got %v, want the one naming the protocol %v", got, proto)
 	}
 	port := add(Policy{Selector: Selector{Src: pfx("198.18.0.0/24"), Dst: pfx("198.19.0.0/24"), Proto: 6, DstPorts: PortRange{443, 443}}, Priority: 10})
-	if got, _ := db.LookupPolicy(DirOut, f); got.Index != port.Index {
+	if got, _ := db.LookupPolicy(0, DirOut, f); got.Index != port.Index {
 		t.Fatalf("got %v, want the one naming the port %v", got, port)
 	}
 	urgent := add(Policy{Selector: Selector{Dst: pfx("198.19.0.0/16")}, Priority: 1, Action: ActionBypass})
-	if got, _ := db.LookupPolicy(DirOut, f); got.Index != urgent.Index {
+	if got, _ := db.LookupPolicy(0, DirOut, f); got.Index != urgent.Index {
 		t.Fatalf("got %v, want the lower priority value %v", got, urgent)
 	}
 	// Equal priority and specificity: the older one.
 	older := add(Policy{Selector: Selector{Dst: pfx("198.19.0.0/16"), Proto: 17}, Priority: 1})
 	add(Policy{Selector: Selector{Dst: pfx("198.19.0.0/16"), Proto: 17, DstPorts: PortRange{1, 2}}, Priority: 0}) // does not match
 	newer := add(Policy{Selector: Selector{Src: pfx("198.18.0.0/16"), Proto: 17}, Priority: 1})
-	if got, _ := db.LookupPolicy(DirOut, flow("198.18.0.10", "198.19.0.10", 17, 5555, 443)); got.Index != older.Index {
+	if got, _ := db.LookupPolicy(0, DirOut, flow("198.18.0.10", "198.19.0.10", 17, 5555, 443)); got.Index != older.Index {
 		t.Fatalf("got %v, want the older %v (not %v)", got, older, newer)
 	}
-	if _, ok := db.LookupPolicy(DirIn, f); ok {
+	if _, ok := db.LookupPolicy(0, DirIn, f); ok {
 		t.Error("inbound lookup found an outbound policy")
 	}
-	if _, ok := db.LookupPolicy(Direction(7), f); ok {
+	if _, ok := db.LookupPolicy(0, Direction(7), f); ok {
 		t.Error("lookup in a bad direction found something")
 	}
 }
@@ -247,7 +247,7 @@ func TestLookupPolicyMatchesLinear(t *testing.T) {
 				case op <= dels:
 					if ps := db.Policies(); len(ps) > 0 {
 						v := ps[r.IntN(len(ps))]
-						err = db.DeletePolicy(v.Selector, v.Dir)
+						err = db.DeletePolicy(v.ID())
 					}
 				default:
 					_, err = db.AddPolicy(p)
@@ -266,7 +266,7 @@ func TestLookupPolicyMatchesLinear(t *testing.T) {
 			for range 150 {
 				f := randFlow(r)
 				dir := Direction(r.IntN(int(numDirections)))
-				got, gok := db.LookupPolicy(dir, f)
+				got, gok := db.LookupPolicy(0, dir, f)
 				want, wok := linearLookup(entries, dir, f)
 				if gok != wok || got != want {
 					t.Fatalf("seed %d round %d: LookupPolicy(%v, %+v) = %v, %v; linear = %v, %v",
@@ -308,7 +308,7 @@ func TestLookupPolicyNoAlloc(t *testing.T) {
 	}
 	i := 0
 	if n := testing.AllocsPerRun(1000, func() {
-		db.LookupPolicy(DirOut, flows[i%len(flows)])
+		db.LookupPolicy(0, DirOut, flows[i%len(flows)])
 		i++
 	}); n != 0 {
 		t.Errorf("LookupPolicy allocates %v times per call", n)

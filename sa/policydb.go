@@ -44,15 +44,17 @@ func (s *spdb) init() {
 	s.byIndex = make(map[uint32]*policyEntry)
 }
 
-// LookupPolicy returns the policy of direction dir that applies to the
-// flow: the best ranked (see Policy.Priority) among those whose selector
-// matches. It takes no lock, does not allocate, and does not scan the
-// policies linearly (see spd).
-func (db *DB) LookupPolicy(dir Direction, f packet.Flow) (Policy, bool) {
+// LookupPolicy returns the policy of interface ifID (Policy.IfID; 0 for
+// espd's policy-based TUN) and direction dir that applies to the flow: the
+// best ranked (see Policy.Priority) among those whose selector matches.
+// Policies of other interfaces never match. It takes no lock, does not
+// allocate, and does not scan the policies linearly (see spd).
+func (db *DB) LookupPolicy(ifID uint32, dir Direction, f packet.Flow) (Policy, bool) {
 	if dir >= numDirections {
 		return Policy{}, false
 	}
 	fb := prepareFlow(&f)
+	fb.ifID = ifID
 	if e := db.spdb.dirs[dir].lookup(&fb); e != nil {
 		return e.Policy, true
 	}
@@ -60,13 +62,13 @@ func (db *DB) LookupPolicy(dir Direction, f packet.Flow) (Policy, bool) {
 }
 
 // AddPolicy installs p and returns it with its Index assigned. A policy
-// with the same selector and direction must not exist (UpdatePolicy
+// with the same selector, direction and IfID must not exist (UpdatePolicy
 // replaces one).
 func (db *DB) AddPolicy(p Policy) (Policy, error) {
 	return db.putPolicy(p, false)
 }
 
-// UpdatePolicy replaces the policy with p's selector and direction,
+// UpdatePolicy replaces the policy with p's selector, direction and IfID,
 // keeping its index and age, or installs p if there is none, as
 // XFRM_MSG_UPDPOLICY does. It returns the installed policy.
 func (db *DB) UpdatePolicy(p Policy) (Policy, error) {
@@ -81,11 +83,10 @@ func (db *DB) putPolicy(p Policy, replace bool) (Policy, error) {
 	s := &db.spdb
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	id := policyID{sel: p.Selector, dir: p.Dir}
-	old := s.byID[id]
+	old := s.byID[p.ID().key()]
 	switch {
 	case old != nil && !replace:
-		return Policy{}, fmt.Errorf("sa: %w: dir %v %v (UpdatePolicy replaces it)", ErrPolicyExists, p.Dir, p.Selector)
+		return Policy{}, fmt.Errorf("sa: %w: %v (UpdatePolicy replaces it)", ErrPolicyExists, p.ID())
 	case old == nil:
 		idx, err := s.newIndex(p.Dir)
 		if err != nil {
@@ -109,7 +110,7 @@ func (s *spdb) installLocked(p Policy, old *policyEntry) Policy {
 		age = s.age
 	}
 	e := &policyEntry{Policy: p, rank: rankOf(&p, age)}
-	s.byID[policyID{sel: p.Selector, dir: p.Dir}] = e
+	s.byID[p.ID().key()] = e
 	s.byIndex[p.Index] = e
 	s.dirs[p.Dir].insert(e)
 	return p
@@ -117,7 +118,7 @@ func (s *spdb) installLocked(p Policy, old *policyEntry) Policy {
 
 // deleteLocked removes an installed entry. Called with mu held.
 func (s *spdb) deleteLocked(e *policyEntry) {
-	delete(s.byID, policyID{sel: e.Selector, dir: e.Dir})
+	delete(s.byID, e.ID().key())
 	delete(s.byIndex, e.Index)
 	s.dirs[e.Dir].remove(e)
 }
@@ -134,27 +135,25 @@ func (s *spdb) newIndex(dir Direction) (uint32, error) {
 	return 0, errors.New("sa: no free policy index")
 }
 
-// DeletePolicy removes the policy with this selector and direction.
-func (db *DB) DeletePolicy(sel Selector, dir Direction) error {
-	sel = sel.normalized()
+// DeletePolicy removes the policy id names.
+func (db *DB) DeletePolicy(id PolicyID) error {
 	s := &db.spdb
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	id := policyID{sel: sel, dir: dir}
-	e := s.byID[id]
+	e := s.byID[id.key()]
 	if e == nil {
-		return fmt.Errorf("sa: policy dir %v %v: %w", dir, sel, ErrNotFound)
+		return fmt.Errorf("sa: policy %v: %w", id, ErrNotFound)
 	}
 	s.deleteLocked(e)
 	return nil
 }
 
-// GetPolicy returns the installed policy with this selector and direction.
-func (db *DB) GetPolicy(sel Selector, dir Direction) (Policy, bool) {
+// GetPolicy returns the installed policy id names.
+func (db *DB) GetPolicy(id PolicyID) (Policy, bool) {
 	s := &db.spdb
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e := s.byID[policyID{sel: sel.normalized(), dir: dir}]; e != nil {
+	if e := s.byID[id.key()]; e != nil {
 		return e.Policy, true
 	}
 	return Policy{}, false

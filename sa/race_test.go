@@ -45,7 +45,7 @@ func TestConcurrentUse(t *testing.T) {
 					missed.Add(1)
 				}
 				f := flow("198.18.0.1", "198.19.1.2", 6, uint16(r.IntN(100)), 80)
-				if p, ok := db.LookupPolicy(DirOut, f); !ok || p.ReqID == 0 {
+				if p, ok := db.LookupPolicy(0, DirOut, f); !ok || p.ReqID == 0 {
 					missed.Add(1)
 				}
 				spi := 0x1000 + uint32(r.IntN(64))
@@ -92,7 +92,7 @@ func TestConcurrentUse(t *testing.T) {
 				p := randPolicy(r)
 				db.UpdatePolicy(p)
 				if r.IntN(2) == 0 {
-					db.DeletePolicy(p.Selector, p.Dir)
+					db.DeletePolicy(p.ID())
 				}
 			case 6:
 				if spi, err := db.AllocSPI(0x1000, 0x103f); err == nil && r.IntN(2) == 0 {

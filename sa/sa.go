@@ -20,6 +20,7 @@ type SA struct {
 	dir     Direction
 	suite   crypto.Suite
 	reqid   uint32
+	ifID    uint32
 	seqMax  uint64 // last usable outbound sequence number
 	addSeq  uint64 // add order in the DB
 	addTime int64  // mono()
@@ -85,6 +86,9 @@ func (s *SA) Dir() Direction { return s.dir }
 
 // ReqID returns the state's reqid.
 func (s *SA) ReqID() uint32 { return s.reqid }
+
+// IfID returns the state's interface ID (Config.IfID).
+func (s *SA) IfID() uint32 { return s.ifID }
 
 // Suite returns the state's algorithms.
 func (s *SA) Suite() crypto.Suite { return s.suite }

@@ -91,6 +91,7 @@ func (db *DB) newSA(c *Config) (*SA, error) {
 		dir:       c.Dir,
 		suite:     c.Suite,
 		reqid:     c.ReqID,
+		ifID:      c.IfID,
 		seqMax:    seqMaxOf(c.Suite),
 		transform: t,
 		fp:        crypto.KeyFingerprint(c.EncKey, c.IntegKey),
@@ -124,7 +125,7 @@ func (s *SA) publishCodec(p *params, old *esp.Decapsulator) {
 // numbers, replay window and counters. The state is the one with c's SPI,
 // direction and destination, or, if the destination is what changes, the
 // only one with c's SPI, direction and reqid. Keys (nil means unchanged),
-// algorithms (ESN included), reqid and replay window size cannot change
+// algorithms (ESN included), reqid, interface ID and replay window size cannot change
 // (a *FieldError names which was given): replace the state instead (Apply with the state in DeleteSAs and the new one in
 // AddSAs keeps its counters when the key stays). A higher OSeq raises an
 // outbound state's counter (reserved in the SeqStore first), a ReplaySeq
@@ -150,6 +151,8 @@ func (s *SA) checkUpdate(c *Config) error {
 		return fieldErrorf(FieldKeys, "sa: state spi 0x%08x: UpdateSA cannot change the keys: delete the state and add a new one", s.spi)
 	case c.ReqID != s.reqid:
 		return fieldErrorf(FieldReqID, "sa: state spi 0x%08x: UpdateSA cannot change the reqid (%d to %d): delete the state and add a new one", s.spi, s.reqid, c.ReqID)
+	case c.IfID != s.ifID:
+		return fieldErrorf(FieldIfID, "sa: state spi 0x%08x: UpdateSA cannot change the interface ID (%d to %d): delete the state and add a new one", s.spi, s.ifID, c.IfID)
 	case s.dir == DirIn && c.ReplayWindow != old.cfg.ReplayWindow:
 		return fieldErrorf(FieldReplayWindow, "sa: state spi 0x%08x: UpdateSA cannot change the replay window (%d to %d): delete the state and add a new one", s.spi, old.cfg.ReplayWindow, c.ReplayWindow)
 	case c.Negotiated != old.cfg.Negotiated:

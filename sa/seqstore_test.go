@@ -585,7 +585,7 @@ func TestApplyAllOrNothing(t *testing.T) {
 			DeleteSAs:      []StateID{{0x5800, remote}, {0x5802, remote}},
 			AddSAs:         []Config{newA, fresh},
 			UpdateSAs:      []Config{upd},
-			DeletePolicies: []PolicyID{{polB.Selector, DirOut}},
+			DeletePolicies: []PolicyID{{Selector: polB.Selector, Dir: DirOut}},
 			Policies:       []Policy{polA2, polC},
 		}
 	}
@@ -671,13 +671,13 @@ func TestApplyAllOrNothing(t *testing.T) {
 	if in := db.LookupInbound(0x5801); in == nil || !in.Config().ECN {
 		t.Error("update not applied")
 	}
-	if p, ok := db.LookupPolicy(DirOut, flow("198.18.0.1", "198.19.1.1", 6, 1, 2)); !ok || p.ReqID != 3 {
+	if p, ok := db.LookupPolicy(0, DirOut, flow("198.18.0.1", "198.19.1.1", 6, 1, 2)); !ok || p.ReqID != 3 {
 		t.Errorf("policy A after Apply: %v", p)
 	}
-	if _, ok := db.LookupPolicy(DirOut, flow("198.18.0.1", "198.19.2.1", 6, 1, 2)); ok {
+	if _, ok := db.LookupPolicy(0, DirOut, flow("198.18.0.1", "198.19.2.1", 6, 1, 2)); ok {
 		t.Error("deleted policy B still matches")
 	}
-	if p, ok := db.LookupPolicy(DirOut, flow("198.18.0.1", "198.19.3.1", 6, 1, 2)); !ok || p.ReqID != 4 {
+	if p, ok := db.LookupPolicy(0, DirOut, flow("198.18.0.1", "198.19.3.1", 6, 1, 2)); !ok || p.ReqID != 4 {
 		t.Errorf("new policy C: %v", p)
 	}
 	if !ctl.Alive() {

@@ -135,21 +135,21 @@ func policyPut(a *app, ctx context.Context, args []string, name string,
 }
 
 func policyDel(a *app, ctx context.Context, args []string) error {
-	sel, dir, err := a.policyID("policy del", args)
+	id, err := a.policyID("policy del", args)
 	if err != nil {
 		return err
 	}
 	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
-		return c.DeletePolicy(ctx, sel, dir)
+		return c.DeletePolicy(ctx, id)
 	})
 }
 
 func policyGet(a *app, ctx context.Context, args []string) error {
-	sel, dir, err := a.policyID("policy get", args)
+	id, err := a.policyID("policy get", args)
 	if err != nil {
 		return err
 	}
-	get := func(c *control.Client, ctx context.Context) (sa.Policy, error) { return c.GetPolicy(ctx, sel, dir) }
+	get := func(c *control.Client, ctx context.Context) (sa.Policy, error) { return c.GetPolicy(ctx, id) }
 	return query(a, ctx, get, policyView, printPolicy)
 }
 

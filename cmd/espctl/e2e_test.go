@@ -46,9 +46,9 @@ func (b dbBackend) ListSAs() ([]control.SAInfo, error) {
 func (b dbBackend) FlushSAs() error                                  { b.db.FlushSAs(); return nil }
 func (b dbBackend) AddPolicy(p sa.Policy) (sa.Policy, error)         { return b.db.AddPolicy(p) }
 func (b dbBackend) UpdatePolicy(p sa.Policy) (sa.Policy, error)      { return b.db.UpdatePolicy(p) }
-func (b dbBackend) DeletePolicy(s sa.Selector, d sa.Direction) error { return b.db.DeletePolicy(s, d) }
-func (b dbBackend) GetPolicy(s sa.Selector, d sa.Direction) (sa.Policy, error) {
-	p, ok := b.db.GetPolicy(s, d)
+func (b dbBackend) DeletePolicy(id sa.PolicyID) error { return b.db.DeletePolicy(id) }
+func (b dbBackend) GetPolicy(id sa.PolicyID) (sa.Policy, error) {
+	p, ok := b.db.GetPolicy(id)
 	if !ok {
 		return sa.Policy{}, fmt.Errorf("policy: %w", sa.ErrNotFound)
 	}
@@ -213,7 +213,7 @@ func TestEndToEnd(t *testing.T) {
 		defer cancel()
 		monDone <- run(ctx, []string{"-s", d.sock, "--json", "monitor", "--count", "2", "--events", "acquire,hard-expire"}, nil, mon, &monErr)
 	}()
-	p, ok := d.db.GetPolicy(sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16")}, sa.DirOut)
+	p, ok := d.db.GetPolicy(sa.PolicyID{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16")}, Dir: sa.DirOut})
 	if !ok {
 		t.Fatal("policy gone")
 	}

@@ -63,7 +63,7 @@ func TestSAAddFlags(t *testing.T) {
 	c, fields, err := parseSA(t, "sa add", true, []string{"config"},
 		"--spi", "0xc0000001", "--src", "198.18.0.1", "--dst", "198.18.0.2", "--dir", "out",
 		"--enc", "aes256", "--auth", "sha256", "--enc-key-file", keyFile(t, cbcKey), "--integ-key-file", keyFile(t, "0X"+shaKey+"\n"), "--esn",
-		"--replay-window", "64", "--encap-sport", "4500", "--encap-dport", "4501", "--reqid", "7",
+		"--replay-window", "64", "--encap-sport", "4500", "--encap-dport", "4501", "--reqid", "7", "--if-id", "42",
 		"--sel", "src=198.18.1.0/24,dst=198.19.0.0/16,proto=tcp,sport=1024-65535,dport=443",
 		"--sel", "dst=2001:db8::/32",
 		"--soft-bytes", "1000000", "--soft-packets", "1000", "--soft-add", "3000", "--soft-use", "10m",
@@ -75,7 +75,7 @@ func TestSAAddFlags(t *testing.T) {
 	want := sa.Config{
 		SPI: 0xc0000001, Dir: sa.DirOut, Src: netip.MustParseAddr("198.18.0.1"), Dst: netip.MustParseAddr("198.18.0.2"),
 		Suite:        crypto.Suite{Encryption: crypto.EncrAESCBC, KeyBits: 256, Integrity: crypto.AuthHMACSHA2256128, ESN: true},
-		ReplayWindow: 64, EncapSrcPort: 4500, EncapDstPort: 4501, ReqID: 7,
+		ReplayWindow: 64, EncapSrcPort: 4500, EncapDstPort: 4501, ReqID: 7, IfID: 42,
 		Selectors: []sa.Selector{
 			{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.19.0.0/16"), Proto: 6,
 				SrcPorts: sa.PortRange{Lo: 1024, Hi: 65535}, DstPorts: sa.PortRange{Lo: 443, Hi: 443}},

@@ -13,6 +13,7 @@ type policyFlags struct {
 	cmdFlags
 
 	src, dst, proto, sport, dport, dir string
+	ifID                               string
 	action, priority, reqid            string
 	tmplSrc, tmplDst                   string
 }
@@ -28,6 +29,7 @@ func newPolicyFlags(name string, full bool) *policyFlags {
 	fs.StringVar(&f.sport, "sport", "", "source port or range (ICMP: type)")
 	fs.StringVar(&f.dport, "dport", "", "destination port or range (ICMP: code)")
 	fs.StringVar(&f.dir, "dir", "", "direction: in, out or fwd")
+	fs.StringVar(&f.ifID, "if-id", "0", "interface ID (XFRM's if_id): the route-based interface the policy applies to; 0: espd's TUN")
 	if full {
 		fs.StringVar(&f.action, "action", "protect", "protect, bypass or drop")
 		fs.StringVar(&f.priority, "priority", "0", "priority, lower wins")
@@ -38,7 +40,19 @@ func newPolicyFlags(name string, full bool) *policyFlags {
 	return f
 }
 
-// selector builds the selector and direction that name a policy.
+// id builds what names a policy: its selector, direction and interface
+// ID.
+func (f *policyFlags) id() (sa.PolicyID, error) {
+	var id sa.PolicyID
+	var err error
+	if id.Selector, id.Dir, err = f.selector(); err != nil {
+		return id, err
+	}
+	id.IfID, err = parseU32("if-id", f.ifID)
+	return id, err
+}
+
+// selector builds the selector and direction of a policy.
 func (f *policyFlags) selector() (sa.Selector, sa.Direction, error) {
 	var sel sa.Selector
 	if !f.set["dir"] {
@@ -71,25 +85,26 @@ func (f *policyFlags) selector() (sa.Selector, sa.Direction, error) {
 
 // policyID parses the flags of a command that names one policy (policy
 // del, policy get): its selector and direction.
-func (a *app) policyID(name string, args []string) (sa.Selector, sa.Direction, error) {
+func (a *app) policyID(name string, args []string) (sa.PolicyID, error) {
 	f := newPolicyFlags(name, false)
 	if err := a.parse(f.fs, f.parse, args); err != nil {
-		return sa.Selector{}, 0, err
+		return sa.PolicyID{}, err
 	}
-	sel, dir, err := f.selector()
+	id, err := f.id()
 	if err != nil {
-		return sel, 0, usageError{err}
+		return id, usageError{err}
 	}
-	return sel, dir, nil
+	return id, nil
 }
 
 // policy builds a whole policy.
 func (f *policyFlags) policy() (sa.Policy, error) {
 	var p sa.Policy
-	var err error
-	if p.Selector, p.Dir, err = f.selector(); err != nil {
+	id, err := f.id()
+	if err != nil {
 		return p, err
 	}
+	p.Selector, p.Dir, p.IfID = id.Selector, id.Dir, id.IfID
 	if p.Action, err = sa.ParseAction(f.action); err != nil {
 		return p, fmt.Errorf("--action %q: want protect, bypass or drop", f.action)
 	}

@@ -30,6 +30,7 @@ type saFlags struct {
 	stdin                                           io.Reader // for "-" key files
 	esn                                             bool
 	replay, encapSport, encapDport, reqid           string
+	ifID                                            string
 	sels                                            multiFlag
 	soft, hard                                      lifetimeFlags
 	ttl, dscp, df, tfc                              string
@@ -70,6 +71,7 @@ func newSAFlags(name string, which ...string) *saFlags {
 		fs.StringVar(&f.encapSport, "encap-sport", "", "UDP encapsulation source port (with --encap-dport; 0 0: off)")
 		fs.StringVar(&f.encapDport, "encap-dport", "", "UDP encapsulation destination port")
 		fs.StringVar(&f.reqid, "reqid", "", "reqid tying the state to policies")
+		fs.StringVar(&f.ifID, "if-id", "", "interface ID (XFRM's if_id): the route-based interface the state serves (default 0: espd's TUN)")
 		fs.Var(&f.sels, "sel", "inner selector src=PREFIX,dst=PREFIX,proto=P,sport=R,dport=R (repeatable)")
 		for _, lt := range []struct {
 			name string
@@ -288,6 +290,12 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 		try(e)
 		c.ReqID = v
 		fl |= control.FieldReqID
+	}
+	if set["if-id"] {
+		v, e := parseU32("if-id", f.ifID)
+		try(e)
+		c.IfID = v
+		fl |= control.FieldIfID
 	}
 	if set["sel"] {
 		for _, s := range f.sels {

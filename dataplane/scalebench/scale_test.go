@@ -149,7 +149,7 @@ func install(ctx context.Context, c *control.Client, s crypto.Suite, local, remo
 func remove(ctx context.Context, c *control.Client, s crypto.Suite, local, remote netip.Addr, n int) error {
 	for i := range n {
 		cfg, pol := extra(s, local, remote, i)
-		if err := errors.Join(c.DeleteSA(ctx, cfg.SPI, cfg.Dst), c.DeletePolicy(ctx, pol.Selector, pol.Dir)); err != nil {
+		if err := errors.Join(c.DeleteSA(ctx, cfg.SPI, cfg.Dst), c.DeletePolicy(ctx, pol.ID())); err != nil {
 			return fmt.Errorf("extra %d: %w", i, err)
 		}
 	}
