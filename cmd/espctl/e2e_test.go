@@ -43,10 +43,10 @@ func (b dbBackend) ListSAs() ([]control.SAInfo, error) {
 	}
 	return out, nil
 }
-func (b dbBackend) FlushSAs() error                                  { b.db.FlushSAs(); return nil }
-func (b dbBackend) AddPolicy(p sa.Policy) (sa.Policy, error)         { return b.db.AddPolicy(p) }
-func (b dbBackend) UpdatePolicy(p sa.Policy) (sa.Policy, error)      { return b.db.UpdatePolicy(p) }
-func (b dbBackend) DeletePolicy(id sa.PolicyID) error { return b.db.DeletePolicy(id) }
+func (b dbBackend) FlushSAs() error                             { b.db.FlushSAs(); return nil }
+func (b dbBackend) AddPolicy(p sa.Policy) (sa.Policy, error)    { return b.db.AddPolicy(p) }
+func (b dbBackend) UpdatePolicy(p sa.Policy) (sa.Policy, error) { return b.db.UpdatePolicy(p) }
+func (b dbBackend) DeletePolicy(id sa.PolicyID) error           { return b.db.DeletePolicy(id) }
 func (b dbBackend) GetPolicy(id sa.PolicyID) (sa.Policy, error) {
 	p, ok := b.db.GetPolicy(id)
 	if !ok {
