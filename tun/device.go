@@ -71,6 +71,10 @@ type Config struct {
 	// NoURing makes Write use one writev(2) per packet or super-packet
 	// even where the kernel has io_uring (uring.go).
 	NoURing bool
+	// Persist makes the interface persistent (SetPersist): it outlives
+	// the device and the process, and drops what is routed into it while
+	// nobody has it open.
+	Persist bool
 }
 
 // ErrURingOff is URingErr's answer when Config.NoURing turned io_uring off.
@@ -176,6 +180,11 @@ func Create(cfg Config) (*Device, error) {
 	}
 	if err := d.initOffloads(); err != nil {
 		return fail(err)
+	}
+	if cfg.Persist {
+		if err := d.SetPersist(true); err != nil {
+			return fail(err)
+		}
 	}
 	d.initURing(cfg.NoURing)
 	h, err := netlink.NewHandle()
@@ -664,8 +673,9 @@ func (d *Device) Name() string { return d.name }
 // Index returns the interface index.
 func (d *Device) Index() int { return d.index }
 
-// Close closes the device; the kernel removes the interface. Pending and
-// later Reads and Writes return os.ErrClosed.
+// Close closes the device; the kernel removes the interface unless it is
+// persistent (Config.Persist). Pending and later Reads and Writes return
+// os.ErrClosed.
 func (d *Device) Close() error {
 	d.closing.Store(true)
 	d.closeOnce.Do(func() {
