@@ -99,6 +99,9 @@ enum {
 	ESPD_A_TMPL_DST = 36,
 	/* u32 boolean: the keys were negotiated by IKE for this SA alone */
 	ESPD_A_NEGOTIATED = 37,
+	/* u32: interface ID (XFRM's if_id) of a route-based SA or policy;
+	 * absent: 0, policy-based */
+	ESPD_A_IF_ID = 38,
 	ESPD_A_SPI_MIN = 40,
 	ESPD_A_SPI_MAX = 41,
 	ESPD_A_VERSION = 48,

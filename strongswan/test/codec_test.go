@@ -106,6 +106,7 @@ func TestCCodecBuilds(t *testing.T) {
 		{control.AttrEncKey, key},
 		{control.AttrESN, []byte{0, 0, 0, 1}},
 		{control.AttrEncap, []byte{0x11, 0x94, 0x11, 0x95}},
+		{control.AttrIfID, []byte{0, 0, 0, 42}},
 	}
 	for _, c := range checks {
 		if got := attr(t, m.Attrs, c.typ); !bytes.Equal(got, c.want) {

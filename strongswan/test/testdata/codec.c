@@ -51,6 +51,7 @@ static int build(void)
 	espd_msg_put(&m, ESPD_A_ENC_KEY, key, 20);
 	espd_msg_u32(&m, ESPD_A_ESN, 1);
 	espd_msg_pair(&m, ESPD_A_ENCAP, 4500, 4501);
+	espd_msg_u32(&m, ESPD_A_IF_ID, 42);
 	espd_msg_begin(&m, ESPD_A_SELECTOR);
 	espd_msg_prefix(&m, ESPD_SEL_SRC, &net6, 48);
 	espd_msg_prefix(&m, ESPD_SEL_DST, &net6b, 64);
