@@ -122,6 +122,10 @@ typedef struct {
 	bool inbound;
 	/** reqid */
 	uint32_t reqid;
+	/** interface ID (0: none), which update_sa() sends again: espd names
+	 * an SA by SPI and destination alone, but an SA_UPDATE may carry only
+	 * the SA's own */
+	uint32_t if_id;
 	/** bytes at the last query, and when they last grew (monotonic) */
 	uint64_t last_bytes;
 	time_t last_use;
@@ -142,6 +146,25 @@ static u_int sa_hash(const sa_entry_t *e)
 static bool sa_equals(const sa_entry_t *a, const sa_entry_t *b)
 {
 	return a->spi == b->spi && a->dst->ip_equals(a->dst, b->dst);
+}
+
+/** size of format_if_id()'s buffer */
+#define IF_ID_STR_LEN 24
+
+/**
+ * " if_id N" for logs, "" without an interface ID.
+ */
+static char *format_if_id(char *buf, size_t len, uint32_t if_id)
+{
+	if (if_id)
+	{
+		snprintf(buf, len, " if_id %u", if_id);
+	}
+	else if (len)
+	{
+		buf[0] = '\0';
+	}
+	return buf;
 }
 
 /**
@@ -466,7 +489,7 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 	sa_entry_t *entry, *old;
 	uint32_t spi = ntohl(id->spi);
 	espd_msg_t m;
-	char what[128];
+	char what[128], ifid[IF_ID_STR_LEN];
 
 	if (id->proto != IPPROTO_ESP)
 	{
@@ -502,15 +525,6 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 			 "docs/strongswan.md, \"What espd supports\"", spi);
 		return NOT_SUPPORTED;
 	}
-	if (id->if_id)
-	{
-		DBG1(DBG_KNL, "espd: SA %.8x: refused: interface ID %u (if_id_in, "
-			 "if_id_out) is not supported by espd, which would apply the SA "
-			 "to all of the gateway's traffic instead of what is routed into "
-			 "that interface; see docs/strongswan.md, \"What espd supports\"",
-			 spi, id->if_id);
-		return NOT_SUPPORTED;
-	}
 	if (data->copy_dscp == DSCP_COPY_IN_ONLY || data->copy_dscp == DSCP_COPY_YES)
 	{
 		DBG1(DBG_KNL, "espd: SA %.8x: refused: copy_dscp = %N; espd copies "
@@ -542,6 +556,12 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 	espd_msg_u32(&m, ESPD_A_PROTO, IPPROTO_ESP);
 	espd_msg_u32(&m, ESPD_A_MODE, ESPD_MODE_TUNNEL);
 	espd_msg_u32(&m, ESPD_A_REQID, data->reqid);
+	if (id->if_id)
+	{
+		/* route-based (if_id_in, if_id_out): the SA belongs to that
+		 * interface, as with an XFRM interface */
+		espd_msg_u32(&m, ESPD_A_IF_ID, id->if_id);
+	}
 	espd_msg_u32(&m, ESPD_A_ENC_ALG, data->enc_alg);
 	espd_msg_u32(&m, ESPD_A_ENC_KEYLEN,
 				 enc_key_bits(data->enc_alg, data->enc_key.len));
@@ -618,9 +638,9 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 	{
 		return FAILED;
 	}
-	DBG2(DBG_KNL, "espd: added %s SA %.8x %H -> %H reqid %u",
+	DBG2(DBG_KNL, "espd: added %s SA %.8x %H -> %H reqid %u%s",
 		 data->inbound ? "inbound" : "outbound", spi, id->src, id->dst,
-		 data->reqid);
+		 data->reqid, format_if_id(ifid, sizeof(ifid), id->if_id));
 
 	INIT(entry,
 		.spi = spi,
@@ -628,6 +648,7 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 		.dst = id->dst->clone(id->dst),
 		.inbound = data->inbound,
 		.reqid = data->reqid,
+		.if_id = id->if_id,
 	);
 	this->mutex->lock(this->mutex);
 	old = this->sas->put(this->sas, entry, entry);
@@ -644,6 +665,7 @@ METHOD(kernel_ipsec_t, update_sa, status_t,
 	kernel_ipsec_update_sa_t *data)
 {
 	sa_entry_t key = { .spi = ntohl(id->spi), .dst = id->dst }, *e;
+	uint32_t if_id = id->if_id;
 	espd_msg_t m;
 	char what[128];
 	int r;
@@ -660,12 +682,24 @@ METHOD(kernel_ipsec_t, update_sa, status_t,
 			 "needs the IKE hand-off (espd --ike-handoff)", key.spi);
 		return FAILED;
 	}
+	/* the interface ID add_sa() sent (espd refuses another) */
+	this->mutex->lock(this->mutex);
+	e = this->sas->get(this->sas, &key);
+	if (e)
+	{
+		if_id = e->if_id;
+	}
+	this->mutex->unlock(this->mutex);
 	if (!espd_msg_init(&m, ESPD_MSG_SA_UPDATE, 0))
 	{
 		return FAILED;
 	}
 	espd_msg_u32(&m, ESPD_A_SPI, key.spi);
 	put_host(&m, ESPD_A_DST, id->dst);
+	if (if_id)
+	{
+		espd_msg_u32(&m, ESPD_A_IF_ID, if_id);
+	}
 	if (!data->new_src->ip_equals(data->new_src, id->src))
 	{
 		put_host(&m, ESPD_A_NEW_SRC, data->new_src);
@@ -763,7 +797,9 @@ static void stats_reply(void *ctx, const espd_hdr_t *h, const uint8_t *body,
 }
 
 /**
- * SA_GET; returns 0, an espd error or a transport error.
+ * SA_GET; returns 0, an espd error or a transport error. espd names an SA
+ * by SPI and destination: unlike XFRM's, its interface ID is no part of
+ * that (nor in SA_DEL).
  */
 static int get_sa(private_espd_kernel_ipsec_t *this, uint32_t spi,
 				  host_t *dst, sa_stats_t *st, bool quiet)
