@@ -57,7 +57,8 @@ struct private_espd_kernel_ipsec_t {
 	hashtable_t *sas;
 
 	/**
-	 * Policies charon asked for, policy_entry_t by direction and selectors
+	 * Policies charon asked for, policy_entry_t by direction, selectors
+	 * and interface ID
 	 */
 	hashtable_t *policies;
 
@@ -190,12 +191,16 @@ static void policy_user_destroy(policy_user_t *u)
 }
 
 /**
- * A policy as espd knows it: direction and selector, with the requests for
- * it. The best request (lowest priority, newest on a tie) is installed.
+ * A policy as espd knows it: direction, selector and interface ID, with
+ * the requests for it. The best request (lowest priority, newest on a tie)
+ * is installed.
  */
 typedef struct {
 	policy_dir_t dir;
 	traffic_selector_t *src_ts, *dst_ts;
+	/** interface ID (if_id_in, if_id_out; 0: none): espd holds the same
+	 * selector and direction once per interface ID */
+	uint32_t if_id;
 	/** policy_user_t, oldest first */
 	linked_list_t *users;
 	/** installed in espd, with these values */
@@ -216,12 +221,14 @@ static void policy_entry_destroy(policy_entry_t *e)
 
 static u_int policy_hash(const policy_entry_t *e)
 {
-	return e->src_ts->hash(e->src_ts, e->dst_ts->hash(e->dst_ts, e->dir));
+	return e->src_ts->hash(e->src_ts, e->dst_ts->hash(e->dst_ts,
+						   chunk_hash_inc(chunk_from_thing(e->if_id), e->dir)));
 }
 
 static bool policy_equals(const policy_entry_t *a, const policy_entry_t *b)
 {
-	return a->dir == b->dir && a->src_ts->equals(a->src_ts, b->src_ts) &&
+	return a->dir == b->dir && a->if_id == b->if_id &&
+		   a->src_ts->equals(a->src_ts, b->src_ts) &&
 		   a->dst_ts->equals(a->dst_ts, b->dst_ts);
 }
 
@@ -1031,10 +1038,17 @@ static policy_user_t *best_user(policy_entry_t *e)
 	return best;
 }
 
+/**
+ * Append what names a policy in espd: selector, direction and interface ID.
+ */
 static void put_policy_id(espd_msg_t *m, policy_entry_t *e)
 {
 	put_selector(m, e->src_ts, e->dst_ts);
 	espd_msg_u32(m, ESPD_A_DIR, dir2espd(e->dir));
+	if (e->if_id)
+	{
+		espd_msg_u32(m, ESPD_A_IF_ID, e->if_id);
+	}
 }
 
 /**
@@ -1062,9 +1076,9 @@ static status_t install_policy(private_espd_kernel_ipsec_t *this,
 
 /**
  * Keep a policy that no request uses any more in espd as a drop policy,
- * with the priority it had: its traffic is dropped (and its prefix held)
- * instead of leaving in clear until charon installs it again. this->mutex
- * is held.
+ * with the priority and interface ID it had: its traffic is dropped (and
+ * its prefix held) instead of leaving in clear until charon installs it
+ * again. this->mutex is held.
  */
 static status_t retain_policy(private_espd_kernel_ipsec_t *this,
 							  policy_entry_t *e)
@@ -1087,7 +1101,7 @@ static status_t send_policy(private_espd_kernel_ipsec_t *this,
 							host_t *src, host_t *dst)
 {
 	espd_msg_t m;
-	char what[256];
+	char what[256], ifid[IF_ID_STR_LEN];
 	int r, attempt;
 	uint16_t type;
 
@@ -1110,9 +1124,10 @@ static status_t send_policy(private_espd_kernel_ipsec_t *this,
 			put_host(&m, ESPD_A_TMPL_SRC, src);
 			put_host(&m, ESPD_A_TMPL_DST, dst);
 		}
-		snprintf(what, sizeof(what), "%s policy %R === %R %N",
+		snprintf(what, sizeof(what), "%s policy %R === %R %N%s",
 				 type == ESPD_MSG_POLICY_ADD ? "adding" : "updating",
-				 e->src_ts, e->dst_ts, policy_dir_names, e->dir);
+				 e->src_ts, e->dst_ts, policy_dir_names, e->dir,
+				 format_if_id(ifid, sizeof(ifid), e->if_id));
 		r = request(this, &m, NULL, NULL, what,
 					type == ESPD_MSG_POLICY_ADD ? EEXIST : ENOENT);
 		if (r == 0)
@@ -1152,7 +1167,7 @@ static status_t uninstall_policy(private_espd_kernel_ipsec_t *this,
 								 policy_entry_t *e)
 {
 	espd_msg_t m;
-	char what[256];
+	char what[256], ifid[IF_ID_STR_LEN];
 	int r;
 
 	if (!e->installed)
@@ -1164,8 +1179,9 @@ static status_t uninstall_policy(private_espd_kernel_ipsec_t *this,
 		return FAILED;
 	}
 	put_policy_id(&m, e);
-	snprintf(what, sizeof(what), "deleting policy %R === %R %N", e->src_ts,
-			 e->dst_ts, policy_dir_names, e->dir);
+	snprintf(what, sizeof(what), "deleting policy %R === %R %N%s", e->src_ts,
+			 e->dst_ts, policy_dir_names, e->dir,
+			 format_if_id(ifid, sizeof(ifid), e->if_id));
 	r = request(this, &m, NULL, NULL, what, ENOENT);
 	e->installed = FALSE;
 	if (r == 0 || r == ENOENT)
@@ -1184,7 +1200,7 @@ METHOD(kernel_ipsec_t, add_policy, status_t,
 	kernel_ipsec_manage_policy_t *data)
 {
 	policy_entry_t key = { .dir = id->dir, .src_ts = id->src_ts,
-						   .dst_ts = id->dst_ts }, *e;
+						   .dst_ts = id->dst_ts, .if_id = id->if_id }, *e;
 	policy_user_t *u;
 	status_t status;
 
@@ -1199,14 +1215,15 @@ METHOD(kernel_ipsec_t, add_policy, status_t,
 			 id->src_ts, id->dst_ts);
 		return FAILED;
 	}
-	if (id->mark.value || id->mark.mask || id->if_id || id->interface)
+	/* an interface ID (if_id_in, if_id_out) is part of the policy's
+	 * identity in espd, as with XFRM interfaces */
+	if (id->mark.value || id->mark.mask || id->interface)
 	{
 		DBG1(DBG_KNL, "espd: policy %R === %R %N: refused: %s is not "
 			 "supported by espd, which would apply the policy to all of the "
 			 "gateway's traffic it matches; see docs/strongswan.md, \"What "
 			 "espd supports\"", id->src_ts, id->dst_ts, policy_dir_names,
-			 id->dir, id->if_id ? "an interface ID (if_id_in, if_id_out)" :
-			 id->interface ? "an interface restriction (interface)" :
+			 id->dir, id->interface ? "an interface restriction (interface)" :
 			 "a mark (mark_in, mark_out)");
 		return NOT_SUPPORTED;
 	}
@@ -1235,6 +1252,7 @@ METHOD(kernel_ipsec_t, add_policy, status_t,
 			.dir = id->dir,
 			.src_ts = id->src_ts->clone(id->src_ts),
 			.dst_ts = id->dst_ts->clone(id->dst_ts),
+			.if_id = id->if_id,
 			.users = linked_list_create(),
 		);
 		this->policies->put(this->policies, e, e);
@@ -1290,17 +1308,29 @@ static bool ts_covered(traffic_selector_t *ts, linked_list_t *list)
 }
 
 /**
+ * The interface ID of the outbound policies of a child config's CHILD_SAs:
+ * its own if_id_out, else its connection's (as child_sa_create() takes
+ * them). A %unique one (IF_ID_UNIQUE, IF_ID_UNIQUE_DIR) is allocated anew
+ * for each CHILD_SA or IKE_SA and never equals an installed policy's: such
+ * policies are not retained.
+ */
+static uint32_t child_if_id_out(peer_cfg_t *peer, child_cfg_t *child)
+{
+	return child->get_if_id(child, FALSE) ?: peer->get_if_id(peer, FALSE);
+}
+
+/**
  * The name of a loaded connection with a CHILD_SA config whose traffic
- * selectors cover an outbound policy from src_ts to dst_ts, or NULL: such a
- * policy's traffic must not leave in clear while charon may negotiate it
- * again (after a delete, a rekey failure, its own restart). Only unloading
- * the connection (or removing it from swanctl.conf and --load-all) gives
- * the traffic up. Not called with this->mutex held: it takes the config
- * backends' locks.
+ * selectors cover an outbound policy from src_ts to dst_ts with interface
+ * ID if_id (0: none), or NULL: such a policy's traffic must not leave in
+ * clear while charon may negotiate it again (after a delete, a rekey
+ * failure, its own restart). Only unloading the connection (or removing it
+ * from swanctl.conf and --load-all) gives the traffic up. Not called with
+ * this->mutex held: it takes the config backends' locks.
  */
 static char *loaded_connection(traffic_selector_t *src_ts,
-							   traffic_selector_t *dst_ts, char *buf,
-							   size_t len)
+							   traffic_selector_t *dst_ts, uint32_t if_id,
+							   char *buf, size_t len)
 {
 	enumerator_t *peers, *children;
 	peer_cfg_t *peer;
@@ -1315,6 +1345,10 @@ static char *loaded_connection(traffic_selector_t *src_ts,
 		children = peer->create_child_cfg_enumerator(peer);
 		while (!found && children->enumerate(children, &child))
 		{
+			if (child_if_id_out(peer, child) != if_id)
+			{
+				continue;
+			}
 			local = child->get_traffic_selectors(child, TRUE, NULL, NULL, FALSE);
 			remote = child->get_traffic_selectors(child, FALSE, NULL, NULL, FALSE);
 			found = ts_covered(src_ts, local) && ts_covered(dst_ts, remote);
@@ -1336,13 +1370,16 @@ static char *loaded_connection(traffic_selector_t *src_ts,
  * Release the retained drop policies that a protect policy just installed
  * for e covers: its route into the TUN carries their traffic now. An
  * administrator who widened a connection's traffic selectors would
- * otherwise keep dropping the old, narrower ones. this->mutex is held.
+ * otherwise keep dropping the old, narrower ones. Only those of e's
+ * interface ID: another's traffic is another interface's. this->mutex is
+ * held.
  */
 static void release_covered(private_espd_kernel_ipsec_t *this,
 							policy_entry_t *e)
 {
 	enumerator_t *enumerator;
 	policy_entry_t *o;
+	char ifid[IF_ID_STR_LEN];
 
 	if (e->dir != POLICY_OUT || e->inst_action != ESPD_ACTION_PROTECT)
 	{
@@ -1352,12 +1389,14 @@ static void release_covered(private_espd_kernel_ipsec_t *this,
 	while (enumerator->enumerate(enumerator, NULL, &o))
 	{
 		if (o != e && o->retained && o->dir == POLICY_OUT &&
+			o->if_id == e->if_id &&
 			o->src_ts->is_contained_in(o->src_ts, e->src_ts) &&
 			o->dst_ts->is_contained_in(o->dst_ts, e->dst_ts))
 		{
-			DBG1(DBG_KNL, "espd: policy %R === %R out replaces the drop "
+			DBG1(DBG_KNL, "espd: policy %R === %R out%s replaces the drop "
 				 "policy kept for %R === %R", e->src_ts, e->dst_ts,
-				 o->src_ts, o->dst_ts);
+				 format_if_id(ifid, sizeof(ifid), e->if_id), o->src_ts,
+				 o->dst_ts);
 			this->policies->remove_at(this->policies, enumerator);
 			uninstall_policy(this, o);
 			policy_entry_destroy(o);
@@ -1370,10 +1409,12 @@ static void release_covered(private_espd_kernel_ipsec_t *this,
 #define RETAIN_CHECK_MS 2000
 
 /**
- * A kept drop policy's selectors, copied to be checked without the mutex.
+ * A kept drop policy's selectors and interface ID, copied to be checked
+ * without the mutex.
  */
 typedef struct {
 	traffic_selector_t *src_ts, *dst_ts;
+	uint32_t if_id;
 } ts_pair_t;
 
 static void ts_pair_destroy(ts_pair_t *p)
@@ -1395,7 +1436,7 @@ static job_requeue_t check_retained(private_espd_kernel_ipsec_t *this)
 	linked_list_t *kept = linked_list_create();
 	policy_entry_t *e, key = { .dir = POLICY_OUT };
 	ts_pair_t *p;
-	char buf[128];
+	char buf[128], ifid[IF_ID_STR_LEN];
 	bool more = FALSE;
 
 	this->mutex->lock(this->mutex);
@@ -1407,6 +1448,7 @@ static job_requeue_t check_retained(private_espd_kernel_ipsec_t *this)
 			INIT(p,
 				.src_ts = e->src_ts->clone(e->src_ts),
 				.dst_ts = e->dst_ts->clone(e->dst_ts),
+				.if_id = e->if_id,
 			);
 			kept->insert_last(kept, p);
 		}
@@ -1417,19 +1459,22 @@ static job_requeue_t check_retained(private_espd_kernel_ipsec_t *this)
 	enumerator = kept->create_enumerator(kept);
 	while (enumerator->enumerate(enumerator, &p))
 	{
-		if (loaded_connection(p->src_ts, p->dst_ts, buf, sizeof(buf)))
+		if (loaded_connection(p->src_ts, p->dst_ts, p->if_id, buf,
+							  sizeof(buf)))
 		{
 			continue;
 		}
 		key.src_ts = p->src_ts;
 		key.dst_ts = p->dst_ts;
+		key.if_id = p->if_id;
 		this->mutex->lock(this->mutex);
 		e = this->policies->get(this->policies, &key);
 		if (e && e->retained && e->users->get_count(e->users) == 0)
 		{
-			DBG1(DBG_KNL, "espd: no loaded connection covers %R === %R out "
+			DBG1(DBG_KNL, "espd: no loaded connection covers %R === %R out%s "
 				 "any more; deleting the drop policy kept for it",
-				 e->src_ts, e->dst_ts);
+				 e->src_ts, e->dst_ts,
+				 format_if_id(ifid, sizeof(ifid), e->if_id));
 			this->policies->remove(this->policies, e);
 			uninstall_policy(this, e);
 			policy_entry_destroy(e);
@@ -1489,24 +1534,26 @@ METHOD(kernel_ipsec_t, del_policy, status_t,
 	kernel_ipsec_manage_policy_t *data)
 {
 	policy_entry_t key = { .dir = id->dir, .src_ts = id->src_ts,
-						   .dst_ts = id->dst_ts }, *e;
+						   .dst_ts = id->dst_ts, .if_id = id->if_id }, *e;
 	enumerator_t *enumerator;
 	policy_user_t *u, *found = NULL;
 	status_t status = SUCCESS;
-	char buf[128], *conn = NULL;
+	char buf[128], ifid[IF_ID_STR_LEN], *conn = NULL;
 	int pass;
 
 	if (id->dir == POLICY_OUT)
 	{
-		conn = loaded_connection(id->src_ts, id->dst_ts, buf, sizeof(buf));
+		conn = loaded_connection(id->src_ts, id->dst_ts, id->if_id, buf,
+								 sizeof(buf));
 	}
+	format_if_id(ifid, sizeof(ifid), id->if_id);
 	this->mutex->lock(this->mutex);
 	e = this->policies->get(this->policies, &key);
 	if (!e || (e->retained && e->users->get_count(e->users) == 0))
 	{
 		this->mutex->unlock(this->mutex);
-		DBG1(DBG_KNL, "espd: deleting policy %R === %R %N: not installed",
-			 id->src_ts, id->dst_ts, policy_dir_names, id->dir);
+		DBG1(DBG_KNL, "espd: deleting policy %R === %R %N%s: not installed",
+			 id->src_ts, id->dst_ts, policy_dir_names, id->dir, ifid);
 		return NOT_FOUND;
 	}
 	for (pass = 0; pass < 2 && !found; pass++)
@@ -1526,8 +1573,9 @@ METHOD(kernel_ipsec_t, del_policy, status_t,
 	if (!found)
 	{
 		this->mutex->unlock(this->mutex);
-		DBG1(DBG_KNL, "espd: deleting policy %R === %R %N: no such request",
-			 id->src_ts, id->dst_ts, policy_dir_names, id->dir);
+		DBG1(DBG_KNL, "espd: deleting policy %R === %R %N%s: no such "
+			 "request", id->src_ts, id->dst_ts, policy_dir_names, id->dir,
+			 ifid);
 		return NOT_FOUND;
 	}
 	policy_user_destroy(found);
@@ -1538,10 +1586,10 @@ METHOD(kernel_ipsec_t, del_policy, status_t,
 		schedule_retain_check(this);
 		if (retain_policy(this, e) == SUCCESS)
 		{
-			DBG1(DBG_KNL, "espd: policy %R === %R out: its CHILD_SA is gone "
-				 "but connection %s is loaded; espd drops its traffic until "
-				 "charon installs it again (unload the connection to let it "
-				 "go)", e->src_ts, e->dst_ts, conn);
+			DBG1(DBG_KNL, "espd: policy %R === %R out%s: its CHILD_SA is "
+				 "gone but connection %s is loaded; espd drops its traffic "
+				 "until charon installs it again (unload the connection to "
+				 "let it go)", e->src_ts, e->dst_ts, ifid, conn);
 		}
 		/* espd away: reconcile() installs the drop policy when it is back */
 	}
