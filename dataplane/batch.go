@@ -52,6 +52,7 @@ type elem struct {
 	mtu        int            // outbound: path MTU to the peer
 	frag       fragMode       // outbound: whether the outer packet may be fragmented
 	shard      uint8          // the in-order shard of sa (shardOf), when sa is set
+	ifc        *iface         // inbound: the interface of sa's ID, to write to
 	drop       cause
 	reason     sa.DropReason // for dropSA
 }

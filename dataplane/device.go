@@ -81,6 +81,8 @@ type Device struct {
 	handOffWake     chan struct{} // the gauges' changes, for reportHandOff
 	stats           counters
 	live            atomic.Pointer[IO] // io, once started, for Stats and Bind
+	main            *iface             // io.TUN, interface ID 0
+	ifaces          atomic.Pointer[ifaceMap]
 	closing         atomic.Bool
 	started         bool
 	stop            chan struct{}
@@ -201,9 +203,10 @@ func (d *Device) StartWith(io IO) error {
 	d.out = newQueues(d.shards, perShard, d.pool)
 	d.in = newQueues(d.shards, perShard, d.pool)
 
+	d.main = &iface{tun: io.TUN, done: make(chan struct{})}
 	d.out.wg.Add(1)
 	d.wg.Add(1)
-	go d.readTUN()
+	go d.readTUN(d.main)
 	d.in.wg.Add(len(io.Bind.Receivers()))
 	for _, r := range io.Bind.Receivers() {
 		d.wg.Add(1)
@@ -262,6 +265,7 @@ func (d *Device) Close() error {
 		errs = append(errs, d.io.Router.Close())
 	}
 	errs = append(errs, d.io.TUN.Close())
+	errs = append(errs, d.closeInterfaces()...)
 	for _, r := range d.io.Bind.Receivers() {
 		errs = append(errs, r.Close())
 	}
@@ -280,6 +284,13 @@ func (d *Device) Stats() Stats {
 		return st
 	}
 	ts := io.TUN.Stats()
+	if m := d.ifaces.Load(); m != nil {
+		for _, ifc := range *m {
+			s := ifc.tun.Stats()
+			ts.Reads, ts.SuperReads, ts.Writes, ts.SuperWrites = ts.Reads+s.Reads, ts.SuperReads+s.SuperReads, ts.Writes+s.Writes, ts.SuperWrites+s.SuperWrites
+			ts.QueueDrops, ts.URingEnters = ts.QueueDrops+s.QueueDrops, ts.URingEnters+s.URingEnters
+		}
+	}
 	st.TUNReads, st.TUNSuperReads, st.TUNWrites, st.TUNSuperWrites = ts.Reads, ts.SuperReads, ts.Writes, ts.SuperWrites
 	st.TUNQueueDrops, st.TUNUringEnters = ts.QueueDrops, ts.URingEnters
 	cs := io.Bind.Stats()

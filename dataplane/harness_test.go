@@ -91,6 +91,8 @@ type tunnel struct {
 	df              uint8  // esp.DFMode
 	window          uint32 // inbound replay window; 0: 128
 	skipOut, skipIn bool
+	ifID            uint32 // the policy's and the states' interface ID
+	inIfID          uint32 // the inbound state's, if not ifID
 }
 
 // tunnelKeys returns the keys add gives both states of a tunnel.
@@ -122,7 +124,7 @@ func (h *harness) add(tn tunnel) (out, in *sa.SA) {
 	}
 	if _, err := h.db.AddPolicy(sa.Policy{
 		Selector: sa.Selector{Dst: tn.dst}, Dir: sa.DirOut, Action: sa.ActionProtect,
-		ReqID: tn.reqid, TmplSrc: tn.local, TmplDst: tn.peer,
+		ReqID: tn.reqid, TmplSrc: tn.local, TmplDst: tn.peer, IfID: tn.ifID,
 	}); err != nil {
 		h.t.Fatal(err)
 	}
@@ -134,7 +136,7 @@ func (h *harness) add(tn tunnel) (out, in *sa.SA) {
 	base := sa.Config{
 		SPI: tn.spi, Suite: suite, ReqID: tn.reqid, ReplayWindow: window,
 		EncKey: encKey, IntegKey: integKey,
-		EncapSrcPort: tn.sport, EncapDstPort: tn.dport, ECN: true,
+		EncapSrcPort: tn.sport, EncapDstPort: tn.dport, ECN: true, IfID: tn.ifID,
 	}
 	if !tn.skipOut {
 		c := base
@@ -148,6 +150,9 @@ func (h *harness) add(tn tunnel) (out, in *sa.SA) {
 		c := base
 		c.Dir, c.Src, c.Dst = sa.DirIn, tn.peer, tn.local
 		c.Selectors = tn.inSelectors
+		if tn.inIfID != 0 {
+			c.IfID = tn.inIfID
+		}
 		if in, err = h.db.AddSA(c); err != nil {
 			h.t.Fatal(err)
 		}

@@ -64,6 +64,7 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 		s       *sa.SA
 		dec     *esp.Decapsulator
 		k       uint8
+		ifc     *iface
 	)
 	b.n = n
 	live := 0
@@ -110,7 +111,13 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 			l[cInvalidSPI]++
 			continue
 		}
-		e.sa, e.dec, e.shard = s, dec, k
+		if ifc == nil || ifc.id != s.IfID() {
+			if ifc = d.iface(s.IfID()); ifc == nil {
+				l[cNoInterface]++
+				continue
+			}
+		}
+		e.sa, e.dec, e.shard, e.ifc = s, dec, k, ifc
 		e.start, e.end, e.tos = m.Start, m.End, m.TOS
 		if m.UDP {
 			e.from = m.Src
@@ -213,10 +220,12 @@ func (d *Device) writeLoop(k int) {
 }
 
 // writeBatch records the sequence numbers of the packets of b whose
-// states are in shard k (all with allShards) and writes them to the TUN.
+// states are in shard k (all with allShards) and writes them to their
+// states' interfaces, one Write per run of packets of one interface.
 func (d *Device) writeBatch(w *inWriter, b *batch, k int) {
 	var l local
 	j := 0
+	var to *iface
 	for i := range b.n {
 		e := &b.elems[i]
 		if k != allShards && (e.sa == nil || int(e.shard) != k) {
@@ -234,21 +243,35 @@ func (d *Device) writeBatch(w *inWriter, b *batch, k int) {
 		if e.from.IsValid() {
 			checkMapping(d.db, e.sa, e.from)
 		}
+		if e.ifc != to {
+			d.writeRun(w, to, j, &l)
+			to, j = e.ifc, 0
+		}
 		w.acct.add(e.sa, e.innerLen)
 		w.bufs[j] = e.buf[e.start-tun.MinWriteOffset : e.end]
 		j++
 		l[cTUNTxBytes] += uint64(e.innerLen)
 	}
 	w.acct.flush()
-	if j > 0 {
+	d.writeRun(w, to, j, &l)
+	l.flush(&d.stats)
+}
+
+// writeRun writes the first j packets of w.bufs to the interface to.
+func (d *Device) writeRun(w *inWriter, to *iface, j int, l *local) {
+	if j == 0 {
+		return
+	}
+	if to.closing.Load() { // RemoveInterface: the TUN is closed
+		l[cNoInterface] += uint64(j)
+	} else {
 		l[cTUNTxPackets] += uint64(j)
-		if err := d.io.TUN.Write(w.bufs[:j], tun.MinWriteOffset); err != nil {
+		if err := to.tun.Write(w.bufs[:j], tun.MinWriteOffset); err != nil {
 			l[cTUNWriteErrors]++
 			d.logf(logTUNWrite, "TUN write failed", "packets", j, "err", err)
 		}
-		clear(w.bufs[:j]) // drop the references to the batch's buffers
 	}
-	l.flush(&d.stats)
+	clear(w.bufs[:j]) // drop the references to the batch's buffers
 }
 
 // checkMapping reports a NAT mapping change when an authentic packet of a

@@ -17,6 +17,7 @@ import (
 // batch on and a dead state is never used; the batch holds the states it
 // uses until they are sealed.
 type outReader struct {
+	ifID uint32 // the interface read: its policies apply
 	// previous packet's flow and policy
 	havePol bool
 	flow    packet.Flow
@@ -46,31 +47,32 @@ type seqRun struct {
 	next        uint64
 }
 
-// readTUN is the outbound producer.
-func (d *Device) readTUN() {
+// readTUN is an outbound producer: one per interface.
+func (d *Device) readTUN(ifc *iface) {
 	defer d.wg.Done()
 	defer d.out.producerDone()
-	r := &outReader{runs: make([]seqRun, 0, 16), prod: newProducer(d.shards)}
+	defer close(ifc.done)
+	r := &outReader{ifID: ifc.id, runs: make([]seqRun, 0, 16), prod: newProducer(d.shards)}
 	if d.readersComplete {
 		r.send = d.newOutSender()
 	}
 	r.pmtu.init(d)
-	r.icmp.init(d)
-	bs := min(d.io.TUN.BatchSize(), d.pool.size)
+	r.icmp.init(d, ifc.tun)
+	bs := min(ifc.tun.BatchSize(), d.pool.size)
 	for {
 		b := d.pool.get()
 		b.out = true
 		for i := range bs {
 			b.bufs[i] = b.elems[i].buf
 		}
-		n, err := d.io.TUN.Read(b.bufs[:bs], b.sizes[:bs], esp.MaxHeadroom)
+		n, err := ifc.tun.Read(b.bufs[:bs], b.sizes[:bs], esp.MaxHeadroom)
 		if n > 0 {
 			d.classifyOut(r, b, n)
 		} else {
 			d.pool.put(b)
 		}
 		if err != nil && !errors.Is(err, tun.ErrTooManySegments) {
-			if d.closing.Load() {
+			if d.closing.Load() || ifc.closing.Load() {
 				return
 			}
 			if errors.Is(err, os.ErrClosed) {
@@ -110,7 +112,7 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 			continue
 		}
 		if !r.havePol || f != r.flow {
-			r.pol, r.polOK = d.db.LookupPolicy(0, sa.DirOut, f)
+			r.pol, r.polOK = d.db.LookupPolicy(r.ifID, sa.DirOut, f)
 			r.flow, r.havePol = f, true
 		}
 		if !r.polOK {
@@ -172,8 +174,8 @@ func (r *outReader) lookupSA(d *Device, b *batch, reqid uint32) {
 	r.haveSA, r.reqid = true, reqid
 	r.s, r.enc = nil, nil
 	s := d.db.OutboundSA(reqid)
-	if s == nil || !b.hold(s) {
-		return
+	if s == nil || s.IfID() != r.ifID || !b.hold(s) {
+		return // a state serves the policies of its own interface only
 	}
 	enc := s.Encapsulator()
 	if enc == nil {

@@ -52,6 +52,7 @@ func (c *pmtuCache) get(dst netip.Addr) int {
 // big" errors into the TUN. It belongs to the TUN reader.
 type icmpSender struct {
 	d      *Device
+	tun    TUN // the interface the reader reads
 	buf    []byte
 	bufs   [][]byte
 	rate   float64 // per second; <= 0: off
@@ -59,8 +60,8 @@ type icmpSender struct {
 	last   time.Time
 }
 
-func (s *icmpSender) init(d *Device) {
-	s.d = d
+func (s *icmpSender) init(d *Device, t TUN) {
+	s.d, s.tun = d, t
 	s.buf = make([]byte, tun.MinWriteOffset+minIPv6MTU+64)
 	s.bufs = make([][]byte, 1)
 	s.rate = float64(d.cfg.ICMPRate)
@@ -93,7 +94,7 @@ func (s *icmpSender) tooBig(pkt []byte, mtu int, l *local) {
 	}
 	s.tokens--
 	s.bufs[0] = s.buf[:tun.MinWriteOffset+n]
-	if err := s.d.io.TUN.Write(s.bufs, tun.MinWriteOffset); err != nil {
+	if err := s.tun.Write(s.bufs, tun.MinWriteOffset); err != nil {
 		l[cTUNWriteErrors]++
 		s.d.logf(logTUNWrite, "TUN write of an ICMP error failed", "err", err)
 		return

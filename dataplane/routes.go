@@ -17,9 +17,11 @@ var (
 // policyRoutes returns the routes an outbound policy needs: its
 // destination prefix (both default routes for a selector that matches any
 // address of either family) and the kind, tunnel for protect and drop,
-// throw for bypass. Policies of other directions need none.
+// throw for bypass. Policies of other directions need none, and neither
+// do those of a route-based interface (IfID): the administrator's routes
+// into the interface decide what they see.
 func (d *Device) policyRoutes(p sa.Policy) ([]netip.Prefix, routing.Kind) {
-	if p.Dir != sa.DirOut {
+	if p.Dir != sa.DirOut || p.IfID != 0 {
 		return nil, 0
 	}
 	kind := routing.Tunnel

@@ -35,6 +35,7 @@ type Stats struct {
 	KeepalivesRx uint64 // NAT-keepalives received (and dropped)
 	KeepalivesTx uint64 // NAT-keepalives sent
 	IKE          uint64 // non-ESP-marked (IKE) datagrams on the encapsulation port
+	NoInterface  uint64 // packets of an inbound state whose interface ID (sa.Config.IfID) has no route-based interface
 
 	// Both directions.
 	QueueDrops     uint64 // packets of batches dropped because the workers' queue was full
@@ -88,6 +89,7 @@ const (
 	cKeepalivesRx
 	cKeepalivesTx
 	cIKE
+	cNoInterface
 	cQueueDrops
 	cSendErrors
 	cTUNWriteErrors
@@ -123,7 +125,7 @@ func (c *counters) snapshot() Stats {
 		NoPolicy: g(cNoPolicy), BypassInTUN: g(cBypassInTUN), PolicyDrops: g(cPolicyDrops),
 		NoSA: g(cNoSA), ICMPSent: g(cICMPSent), ICMPLimited: g(cICMPLimited),
 		Fragments: g(cFragments), InvalidSPI: g(cInvalidSPI), Malformed: g(cMalformed),
-		KeepalivesRx: g(cKeepalivesRx), KeepalivesTx: g(cKeepalivesTx), IKE: g(cIKE),
+		KeepalivesRx: g(cKeepalivesRx), KeepalivesTx: g(cKeepalivesTx), IKE: g(cIKE), NoInterface: g(cNoInterface),
 		QueueDrops: g(cQueueDrops),
 		SendErrors: g(cSendErrors), TUNWriteErrors: g(cTUNWriteErrors), ReadErrors: g(cReadErrors),
 		CompletedBatches: g(cCompletedBatches), HandedOff: g(cHandedOff),
