@@ -1,6 +1,7 @@
 // Package config reads espd's configuration file: the static SAs (XFRM
 // states) and policies that manual keying installs at start and re-applies on
-// SIGHUP. The format is TOML; see docs/config.md for every key.
+// SIGHUP, and the route-based interfaces espd keeps. The format is TOML; see
+// docs/config.md for every key.
 //
 // Parse validates everything it can without touching the running daemon, so
 // that an invalid file is refused as a whole, with the line and the reason,
@@ -24,7 +25,33 @@ type File struct {
 	SAs []sa.Config
 	// Policies are the policies to install.
 	Policies []sa.Policy
+	// Interfaces are the route-based interfaces to keep, in the file's
+	// order; no two share a name or an interface ID.
+	Interfaces []Interface
 }
+
+// Interface is an [[interface]] table: a route-based interface, the
+// persistent TUN device espd keeps for one interface ID (XFRM interface
+// semantics). The policies with its IfID apply to the packets routed into
+// it, and the inbound states with its IfID deliver their decrypted packets
+// through it.
+type Interface struct {
+	// Name is the device's name, valid for Linux (CheckInterfaceName).
+	Name string
+	// IfID is the interface ID (sa.Config.IfID, sa.Policy.IfID), 1 to
+	// 2^32-1: 0 is espd's own policy-based TUN.
+	IfID uint32
+	// MTU is the device's MTU, 576 to 65535; 0: espd's default.
+	MTU int
+}
+
+// MinInterfaceMTU and MaxInterfaceMTU bound an [[interface]]'s mtu: 576 is
+// the smallest datagram every IPv4 host must take (RFC 791), 65535 the
+// largest IP packet.
+const (
+	MinInterfaceMTU = 576
+	MaxInterfaceMTU = 65535
+)
 
 // Error is a configuration error with the line it refers to (0 when the
 // error is not tied to one line).
@@ -74,6 +101,7 @@ func Parse(path string, data []byte) (*File, error) {
 	}
 	saLines := tableLines(data, "sa")
 	polLines := tableLines(data, "policy")
+	ifLines := tableLines(data, "interface")
 	f := &File{}
 	dir := filepath.Dir(path)
 	for i := range doc.SA {
@@ -94,7 +122,15 @@ func Parse(path string, data []byte) (*File, error) {
 		}
 		f.Policies = append(f.Policies, p)
 	}
-	if err := f.checkUnique(saLines, polLines); err != nil {
+	for i := range doc.Interface {
+		ifc, err := doc.Interface[i].iface()
+		if err != nil {
+			f.Wipe()
+			return nil, &Error{Path: path, Line: at(ifLines, i), Msg: fmt.Sprintf("interface #%d: %v", i+1, err)}
+		}
+		f.Interfaces = append(f.Interfaces, ifc)
+	}
+	if err := f.checkUnique(saLines, polLines, ifLines); err != nil {
 		f.Wipe()
 		err.Path = path
 		return nil, err
@@ -111,9 +147,11 @@ func (f *File) Wipe() {
 	}
 }
 
-// checkUnique refuses two SAs with the same SPI and destination, and two
-// policies with the same selector and direction.
-func (f *File) checkUnique(saLines, polLines []int) *Error {
+// checkUnique refuses two SAs with the same SPI and destination, two
+// policies with the same selector, direction and interface ID (what
+// identifies a policy, sa.PolicyID), and two interfaces with the same name
+// or the same interface ID.
+func (f *File) checkUnique(saLines, polLines, ifLines []int) *Error {
 	type saKey struct {
 		spi uint32
 		dst string
@@ -126,17 +164,28 @@ func (f *File) checkUnique(saLines, polLines []int) *Error {
 		}
 		seen[k] = i
 	}
-	type polKey struct {
-		sel sa.Selector
-		dir sa.Direction
-	}
-	pseen := map[polKey]int{}
+	pseen := map[sa.PolicyID]int{}
 	for i, p := range f.Policies {
-		k := polKey{p.Selector, p.Dir}
+		k := p.ID()
 		if j, dup := pseen[k]; dup {
-			return &Error{Line: at(polLines, i), Msg: fmt.Sprintf("policy #%d: same selector and direction as policy #%d", i+1, j+1)}
+			what := "same selector and direction"
+			if p.IfID != 0 {
+				what = fmt.Sprintf("same selector, direction and if_id (%d)", p.IfID)
+			}
+			return &Error{Line: at(polLines, i), Msg: fmt.Sprintf("policy #%d: %s as policy #%d", i+1, what, j+1)}
 		}
 		pseen[k] = i
+	}
+	names := map[string]int{}
+	ids := map[uint32]int{}
+	for i, ifc := range f.Interfaces {
+		if j, dup := names[ifc.Name]; dup {
+			return &Error{Line: at(ifLines, i), Msg: fmt.Sprintf("interface #%d: name %q is already interface #%d", i+1, ifc.Name, j+1)}
+		}
+		if j, dup := ids[ifc.IfID]; dup {
+			return &Error{Line: at(ifLines, i), Msg: fmt.Sprintf("interface #%d: if_id %d is already interface #%d (%s)", i+1, ifc.IfID, j+1, f.Interfaces[j].Name)}
+		}
+		names[ifc.Name], ids[ifc.IfID] = i, i
 	}
 	return nil
 }

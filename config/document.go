@@ -12,8 +12,9 @@ import (
 
 // document is the TOML layout of the file.
 type document struct {
-	SA     []saEntry     `toml:"sa"`
-	Policy []policyEntry `toml:"policy"`
+	SA        []saEntry        `toml:"sa"`
+	Policy    []policyEntry    `toml:"policy"`
+	Interface []interfaceEntry `toml:"interface"`
 }
 
 // saEntry is one [[sa]] table.
@@ -33,6 +34,7 @@ type saEntry struct {
 	ESN          bool            `toml:"esn"`
 	Encap        *encapEntry     `toml:"encap"`
 	ReqID        uint32          `toml:"reqid"`
+	IfID         uint32          `toml:"if_id"`
 	Selectors    []selectorEntry `toml:"selector"`
 	Soft         lifetimeEntry   `toml:"soft"`
 	Hard         lifetimeEntry   `toml:"hard"`
@@ -101,8 +103,17 @@ type policyEntry struct {
 	Action   string `toml:"action"`
 	Priority uint32 `toml:"priority"`
 	ReqID    uint32 `toml:"reqid"`
+	IfID     uint32 `toml:"if_id"`
 	TmplSrc  string `toml:"tmpl_src"`
 	TmplDst  string `toml:"tmpl_dst"`
+}
+
+// interfaceEntry is one [[interface]] table. IfID is a pointer to tell a
+// missing if_id from if_id = 0.
+type interfaceEntry struct {
+	Name string  `toml:"name"`
+	IfID *uint32 `toml:"if_id"`
+	MTU  int     `toml:"mtu"`
 }
 
 // config converts and validates an [[sa]] table; dir is the directory
@@ -165,6 +176,7 @@ func (e *saEntry) config(dir string) (sa.Config, error) {
 		c.EncapSrcPort, c.EncapDstPort = e.Encap.SrcPort, e.Encap.DstPort
 	}
 	c.ReqID = e.ReqID
+	c.IfID = e.IfID
 	for i := range e.Selectors {
 		s, err := e.Selectors[i].selector()
 		if err != nil {
@@ -304,6 +316,7 @@ func (e *policyEntry) policy() (sa.Policy, error) {
 	}
 	p.Priority = e.Priority
 	p.ReqID = e.ReqID
+	p.IfID = e.IfID
 	if p.Action == sa.ActionProtect && p.ReqID == 0 {
 		return p, fmt.Errorf("a protect policy needs a reqid that ties it to its SAs")
 	}
@@ -316,4 +329,25 @@ func (e *policyEntry) policy() (sa.Policy, error) {
 		}
 	}
 	return p, nil
+}
+
+// iface converts and validates an [[interface]] table.
+func (e *interfaceEntry) iface() (Interface, error) {
+	var ifc Interface
+	if err := CheckInterfaceName(e.Name); err != nil {
+		return ifc, err
+	}
+	ifc.Name = e.Name
+	switch {
+	case e.IfID == nil:
+		return ifc, fmt.Errorf("if_id is required (1 to 4294967295): the interface ID that its SAs and policies name")
+	case *e.IfID == 0:
+		return ifc, fmt.Errorf("if_id 0 is espd's own policy-based TUN; a route-based interface takes 1 to 4294967295")
+	}
+	ifc.IfID = *e.IfID
+	if e.MTU != 0 && (e.MTU < MinInterfaceMTU || e.MTU > MaxInterfaceMTU) {
+		return ifc, fmt.Errorf("mtu %d is out of range %d-%d (0 or none: the default)", e.MTU, MinInterfaceMTU, MaxInterfaceMTU)
+	}
+	ifc.MTU = e.MTU
+	return ifc, nil
 }

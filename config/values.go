@@ -214,3 +214,36 @@ func ParseHexBytes(name, s string) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// MaxInterfaceName is the longest Linux network interface name, in bytes
+// (IFNAMSIZ less the terminating NUL).
+const MaxInterfaceName = 15
+
+// CheckInterfaceName reports what makes name unusable as the name of a
+// network interface espd creates, by the kernel's rules (dev_valid_name):
+// 1 to 15 bytes, not "." or "..", no '/', ':' or whitespace (for the
+// kernel, byte 0xa0 too: Latin-1's no-break space, found in UTF-8 "à").
+// It also refuses control characters, which no tool prints legibly, and
+// '%', which would have the kernel pick a name from a pattern ("ipsec%d")
+// instead of the one the administrator wrote.
+func CheckInterfaceName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("name is required (a Linux interface name such as ipsec1, at most %d bytes)", MaxInterfaceName)
+	case len(name) > MaxInterfaceName:
+		return fmt.Errorf("name %q is %d bytes; a Linux interface name has at most %d", name, len(name), MaxInterfaceName)
+	case name == "." || name == "..":
+		return fmt.Errorf("name %q is not a valid interface name", name)
+	}
+	for i := 0; i < len(name); i++ {
+		switch ch := name[i]; {
+		case ch <= ' ' || ch == 0x7f:
+			return fmt.Errorf("name %q: an interface name cannot hold whitespace or control characters", name)
+		case ch == 0xa0:
+			return fmt.Errorf("name %q: an interface name cannot hold byte 0xa0, which the kernel takes for a space", name)
+		case ch == '/' || ch == ':' || ch == '%':
+			return fmt.Errorf("name %q: an interface name cannot hold %q", name, ch)
+		}
+	}
+	return nil
+}
