@@ -110,7 +110,7 @@ func printSA(w io.Writer, in control.SAInfo, now time.Time) {
 		fmt.Fprintf(w, "spi 0x%08x dir %v state larval (SPI reserved, added %s)\n", c.SPI, c.Dir, timeString(st.AddTime, now))
 		return
 	}
-	fmt.Fprintf(w, "spi 0x%08x dir %v state %v reqid %d\n", c.SPI, c.Dir, st.State, c.ReqID)
+	fmt.Fprintf(w, "spi 0x%08x dir %v state %v reqid %d%s\n", c.SPI, c.Dir, st.State, c.ReqID, ifIDString(c.IfID))
 	fmt.Fprintf(w, "\tsrc %s dst %s proto esp mode tunnel", addrString(c.Src), addrString(c.Dst))
 	if c.EncapDstPort != 0 {
 		fmt.Fprintf(w, " encap udp %d -> %d", c.EncapSrcPort, c.EncapDstPort)
@@ -155,6 +155,16 @@ func printSA(w io.Writer, in control.SAInfo, now time.Time) {
 	fmt.Fprintf(w, "\tdrops: %s\n", dropsString(&st.Drops))
 }
 
+// ifIDString is " if_id N" for a state or policy of route-based
+// interface N, as ip-xfrm(8) prints it (in decimal, as --if-id takes it),
+// and "" for espd's policy-based TUN (0).
+func ifIDString(id uint32) string {
+	if id == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" if_id %d", id)
+}
+
 // keyingString names a state's key origin (sa.Config.Negotiated).
 func keyingString(negotiated bool) string {
 	if negotiated {
@@ -177,7 +187,7 @@ func printPolicy(w io.Writer, p sa.Policy) {
 	if p.Action == sa.ActionProtect || p.ReqID != 0 {
 		fmt.Fprintf(w, " reqid %d", p.ReqID)
 	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%s\n", ifIDString(p.IfID))
 	if p.TmplSrc.IsValid() || p.TmplDst.IsValid() {
 		fmt.Fprintf(w, "\ttmpl src %s dst %s proto esp mode tunnel\n", addrString(p.TmplSrc), addrString(p.TmplDst))
 	}
@@ -198,8 +208,8 @@ func printStats(w io.Writer, st control.Stats) {
 		g.InvalidSPI, g.Malformed, g.PolicyDrops, g.NoState, g.QueueDrops)
 	fmt.Fprintf(w, "events: acquires %d (suppressed %d), dropped %d\n", g.Acquires, g.AcquiresSuppressed, g.EventsDropped)
 	for _, in := range st.SAs {
-		fmt.Fprintf(w, "spi 0x%08x dst %s dir %v reqid %d state %v: %d packets, %d bytes, drops: %s\n",
-			in.Config.SPI, addrString(in.Config.Dst), in.Config.Dir, in.Config.ReqID, in.Stats.State,
+		fmt.Fprintf(w, "spi 0x%08x dst %s dir %v reqid %d%s state %v: %d packets, %d bytes, drops: %s\n",
+			in.Config.SPI, addrString(in.Config.Dst), in.Config.Dir, in.Config.ReqID, ifIDString(in.Config.IfID), in.Stats.State,
 			in.Stats.Packets, in.Stats.Bytes, dropsString(&in.Stats.Drops))
 	}
 }

@@ -182,3 +182,78 @@ func TestEventOutput(t *testing.T) {
 		t.Errorf("mapping JSON: %s", b.String())
 	}
 }
+
+// TestPrintIfID: states, policies and per-state counters of a route-based
+// interface show its if_id, as ip-xfrm(8) does; those of espd's TUN (0)
+// print as they always did. JSON always has the field.
+func TestPrintIfID(t *testing.T) {
+	now := time.Date(2024, 1, 2, 3, 14, 5, 0, time.UTC)
+	pol := sa.Policy{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16")}, Dir: sa.DirOut,
+		Action: sa.ActionProtect, ReqID: 4, Index: 0x11}
+	for _, tc := range []struct {
+		ifID                    uint32
+		saLine, polLine, stLine string
+	}{
+		{0, "spi 0xc0000001 dir out state valid reqid 7\n",
+			"\tdir out action protect priority 0 index 17 reqid 4\n",
+			"spi 0xc0000001 dst 198.18.0.2 dir out reqid 7 state valid: "},
+		{42, "spi 0xc0000001 dir out state valid reqid 7 if_id 42\n",
+			"\tdir out action protect priority 0 index 17 reqid 4 if_id 42\n",
+			"spi 0xc0000001 dst 198.18.0.2 dir out reqid 7 if_id 42 state valid: "},
+		{1<<32 - 1, "reqid 7 if_id 4294967295\n", "reqid 4 if_id 4294967295\n", "reqid 7 if_id 4294967295 state valid: "},
+	} {
+		in := sampleInfo()
+		in.Config.IfID = tc.ifID
+		p := pol
+		p.IfID = tc.ifID
+		var b bytes.Buffer
+		printSA(&b, in, now)
+		if !strings.Contains(b.String(), tc.saLine) || (tc.ifID == 0 && strings.Contains(b.String(), "if_id")) {
+			t.Errorf("if_id %d: sa: missing %q in\n%s", tc.ifID, tc.saLine, b.String())
+		}
+		b.Reset()
+		printPolicy(&b, p)
+		if !strings.Contains(b.String(), tc.polLine) || (tc.ifID == 0 && strings.Contains(b.String(), "if_id")) {
+			t.Errorf("if_id %d: policy: missing %q in\n%s", tc.ifID, tc.polLine, b.String())
+		}
+		b.Reset()
+		printStats(&b, control.Stats{SAs: []control.SAInfo{in}})
+		if !strings.Contains(b.String(), tc.stLine) {
+			t.Errorf("if_id %d: stats: missing %q in\n%s", tc.ifID, tc.stLine, b.String())
+		}
+
+		b.Reset()
+		writeJSON(&b, saView(in))
+		writeJSON(&b, policyView(p))
+		writeJSON(&b, statsView(control.Stats{SAs: []control.SAInfo{in}}))
+		dec := json.NewDecoder(&b)
+		var s, pj map[string]any
+		var st struct {
+			SAs []map[string]any `json:"sas"`
+		}
+		for _, v := range []any{&s, &pj, &st} {
+			if err := dec.Decode(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if want := float64(tc.ifID); s["if_id"] != want || pj["if_id"] != want || len(st.SAs) != 1 || st.SAs[0]["if_id"] != want {
+			t.Errorf("if_id %d: JSON sa %v, policy %v, stats %v", tc.ifID, s["if_id"], pj["if_id"], st.SAs)
+		}
+	}
+
+	// An acquire names the policy that matched, with its if_id.
+	e := control.Event{Kind: control.EventAcquire, ReqID: 4, Dir: sa.DirOut, Time: time.Unix(1700000000, 0),
+		Policy: sa.Policy{Dir: sa.DirOut, ReqID: 4, IfID: 42}}
+	var b bytes.Buffer
+	printEvent(&b, e)
+	if !strings.Contains(b.String(), " if_id 42") {
+		t.Errorf("acquire: %q", b.String())
+	}
+	b.Reset()
+	writeJSON(&b, eventView(e))
+	var m map[string]any
+	json.Unmarshal(b.Bytes(), &m)
+	if m["policy"].(map[string]any)["if_id"] != float64(42) {
+		t.Errorf("acquire JSON: %s", b.String())
+	}
+}

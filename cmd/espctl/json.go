@@ -64,6 +64,7 @@ type saJSON struct {
 	Proto        string         `json:"proto"`
 	Mode         string         `json:"mode"`
 	ReqID        uint32         `json:"reqid"`
+	IfID         uint32         `json:"if_id"`
 	Alg          string         `json:"alg,omitempty"`
 	EncAlg       uint16         `json:"enc_alg"`
 	EncKeyBits   int            `json:"enc_key_bits"`
@@ -115,7 +116,7 @@ func saView(in control.SAInfo) saJSON {
 	c := in.Config
 	v := saJSON{
 		SPI: c.SPI, SPIHex: fmt.Sprintf("0x%08x", c.SPI), Dir: c.Dir.String(), State: in.Stats.State.String(),
-		Src: addrString(c.Src), Dst: addrString(c.Dst), Proto: "esp", Mode: "tunnel", ReqID: c.ReqID,
+		Src: addrString(c.Src), Dst: addrString(c.Dst), Proto: "esp", Mode: "tunnel", ReqID: c.ReqID, IfID: c.IfID,
 		EncAlg: uint16(c.Suite.Encryption), EncKeyBits: c.Suite.KeyBits, IntegAlg: uint16(c.Suite.Integrity),
 		ESN: c.Suite.ESN, Keys: redacted, ReplayWindow: c.ReplayWindow,
 		EncapSport: c.EncapSrcPort, EncapDport: c.EncapDstPort, Selectors: []selectorJSON{},
@@ -138,6 +139,7 @@ type policyJSON struct {
 	Action   string `json:"action"`
 	Priority uint32 `json:"priority"`
 	ReqID    uint32 `json:"reqid"`
+	IfID     uint32 `json:"if_id"`
 	Index    uint32 `json:"index"`
 	TmplSrc  string `json:"tmpl_src"`
 	TmplDst  string `json:"tmpl_dst"`
@@ -145,7 +147,7 @@ type policyJSON struct {
 
 func policyView(p sa.Policy) policyJSON {
 	return policyJSON{selectorJSON: selectorView(p.Selector), Dir: p.Dir.String(), Action: p.Action.String(),
-		Priority: p.Priority, ReqID: p.ReqID, Index: p.Index, TmplSrc: addrString(p.TmplSrc), TmplDst: addrString(p.TmplDst)}
+		Priority: p.Priority, ReqID: p.ReqID, IfID: p.IfID, Index: p.Index, TmplSrc: addrString(p.TmplSrc), TmplDst: addrString(p.TmplDst)}
 }
 
 func spiView(spi uint32) map[string]any {
@@ -179,6 +181,7 @@ type saStatsLine struct {
 	Dst   string      `json:"dst"`
 	Dir   string      `json:"dir"`
 	ReqID uint32      `json:"reqid"`
+	IfID  uint32      `json:"if_id"`
 	State string      `json:"state"`
 	Stats saStatsJSON `json:"stats"`
 }
@@ -192,7 +195,7 @@ func statsView(st control.Stats) statsJSON {
 		SAs: []saStatsLine{}}
 	for _, in := range st.SAs {
 		v.SAs = append(v.SAs, saStatsLine{SPI: in.Config.SPI, Dst: addrString(in.Config.Dst), Dir: in.Config.Dir.String(),
-			ReqID: in.Config.ReqID, State: in.Stats.State.String(), Stats: saStatsView(in.Stats, in.ReplayTop, in.ReplayBitmap)})
+			ReqID: in.Config.ReqID, IfID: in.Config.IfID, State: in.Stats.State.String(), Stats: saStatsView(in.Stats, in.ReplayTop, in.ReplayBitmap)})
 	}
 	return v
 }
