@@ -7,20 +7,20 @@ import (
 )
 
 // TestRouteBasedRefused: what charon asks for that espd does not honour
-// fails the CHILD_SA, loudly, instead of being ignored. A route-based
-// CHILD_SA (if_id_in/if_id_out, XFRM-interface style; mark_in/mark_out,
-// VTI style), one restricted to an interface, or one that wants hardware
-// offload would otherwise become a policy for all of the gateway's
-// matching traffic: swanctl --initiate fails, charon logs why at its
-// default level (naming the setting and the docs' section), and espd
-// holds no state and no policy of it.
+// fails the CHILD_SA, loudly, instead of being ignored: marks
+// (mark_in/mark_out, VTI style) and an interface restriction, which espd
+// would turn into a policy for all of the gateway's matching traffic,
+// hardware offload and copy_dscp = yes. swanctl --initiate fails, charon
+// logs why at its default level (naming the setting and the docs'
+// section), and espd holds no state and no policy of it. Interface IDs
+// (if_id_in/if_id_out, XFRM-interface style) are not refused: the plugin
+// passes them to espd, which keeps route-based tunnels apart by them.
 func TestRouteBasedRefused(t *testing.T) {
 	requireStrongSwan(t)
 	p := newPair(t, pairOptions{})
 	for _, c := range []struct {
 		name, child, log string
 	}{
-		{"if_id", "        if_id_in = 42\n        if_id_out = 42", "interface ID 42 (if_id_in, if_id_out) is not supported by espd"},
 		{"mark", "        mark_in = 42\n        mark_out = 42", "marks (mark_in, mark_out, set_mark_in, set_mark_out) are not supported by espd"},
 		{"interface", "        interface = wan0", "an interface restriction (interface) is not supported by espd"},
 		{"hw_offload", "        hw_offload = yes", "hw_offload = yes; espd does the crypto itself"},
