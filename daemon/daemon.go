@@ -97,8 +97,9 @@ type Daemon struct {
 
 	// mu serializes changes of states and policies that also touch routes
 	// or the file's bookkeeping (control requests and reloads).
-	mu   sync.Mutex
-	file fileState
+	mu     sync.Mutex
+	file   fileState
+	ifaces map[uint32]*ifaceDev // route-based interfaces by ID (interfaces.go)
 
 	ike atomic.Pointer[ikeHub] // the IKE hand-off, while it runs (ike.go)
 }
@@ -122,7 +123,7 @@ func New(opts Options) (*Daemon, error) {
 		closeSeq()
 		return nil, err
 	}
-	d := &Daemon{opts: opts, log: log, db: db, dp: dp, closeSeq: closeSeq, routes: dp}
+	d := &Daemon{opts: opts, log: log, db: db, dp: dp, closeSeq: closeSeq, routes: dp, ifaces: map[uint32]*ifaceDev{}}
 	d.file = fileState{sas: map[saKey]fileSA{}, policies: map[policyKey]sa.Policy{}}
 	return d, nil
 }
@@ -170,6 +171,7 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 		states, policies := d.fileCounts()
 		d.log.Info("configuration loaded", "path", d.opts.ConfigPath, "states", states, "policies", policies)
 	}
+	d.dropStaleInterfaces()
 
 	ccfg := d.opts.Control
 	if ccfg.Logf == nil {

@@ -396,6 +396,7 @@ var dataplaneHelp = map[string]string{
 	"KeepalivesRx":     "NAT-keepalives received (and dropped).",
 	"KeepalivesTx":     "NAT-keepalives sent.",
 	"IKE":              "Non-ESP (IKE) datagrams received on the encapsulation port.",
+	"NoInterface":      "Inbound packets of a state whose interface ID (if_id) has no route-based interface (dropped before decryption).",
 	"QueueDrops":       "Packets dropped because the workers' queue was full.",
 	"SendErrors":       "Outer packets the kernel refused to send.",
 	"TUNWriteErrors":   "Writes to the TUN (of a batch of packets, or of one ICMP error) that failed.",

@@ -61,6 +61,8 @@ var movedElsewhere = map[string]struct {
 		"tun/uring_internal_test.go", "TestURingEnterRefused", "URingEnters"},
 	"espd_dataplane_tun_super_writes_total": {"tun's Write of a coalesced super-packet (tun.Stats.SuperWrites, copied by dataplane.Device.Stats)",
 		"tun/offload_test.go", "TestCoalesceAndSplit", "SuperWrites"},
+	"espd_dataplane_no_interface_total": {"dataplane/inbound.go classifyIn, for a packet of a state whose if_id no route-based interface has",
+		"dataplane/interfaces_test.go", "TestInterfaces", "NoInterface"},
 	"espd_ike_read_errors_total": {"conn/ike_linux.go ikeRelay.read, when a read of an IKE-port socket fails",
 		"conn/ike_linux_test.go", "TestIKEReadErrorsCounted", "ReadErrors"},
 }

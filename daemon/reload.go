@@ -96,13 +96,39 @@ func (d *Daemon) applyLocked(f *config.File) error {
 	if err != nil {
 		return err
 	}
+	if err := d.checkInterfaces(f.Interfaces); err != nil {
+		return err
+	}
 	var installed []sa.Policy
+	addIfs, removeIfs := d.interfacesChange(f.Interfaces)
+	// An interface that changed (name, MTU) goes before its new self.
+	for _, id := range removeIfs {
+		if slices.ContainsFunc(addIfs, func(c config.Interface) bool { return c.IfID == id }) {
+			if err := d.removeInterfaceLocked(id); err != nil {
+				d.log.Warn("removing a route-based interface the configuration changed", "if_id", id, "err", err)
+			}
+		}
+	}
+	var added []uint32
 	undo := func() {
 		for _, p := range slices.Backward(installed) {
 			if err := d.routes.RemovePolicyRoute(p); err != nil {
 				d.log.Error("undoing the route of a refused configuration", "policy", p.String(), "err", err)
 			}
 		}
+		for _, id := range added {
+			if err := d.removeInterfaceLocked(id); err != nil {
+				d.log.Error("undoing a route-based interface of a refused configuration", "if_id", id, "err", err)
+			}
+		}
+		d.recordInterfaces()
+	}
+	for _, ifc := range addIfs {
+		if err := d.addInterfaceLocked(ifc); err != nil {
+			undo()
+			return fmt.Errorf("%s: %w", d.opts.ConfigPath, err)
+		}
+		added = append(added, ifc.IfID)
 	}
 	for _, p := range pl.install {
 		if err := d.routes.InstallPolicyRoute(p); err != nil {
@@ -124,7 +150,21 @@ func (d *Daemon) applyLocked(f *config.File) error {
 			d.log.Warn("removing the route of a policy the configuration no longer has", "policy", p.String(), "err", err)
 		}
 	}
+	for _, id := range removeIfs {
+		if err := d.removeInterfaceLocked(id); err != nil {
+			d.log.Warn("removing a route-based interface the configuration no longer has", "if_id", id, "err", err)
+		}
+	}
+	d.recordInterfaces()
 	return nil
+}
+
+// recordInterfaces records the interfaces for the next boot, logging a
+// failure. d.mu is held.
+func (d *Daemon) recordInterfaces() {
+	if err := d.recordInterfacesLocked(); err != nil {
+		d.log.Error("cannot record the route-based interfaces for the next boot; they exist now", "err", err)
+	}
 }
 
 // planLocked works out what applying f changes, refusing a file that

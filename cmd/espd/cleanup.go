@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/espd/espd/daemon"
 	"github.com/espd/espd/routing"
+	"github.com/espd/espd/tun"
 )
 
 // runCleanup is "espd --cleanup": it takes espd out of the machine for
@@ -43,6 +45,9 @@ func runCleanup(opts daemon.Options, w io.Writer) error {
 		fmt.Fprintln(w, "removed", line)
 	}
 	if err != nil {
+		return fmt.Errorf("--cleanup: %w", err)
+	}
+	if err := removeInterfaces(opts, w); err != nil {
 		return fmt.Errorf("--cleanup: %w", err)
 	}
 	table := dp.Table
@@ -87,6 +92,10 @@ func runRestoreHolds(opts daemon.Options, w io.Writer) error {
 	if cfg.HoldFile == "" {
 		return errors.New("--restore-holds: --state-dir is empty")
 	}
+	created, err := restoreInterfaces(opts, w)
+	if err != nil {
+		return fmt.Errorf("--restore-holds: %w", err)
+	}
 	added, err := routing.RestoreHolds(cfg)
 	for _, line := range added {
 		fmt.Fprintln(w, "added", line)
@@ -94,7 +103,7 @@ func runRestoreHolds(opts daemon.Options, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--restore-holds: %w", err)
 	}
-	if len(added) == 0 {
+	if len(added) == 0 && created == 0 {
 		fmt.Fprintf(w, "nothing to restore: %s lists no held prefix, or they are held already\n", cfg.HoldFile)
 	}
 	return nil
@@ -126,6 +135,63 @@ func espdRunning(sock, tunName string, cfg routing.Config) error {
 	}
 	if len(live) > 0 {
 		return fmt.Errorf("an espd is running on this table: it routes into a device that exists: %s; stop it first", strings.Join(live, "; "))
+	}
+	return nil
+}
+
+// restoreInterfaces creates the route-based interfaces recorded in
+// --state-dir as persistent TUN devices, so that the routes into them can
+// be configured at boot and drop their traffic until espd runs. It
+// returns how many it created.
+func restoreInterfaces(opts daemon.Options, w io.Writer) (int, error) {
+	path := daemon.InterfacesFile(opts.StateDir)
+	specs, err := daemon.ReadInterfaces(path)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, s := range specs {
+		if _, err := net.InterfaceByName(s.Name); err == nil {
+			continue // there already: an espd or an earlier run made it
+		}
+		cfg := opts.Dataplane.TUN
+		cfg.Name, cfg.Persist, cfg.NoURing = s.Name, true, true // it only creates it
+		if s.MTU != 0 {
+			cfg.MTU = s.MTU
+		}
+		dev, err := tun.Create(cfg)
+		if err != nil {
+			return n, fmt.Errorf("route-based interface %s (if_id %d): %w", s.Name, s.IfID, err)
+		}
+		dev.Close() // persistent: it stays, and drops what is routed into it
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+s.Name+"/rp_filter", []byte("2"), 0); err != nil {
+			fmt.Fprintf(w, "warning: rp_filter of %s: %v\n", s.Name, err)
+		}
+		fmt.Fprintf(w, "added route-based interface %s (if_id %d), dropping until espd runs\n", s.Name, s.IfID)
+		n++
+	}
+	return n, nil
+}
+
+// removeInterfaces deletes the route-based interfaces recorded in
+// --state-dir and the record.
+func removeInterfaces(opts daemon.Options, w io.Writer) error {
+	if opts.StateDir == "" {
+		return nil
+	}
+	path := daemon.InterfacesFile(opts.StateDir)
+	specs, err := daemon.ReadInterfaces(path)
+	if err != nil {
+		return err
+	}
+	for _, s := range specs {
+		if err := tun.Delete(s.Name); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "removed route-based interface %s (if_id %d)\n", s.Name, s.IfID)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
 	return nil
 }

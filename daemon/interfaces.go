@@ -1,0 +1,199 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/espd/espd/config"
+	"github.com/espd/espd/tun"
+)
+
+// InterfacesFile is the record of the route-based interfaces in a state
+// directory: espd --restore-holds creates them at boot, before the
+// network, so that the routes into them exist and drop until espd runs,
+// and espd --cleanup removes them.
+func InterfacesFile(stateDir string) string { return filepath.Join(stateDir, "interfaces") }
+
+// ifaceDev is a route-based interface the daemon keeps: the configuration
+// file's [[interface]] and its persistent TUN, carried by the data plane.
+type ifaceDev struct {
+	spec config.Interface
+	dev  *tun.Device
+}
+
+// addInterfaceLocked creates (or attaches to) the persistent TUN of spec
+// and hands it to the data plane. d.mu is held.
+func (d *Daemon) addInterfaceLocked(spec config.Interface) error {
+	cfg := d.opts.Dataplane.TUN
+	cfg.Name, cfg.Persist = spec.Name, true
+	if spec.MTU != 0 {
+		cfg.MTU = spec.MTU
+	}
+	dev, err := tun.Create(cfg)
+	if err != nil {
+		return fmt.Errorf("interface %s (if_id %d): %w", spec.Name, spec.IfID, err)
+	}
+	// Decrypted packets come out of it from sources the main table
+	// routes elsewhere.
+	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+spec.Name+"/rp_filter", []byte("2"), 0); err != nil {
+		d.log.Warn("cannot set rp_filter loose on a route-based interface: strict reverse-path filtering may drop what it delivers", "interface", spec.Name, "err", err)
+	}
+	if err := d.dp.AddInterface(spec.IfID, dev); err != nil {
+		dev.Close()
+		return fmt.Errorf("interface %s (if_id %d): %w", spec.Name, spec.IfID, err)
+	}
+	d.ifaces[spec.IfID] = &ifaceDev{spec: spec, dev: dev}
+	d.log.Info("route-based interface up", "interface", spec.Name, "if_id", spec.IfID, "mtu", dev.MTU())
+	return nil
+}
+
+// removeInterfaceLocked deletes a route-based interface: the kernel removes
+// the device and the routes into it. d.mu is held.
+func (d *Daemon) removeInterfaceLocked(id uint32) error {
+	ifc := d.ifaces[id]
+	if ifc == nil {
+		return nil
+	}
+	delete(d.ifaces, id)
+	err := ifc.dev.SetPersist(false)
+	err = errors.Join(err, d.dp.RemoveInterface(id))
+	if err != nil {
+		// Still persistent (or half removed): delete the device outright.
+		err = errors.Join(err, tun.Delete(ifc.spec.Name))
+	}
+	d.log.Info("route-based interface removed", "interface", ifc.spec.Name, "if_id", id)
+	return err
+}
+
+// checkInterfaces refuses interfaces the daemon cannot create.
+func (d *Daemon) checkInterfaces(want []config.Interface) error {
+	for i, ifc := range want {
+		if ifc.Name == d.dp.TUNName() {
+			return fmt.Errorf("%s: interface #%d: %s is espd's policy-based TUN", d.opts.ConfigPath, i+1, ifc.Name)
+		}
+	}
+	return nil
+}
+
+// interfacesChange returns the interfaces of want to add and the IDs of
+// those to remove (gone, or changed: another name or MTU).
+func (d *Daemon) interfacesChange(want []config.Interface) (add []config.Interface, remove []uint32) {
+	keep := map[uint32]bool{}
+	for _, ifc := range want {
+		if cur := d.ifaces[ifc.IfID]; cur != nil && cur.spec == ifc {
+			keep[ifc.IfID] = true
+			continue
+		}
+		add = append(add, ifc)
+	}
+	for id := range d.ifaces {
+		if !keep[id] {
+			remove = append(remove, id)
+		}
+	}
+	slices.Sort(remove)
+	return add, remove
+}
+
+// recordInterfacesLocked writes the interfaces to InterfacesFile, or
+// removes it when there are none. d.mu is held.
+func (d *Daemon) recordInterfacesLocked() error {
+	if d.opts.StateDir == "" {
+		return nil
+	}
+	path := InterfacesFile(d.opts.StateDir)
+	specs := make([]config.Interface, 0, len(d.ifaces))
+	for _, ifc := range d.ifaces {
+		specs = append(specs, ifc.spec)
+	}
+	if len(specs) == 0 {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	return WriteInterfaces(path, specs)
+}
+
+// WriteInterfaces records specs in path (InterfacesFile's format: a
+// comment, then one "name if_id mtu" line per interface), replacing it
+// atomically.
+func WriteInterfaces(path string, specs []config.Interface) error {
+	specs = slices.Clone(specs)
+	slices.SortFunc(specs, func(a, b config.Interface) int { return int(int64(a.IfID) - int64(b.IfID)) })
+	var b bytes.Buffer
+	b.WriteString("# espd's route-based interfaces (name if_id mtu), created at boot by espd --restore-holds\n")
+	for _, s := range specs {
+		fmt.Fprintf(&b, "%s %d %d\n", s.Name, s.IfID, s.MTU)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// ReadInterfaces reads a record WriteInterfaces wrote; a missing file
+// holds none. A damaged one is refused as a whole.
+func ReadInterfaces(path string) ([]config.Interface, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var specs []config.Interface
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			return nil, fmt.Errorf("%s:%d: want \"name if_id mtu\", got %q", path, n, line)
+		}
+		id, err1 := strconv.ParseUint(f[1], 10, 32)
+		mtu, err2 := strconv.Atoi(f[2])
+		if err := config.CheckInterfaceName(f[0]); err != nil || err1 != nil || err2 != nil || id == 0 ||
+			(mtu != 0 && (mtu < config.MinInterfaceMTU || mtu > config.MaxInterfaceMTU)) {
+			return nil, fmt.Errorf("%s:%d: not an interface record: %q", path, n, line)
+		}
+		specs = append(specs, config.Interface{Name: f[0], IfID: uint32(id), MTU: mtu})
+	}
+	return specs, sc.Err()
+}
+
+// dropStaleInterfaces deletes the recorded interfaces a previous espd kept
+// that the configuration no longer has (removed while espd was stopped).
+func (d *Daemon) dropStaleInterfaces() {
+	if d.opts.StateDir == "" {
+		return
+	}
+	old, err := ReadInterfaces(InterfacesFile(d.opts.StateDir))
+	if err != nil {
+		d.log.Warn("cannot read the record of route-based interfaces", "err", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, o := range old {
+		if cur := d.ifaces[o.IfID]; cur != nil && cur.spec.Name == o.Name {
+			continue
+		}
+		if err := tun.Delete(o.Name); err != nil {
+			d.log.Warn("cannot delete a route-based interface the configuration no longer has", "interface", o.Name, "err", err)
+			continue
+		}
+		d.log.Info("deleted a route-based interface the configuration no longer has", "interface", o.Name, "if_id", o.IfID)
+	}
+	d.recordInterfaces()
+}
