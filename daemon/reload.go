@@ -239,7 +239,7 @@ func (d *Daemon) planLocked(f *config.File) (*reloadPlan, error) {
 // (sa.DB.UpdateSA): same direction, keys, suite, reqid and replay window.
 func updatable(o, n fileSA) bool {
 	return o.keys == n.keys && o.cfg.Dir == n.cfg.Dir && o.cfg.Suite == n.cfg.Suite &&
-		o.cfg.ReqID == n.cfg.ReqID && o.cfg.ReplayWindow == n.cfg.ReplayWindow
+		o.cfg.ReqID == n.cfg.ReqID && o.cfg.IfID == n.cfg.IfID && o.cfg.ReplayWindow == n.cfg.ReplayWindow
 }
 
 // samePolicy compares policies ignoring the index the SPD assigns.
