@@ -233,3 +233,58 @@ func TestRouteBasedTwoInterfaces(t *testing.T) {
 	}
 	stopCaptureNoLeaks(t, capture, "route-based tunnels")
 }
+
+// TestRouteBasedDocsExample runs docs/strongswan.md's "Route-based
+// tunnels" as written on gateway A (the interface in espd.toml, the
+// swanctl.conf with if_id, the route into the interface), against its
+// mirror image on B, and checks that the LANs reach each other through
+// it and that no cleartext of theirs crosses the transit link.
+func TestRouteBasedDocsExample(t *testing.T) {
+	requireStrongSwan(t)
+	espdConf := docExample(t, "### espd.toml: one interface per if_id")
+	swanConf := docExample(t, "### swanctl.conf: if_id on the CHILD_SA")
+	routes := docExample(t, "### The routes")
+	for _, want := range []string{"local_addrs = " + testbed.GwATransitV4.Addr().String(),
+		"remote_addrs = " + testbed.GwBTransitV4.Addr().String(), "if_id_in = 1", "if_id_out = 1"} {
+		if !strings.Contains(swanConf, want) {
+			t.Fatalf("the docs' route-based example lacks %q; update the test:\n%s", want, swanConf)
+		}
+	}
+	topo := testbed.NewT(t, testbed.Options{Prefix: "srd"})
+	p := &pair{topo: topo, a: newGateway(t, topo.GwA, "A"), b: newGateway(t, topo.GwB, "B")}
+	aPath := filepath.Join(p.a.dir, "espd.toml")
+	if err := os.WriteFile(aPath, []byte(espdConf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.a.startEspd("--config", aPath)
+	p.b.startEspd("--config", p.b.routeBasedEspdConf(1))
+	p.a.startCharon(charonOptions{})
+	p.b.startCharon(charonOptions{})
+	capture, err := topo.GwA.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aT, bT := testbed.GwATransitV4.Addr().String(), testbed.GwBTransitV4.Addr().String()
+	p.b.load(routeBasedConf(bT, aT, "b", "", 1))
+	p.a.load(swanConf)
+	p.a.waitChild("rb1", 20*testSecond)
+	p.b.waitChild("rb1", 10*testSecond)
+	n := 0
+	for _, line := range strings.Split(routes, "\n") {
+		if args, ok := strings.CutPrefix(strings.TrimSpace(line), "ip "); ok {
+			topo.GwA.MustIP(t, strings.Fields(args)...)
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("the docs' routes block has no ip command:\n%s", routes)
+	}
+	topo.GwB.MustIP(t, "-4", "route", "add", testbed.LANAV4.String(), "dev", "ipsec1")
+	if !waitFor(10*time.Second, func() bool { return bothWays(p) }) {
+		t.Fatalf("no traffic through the docs' route-based tunnel\nA: %s", p.a.mustEspctl("sa", "list"))
+	}
+	if p.a.ifPackets("out", 1) == 0 || p.a.ifPackets("in", 1) == 0 {
+		t.Errorf("A's if_id 1 states carried nothing:\n%s", p.a.mustEspctl("sa", "list"))
+	}
+	stopCaptureNoLeaks(t, capture, "the docs' route-based tunnel")
+}
