@@ -164,6 +164,7 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 	wg.Add(1)
 	go func() { defer wg.Done(); d.logEvents(ctx) }()
 
+	recorded := d.recordedInterfaces()
 	if d.opts.ConfigPath != "" {
 		if err := d.Reload(); err != nil {
 			return fmt.Errorf("configuration: %w", err)
@@ -171,7 +172,7 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 		states, policies := d.fileCounts()
 		d.log.Info("configuration loaded", "path", d.opts.ConfigPath, "states", states, "policies", policies)
 	}
-	d.dropStaleInterfaces()
+	d.dropStaleInterfaces(recorded)
 
 	ccfg := d.opts.Control
 	if ccfg.Logf == nil {

@@ -173,16 +173,22 @@ func ReadInterfaces(path string) ([]config.Interface, error) {
 	return specs, sc.Err()
 }
 
-// dropStaleInterfaces deletes the recorded interfaces a previous espd kept
-// that the configuration no longer has (removed while espd was stopped).
-func (d *Daemon) dropStaleInterfaces() {
+// recordedInterfaces returns the interfaces a previous espd recorded.
+func (d *Daemon) recordedInterfaces() []config.Interface {
 	if d.opts.StateDir == "" {
-		return
+		return nil
 	}
 	old, err := ReadInterfaces(InterfacesFile(d.opts.StateDir))
 	if err != nil {
 		d.log.Warn("cannot read the record of route-based interfaces", "err", err)
 	}
+	return old
+}
+
+// dropStaleInterfaces deletes the interfaces a previous espd recorded
+// (old) that the configuration no longer has (removed while espd was
+// stopped).
+func (d *Daemon) dropStaleInterfaces(old []config.Interface) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, o := range old {

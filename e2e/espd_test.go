@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +23,8 @@ type espd struct {
 	dir  string // holds the socket, the log and config files
 	sock string
 	proc *testbed.Process
+	// killed: the test killed it (kill), so its exit is no failure.
+	killed atomic.Bool
 }
 
 // startEspd starts espd in node with the standard flags plus extra, waits
@@ -50,7 +53,7 @@ func startEspd(t *testing.T, node *testbed.Node, extra ...string) *espd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := e.proc.Stop(10 * time.Second); err != nil {
+		if err := e.proc.Stop(10 * time.Second); err != nil && !e.killed.Load() {
 			t.Errorf("espd on %s: %v", node.Role, err)
 		}
 		if t.Failed() {
@@ -127,6 +130,7 @@ func eventually(d time.Duration, cond func() bool) bool {
 func (e *espd) kill(t *testing.T) {
 	t.Helper()
 	p := e.proc
+	e.killed.Store(true)
 	if err := p.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
