@@ -17,6 +17,9 @@ func (d *Daemon) AddSA(c sa.Config) error {
 	defer clear(c.EncKey)
 	defer clear(c.IntegKey)
 	_, err := d.db.AddSA(c)
+	if err == nil {
+		d.warnNoInterface(c.IfID, "state", c.String())
+	}
 	return err
 }
 
@@ -67,7 +70,11 @@ func (d *Daemon) FlushSAs() error {
 func (d *Daemon) AddPolicy(p sa.Policy) (sa.Policy, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.addPolicyLocked(p)
+	np, err := d.addPolicyLocked(p)
+	if err == nil {
+		d.warnNoInterfaceLocked(p.IfID, "policy", np.String())
+	}
+	return np, err
 }
 
 // UpdatePolicy replaces a policy and moves its route.

@@ -100,6 +100,9 @@ type Daemon struct {
 	mu     sync.Mutex
 	file   fileState
 	ifaces map[uint32]*ifaceDev // route-based interfaces by ID (interfaces.go)
+	// warnedIfIDs are the interface IDs without an interface that
+	// warnNoInterface has logged.
+	warnedIfIDs map[uint32]bool
 
 	ike atomic.Pointer[ikeHub] // the IKE hand-off, while it runs (ike.go)
 }

@@ -203,3 +203,25 @@ func (d *Daemon) dropStaleInterfaces(old []config.Interface) {
 	}
 	d.recordInterfaces()
 }
+
+// warnNoInterface logs, once per interface ID, that a state or policy of
+// a route-based interface ID arrived while espd has no interface for it:
+// its traffic is dropped until the configuration file declares one.
+func (d *Daemon) warnNoInterface(id uint32, what, desc string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.warnNoInterfaceLocked(id, what, desc)
+}
+
+// warnNoInterfaceLocked is warnNoInterface with d.mu held.
+func (d *Daemon) warnNoInterfaceLocked(id uint32, what, desc string) {
+	if id == 0 || d.ifaces[id] != nil || d.warnedIfIDs[id] {
+		return
+	}
+	if d.warnedIfIDs == nil {
+		d.warnedIfIDs = map[uint32]bool{}
+	}
+	d.warnedIfIDs[id] = true
+	d.log.Warn("a "+what+" of a route-based interface ID that has no interface: its traffic is dropped until the configuration file declares an [[interface]] with this if_id (docs/strongswan.md, Route-based tunnels)",
+		"if_id", id, what, desc)
+}

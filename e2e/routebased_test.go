@@ -16,7 +16,8 @@ import (
 
 // TestRouteBasedInterfaceLife follows a route-based interface through a
 // gateway's life: espd creates it from its configuration file and a
-// SIGHUP adds another; a route into it stays while espd is killed and
+// SIGHUP adds another (a policy for an interface ID without one draws a
+// warning); a route into it stays while espd is killed and
 // what is routed there is dropped (the kernel's tx_dropped), not sent
 // anywhere else; after a reboot (interfaces gone) espd --restore-holds
 // creates it again before espd runs; espd attaches to it; one removed
@@ -48,6 +49,12 @@ func TestRouteBasedInterfaceLife(t *testing.T) {
 	if !exists("rb1") {
 		t.Fatal("espd did not create rb1")
 	}
+	// A policy of an interface ID with no interface: said, not silent.
+	e.mustCtl(t, "policy", "add", "--dir", "out", "--dst", "198.19.98.0/24", "--action", "drop", "--if-id", "9")
+	if !eventually(5*time.Second, func() bool { return e.logContains("has no interface", "if_id=9") }) {
+		t.Error("espd did not warn of a policy for if_id 9, which has no interface")
+	}
+	e.mustCtl(t, "policy", "del", "--dir", "out", "--dst", "198.19.98.0/24", "--if-id", "9")
 	write("rb1", "rb2")
 	if err := e.proc.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
