@@ -72,14 +72,15 @@ done
 # pcrypt and crypto_user (which instantiates pcrypt), camellia and 3DES for the
 # harness's kernel-only rows; veth and tun for the harness's namespaces and
 # espd's TUN when the harness runs inside the guest (and nfnetlink: espd's
-# netlink handle opens a NETLINK_NETFILTER socket too). Loaded in this
+# netlink handle opens a NETLINK_NETFILTER socket too); xfrm_interface for
+# route-based tunnels (ip link add ... type xfrm if_id N). Loaded in this
 # order by init; crypto templates the kernel asks for later (request_module)
 # are found by busybox's modprobe in the same tree.
 mods="virtio_pci virtio_net xfrm_user esp4 esp6 xfrm4_tunnel xfrm6_tunnel
   aes_generic gcm ghash_generic ctr chacha20poly1305 chacha_generic poly1305_generic
   authenc authencesn cbc hmac sha1_generic sha256_generic sha512_generic seqiv echainiv
   drbg jitterentropy_rng crypto_null ecb pcrypt crypto_user camellia_generic des_generic
-  veth tun nfnetlink"
+  veth tun nfnetlink xfrm_interface"
 depmod -b kernel "$kver"
 mkdir -p "root/lib/modules/$kver"
 : >"root/lib/modules/$kver/modules.order"
