@@ -36,10 +36,11 @@ type TUN interface {
 	Close() error
 }
 
-// Router installs routes into the TUN; *routing.Router implements it.
+// Router installs routes into the TUN, and the rules that send the
+// packets of a source prefix to them; *routing.Router implements it.
 type Router interface {
-	AddRoute(p netip.Prefix, k routing.Kind) error
-	RemoveRoute(p netip.Prefix, k routing.Kind) error
+	AddRoute(src, dst netip.Prefix, k routing.Kind) error
+	RemoveRoute(src, dst netip.Prefix, k routing.Kind) error
 	// PathMTU is the MTU of the route to an outer destination.
 	PathMTU(dst netip.Addr) (int, error)
 	Close() error

@@ -181,8 +181,9 @@ func (g *gateway) udpIn(t *testing.T, v6 bool) uint64 {
 // pair, with manual aes128gcm16 states both ways, and pings between their
 // protected addresses (IPv4 and IPv6 inside) through the TUNs, over raw
 // ESP and ESP-in-UDP with IPv4 and IPv6 outside. A's policies cover the
-// whole test range, B's outer address included, so its own ESP would loop
-// into the TUN if the fwmark rule did not keep it out.
+// whole test range, B's outer address included: its own ESP stays out of
+// the TUN because it is from no policy's source (and marked, which would
+// take it past the rules if it were).
 func TestTwoNamespaces(t *testing.T) {
 	nsA, nsB := testbed.NewNodeT(t, "dpA"), testbed.NewNodeT(t, "dpB")
 	testbed.VethT(t, nsA, "va", nsB, "vb")

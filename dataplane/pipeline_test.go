@@ -478,13 +478,13 @@ type fakeRouter struct {
 	closed bool
 }
 
-func (r *fakeRouter) AddRoute(p netip.Prefix, k routingKind) error {
-	r.refs[fmt.Sprint(p, k)]++
+func (r *fakeRouter) AddRoute(src, dst netip.Prefix, k routingKind) error {
+	r.refs[fmt.Sprint(src, " ", dst, " ", k)]++
 	return nil
 }
 
-func (r *fakeRouter) RemoveRoute(p netip.Prefix, k routingKind) error {
-	key := fmt.Sprint(p, k)
+func (r *fakeRouter) RemoveRoute(src, dst netip.Prefix, k routingKind) error {
+	key := fmt.Sprint(src, " ", dst, " ", k)
 	if r.refs[key] == 0 {
 		return fmt.Errorf("no %s", key)
 	}
@@ -512,6 +512,9 @@ func TestPolicyRoutes(t *testing.T) {
 		{Selector: sa.Selector{}, Dir: sa.DirOut, Action: sa.ActionProtect},
 		{Selector: sa.Selector{Src: netip.MustParsePrefix("2001:db8::/32")}, Dir: sa.DirOut, Action: sa.ActionProtect},
 		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16")}, Dir: sa.DirIn, Action: sa.ActionProtect},
+		// Issue 26: a full tunnel for a LAN, and bypass-lan's pass policy.
+		{Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.1.7/24"), Dst: netip.MustParsePrefix("0.0.0.0/0")}, Dir: sa.DirOut, Action: sa.ActionProtect},
+		{Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.18.1.0/24")}, Dir: sa.DirOut, Action: sa.ActionBypass},
 	}
 	for _, p := range pols {
 		if err := d.InstallPolicyRoute(p); err != nil {
@@ -519,7 +522,12 @@ func TestPolicyRoutes(t *testing.T) {
 		}
 	}
 	want := map[string]int{
-		"198.19.0.0/16 tunnel": 2, "198.19.5.0/24 throw": 1, "0.0.0.0/0 tunnel": 1, "::/0 tunnel": 2,
+		"0.0.0.0/0 198.19.0.0/16 tunnel": 2, "0.0.0.0/0 198.19.5.0/24 throw": 1, "0.0.0.0/0 0.0.0.0/0 tunnel": 1,
+		"::/0 ::/0 tunnel": 1, "2001:db8::/32 ::/0 tunnel": 1,
+		"198.18.1.0/24 0.0.0.0/0 tunnel": 1, "198.18.1.0/24 198.18.1.0/24 throw": 1,
+	}
+	if len(r.refs) != len(want) {
+		t.Errorf("references %v, want %v", r.refs, want)
 	}
 	for k, v := range want {
 		if r.refs[k] != v {

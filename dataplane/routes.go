@@ -14,13 +14,21 @@ var (
 	any6        = netip.MustParsePrefix("::/0")
 )
 
+// policyRoute is one route reference of a policy: the destination prefix
+// and the source prefix whose packets it is for.
+type policyRoute struct{ src, dst netip.Prefix }
+
 // policyRoutes returns the routes an outbound policy needs: its
 // destination prefix (both default routes for a selector that matches any
-// address of either family) and the kind, tunnel for protect and drop,
-// throw for bypass. Policies of other directions need none, and neither
-// do those of a route-based interface (IfID): the administrator's routes
-// into the interface decide what they see.
-func (d *Device) policyRoutes(p sa.Policy) ([]netip.Prefix, routing.Kind) {
+// address of either family) with its source prefix (the default route of
+// the destination's family for a selector without one), and the kind,
+// tunnel for protect and drop, throw for bypass. The router sends to the
+// TUN only packets from the sources of protect and drop policies, as the
+// kernel's XFRM applies a policy only to packets from its source (issue
+// 26). Policies of other directions need none, and neither do those of a
+// route-based interface (IfID): the administrator's routes into the
+// interface decide what they see.
+func (d *Device) policyRoutes(p sa.Policy) ([]policyRoute, routing.Kind) {
 	if p.Dir != sa.DirOut || p.IfID != 0 {
 		return nil, 0
 	}
@@ -28,31 +36,39 @@ func (d *Device) policyRoutes(p sa.Policy) ([]netip.Prefix, routing.Kind) {
 	if p.Action == sa.ActionBypass {
 		kind = routing.Throw
 	}
-	switch {
-	case p.Dst.IsValid():
-		return []netip.Prefix{p.Dst.Masked()}, kind
-	case p.Src.IsValid() && p.Src.Addr().Is4():
-		return []netip.Prefix{any4}, kind
-	case p.Src.IsValid():
-		return []netip.Prefix{any6}, kind
-	case d.cfg.NoIPv6:
-		return []netip.Prefix{any4}, kind
+	anyOf := func(q netip.Prefix) netip.Prefix {
+		if q.Addr().Is4() {
+			return any4
+		}
+		return any6
 	}
-	return []netip.Prefix{any4, any6}, kind
+	src, dst := p.Src.Masked(), p.Dst.Masked()
+	switch {
+	case p.Src.IsValid() && p.Dst.IsValid():
+		return []policyRoute{{src, dst}}, kind
+	case p.Dst.IsValid():
+		return []policyRoute{{anyOf(dst), dst}}, kind
+	case p.Src.IsValid():
+		return []policyRoute{{src, anyOf(src)}}, kind
+	case d.cfg.NoIPv6:
+		return []policyRoute{{any4, any4}}, kind
+	}
+	return []policyRoute{{any4, any4}, {any6, any6}}, kind
 }
 
 // InstallPolicyRoute routes the traffic of an outbound policy: into the
 // TUN for protect and drop policies, back to the main table (throw) for
-// bypass policies. Routes are reference-counted per prefix, so policies
-// that share a destination each install and remove their own reference.
+// bypass policies. Routes are reference-counted per prefix, and the rules
+// of protect and drop policies per source prefix, so policies that share
+// a destination or a source each install and remove their own reference.
 // Policies of other directions need no route and are ignored.
 //
 // A protect or drop policy's prefix is also held (routing's package doc):
 // if espd dies or stops, its traffic is dropped, not routed in clear,
 // until the policy's owner removes it with RemovePolicyRoute.
 func (d *Device) InstallPolicyRoute(p sa.Policy) error {
-	prefixes, kind := d.policyRoutes(p)
-	if len(prefixes) == 0 {
+	routes, kind := d.policyRoutes(p)
+	if len(routes) == 0 {
 		return nil
 	}
 	d.mu.Lock()
@@ -60,10 +76,10 @@ func (d *Device) InstallPolicyRoute(p sa.Policy) error {
 	if d.io.Router == nil || d.closed {
 		return errNoRouter
 	}
-	for i, pfx := range prefixes {
-		if err := d.io.Router.AddRoute(pfx, kind); err != nil {
-			for _, done := range prefixes[:i] {
-				d.io.Router.RemoveRoute(done, kind)
+	for i, rt := range routes {
+		if err := d.io.Router.AddRoute(rt.src, rt.dst, kind); err != nil {
+			for _, done := range routes[:i] {
+				d.io.Router.RemoveRoute(done.src, done.dst, kind)
 			}
 			return err
 		}
@@ -72,12 +88,13 @@ func (d *Device) InstallPolicyRoute(p sa.Policy) error {
 }
 
 // RemovePolicyRoute drops the route references InstallPolicyRoute took
-// for p; the last reference to a prefix releases its hold. Only the
-// policy's owner removing it (espctl, the configuration file, the IKE
-// daemon) calls it: a shutdown does not, so its protection outlives espd.
+// for p; the last reference to a prefix releases its hold, and the last
+// of a source its rule. Only the policy's owner removing it (espctl, the
+// configuration file, the IKE daemon) calls it: a shutdown does not, so
+// its protection outlives espd.
 func (d *Device) RemovePolicyRoute(p sa.Policy) error {
-	prefixes, kind := d.policyRoutes(p)
-	if len(prefixes) == 0 {
+	routes, kind := d.policyRoutes(p)
+	if len(routes) == 0 {
 		return nil
 	}
 	d.mu.Lock()
@@ -86,8 +103,8 @@ func (d *Device) RemovePolicyRoute(p sa.Policy) error {
 		return errNoRouter
 	}
 	var errs []error
-	for _, pfx := range prefixes {
-		errs = append(errs, d.io.Router.RemoveRoute(pfx, kind))
+	for _, rt := range routes {
+		errs = append(errs, d.io.Router.RemoveRoute(rt.src, rt.dst, kind))
 	}
 	return errors.Join(errs...)
 }

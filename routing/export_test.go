@@ -43,3 +43,25 @@ func (r *Router) Routes() []Route {
 
 // Mark returns the fwmark espd's outer sockets must carry.
 func (r *Router) Mark() uint32 { return r.cfg.Mark }
+
+// Source is one source prefix's rule and references.
+type Source struct {
+	Prefix netip.Prefix
+	// Refs counts the Tunnel references; Adopted: a previous instance's
+	// rule or a recorded source; Installed: the rule is in the kernel.
+	Refs               int
+	Adopted, Installed bool
+}
+
+// Sources lists the sources the router has rules or references for, in
+// prefix order.
+func (r *Router) Sources() []Source {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Source, 0, len(r.sources))
+	for p, s := range r.sources {
+		out = append(out, Source{Prefix: p, Refs: s.refs, Adopted: s.adopted, Installed: s.installed})
+	}
+	sort.Slice(out, func(i, j int) bool { return comparePrefix(out[i].Prefix, out[j].Prefix) < 0 })
+	return out
+}

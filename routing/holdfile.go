@@ -17,82 +17,130 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The hold file (Config.HoldFile) records which prefixes are held, so that
-// the holds can be put back before the network comes up at the next boot
-// (RestoreHolds), when the kernel's table is empty and no IKE daemon has
-// negotiated yet. Its format is text, one prefix a line between a header
-// and a trailer that counts them:
+// The hold file (Config.HoldFile) records what is held, so that the holds
+// can be put back before the network comes up at the next boot
+// (RestoreHolds), when the kernel's table and rules are empty and no IKE
+// daemon has negotiated yet: the source prefixes whose rules send packets
+// to the table ("from" lines) and the held destination prefixes. Its
+// format is text, one a line between a header and a trailer that counts
+// the lines between them:
 //
-//	espd holds 1
+//	espd holds 2
+//	from 198.18.1.0/24
+//	from ::/0
 //	198.18.2.0/24
 //	2001:db8:2::/64
-//	end 2
+//	end 4
+//
+// Format 1 ("espd holds 1", prefixes only) is what espd wrote before its
+// rules followed the policies' sources, when one rule per family sent
+// every unmarked packet to the table: it is read as the 0.0.0.0/0 and ::/0
+// sources of each family its prefixes have.
 //
 // It is replaced atomically (written beside, fsynced, renamed, directory
 // fsynced); a file without its trailer, with a count that disagrees or a
 // line that is not a prefix is refused, never half read.
-const holdFileHeader = "espd holds 1"
+const (
+	holdFileHeader  = "espd holds 2"
+	holdFileHeader1 = "espd holds 1"
+)
 
 // ErrHoldFile is what a hold file that cannot be trusted wraps.
 var ErrHoldFile = errors.New("routing: hold file damaged")
 
-// readHoldFile returns the prefixes path lists; a missing file lists none.
-func readHoldFile(path string) ([]netip.Prefix, error) {
+// holdSet is what the hold file records: the sources whose rules are
+// wanted and the held prefixes, each sorted.
+type holdSet struct {
+	sources, prefixes []netip.Prefix
+}
+
+func (a holdSet) equal(b holdSet) bool {
+	return slices.Equal(a.sources, b.sources) && slices.Equal(a.prefixes, b.prefixes)
+}
+
+// readHoldFile returns what path records; a missing file records nothing.
+func readHoldFile(path string) (holdSet, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return holdSet{}, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("routing: hold file %s: %w", path, err)
+		return holdSet{}, fmt.Errorf("routing: hold file %s: %w", path, err)
 	}
 	bad := func(line int, why string) error {
 		return fmt.Errorf("%w: %s line %d: %s (remove it only if no prefix must stay closed: espd --cleanup)", ErrHoldFile, path, line, why)
 	}
+	parse := func(s string) (netip.Prefix, bool) {
+		p, err := netip.ParsePrefix(s)
+		return p, err == nil && p == p.Masked()
+	}
 	sc := bufio.NewScanner(bytes.NewReader(b))
-	var out []netip.Prefix
-	n, ended := 0, false
+	var out holdSet
+	n, ended, version := 0, false, 0
 	for sc.Scan() {
 		n++
 		line := sc.Text()
 		switch {
 		case ended:
-			return nil, bad(n, "text after the trailer")
+			return holdSet{}, bad(n, "text after the trailer")
 		case n == 1:
-			if line != holdFileHeader {
-				return nil, bad(n, fmt.Sprintf("header %q, want %q", line, holdFileHeader))
+			switch line {
+			case holdFileHeader:
+				version = 2
+			case holdFileHeader1:
+				version = 1
+			default:
+				return holdSet{}, bad(n, fmt.Sprintf("header %q, want %q", line, holdFileHeader))
 			}
 		case strings.HasPrefix(line, "end "):
 			c, err := strconv.Atoi(strings.TrimPrefix(line, "end "))
-			if err != nil || c != len(out) {
-				return nil, bad(n, fmt.Sprintf("trailer %q for %d prefixes", line, len(out)))
+			if err != nil || c != len(out.sources)+len(out.prefixes) {
+				return holdSet{}, bad(n, fmt.Sprintf("trailer %q for %d lines", line, len(out.sources)+len(out.prefixes)))
 			}
 			ended = true
-		default:
-			p, err := netip.ParsePrefix(line)
-			if err != nil || p != p.Masked() {
-				return nil, bad(n, fmt.Sprintf("%q is not a prefix", line))
+		case version == 2 && strings.HasPrefix(line, "from "):
+			p, ok := parse(strings.TrimPrefix(line, "from "))
+			if !ok {
+				return holdSet{}, bad(n, fmt.Sprintf("%q is not a source prefix", line))
 			}
-			out = append(out, p)
+			out.sources = append(out.sources, p)
+		default:
+			p, ok := parse(line)
+			if !ok {
+				return holdSet{}, bad(n, fmt.Sprintf("%q is not a prefix", line))
+			}
+			out.prefixes = append(out.prefixes, p)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, bad(n, err.Error())
+		return holdSet{}, bad(n, err.Error())
 	}
 	if !ended {
-		return nil, bad(n, "no trailer: the file is cut short")
+		return holdSet{}, bad(n, "no trailer: the file is cut short")
+	}
+	if version == 1 {
+		// One rule per family sent everything unmarked to the table.
+		for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+			if slices.ContainsFunc(out.prefixes, func(p netip.Prefix) bool { return familyOf(p) == fam }) {
+				out.sources = append(out.sources, anySource(fam))
+			}
+		}
 	}
 	return out, nil
 }
 
-// writeHoldFile replaces path with a record of prefixes (in heldPrefixes'
+// writeHoldFile replaces path with a record of held (in heldSet's
 // order).
-func writeHoldFile(path string, prefixes []netip.Prefix) error {
+func writeHoldFile(path string, held holdSet) error {
 	var buf bytes.Buffer
 	buf.WriteString(holdFileHeader + "\n")
-	for _, p := range prefixes {
+	for _, p := range held.sources {
+		buf.WriteString("from " + p.String() + "\n")
+	}
+	for _, p := range held.prefixes {
 		buf.WriteString(p.String() + "\n")
 	}
-	fmt.Fprintf(&buf, "end %d\n", len(prefixes))
+	fmt.Fprintf(&buf, "end %d\n", len(held.sources)+len(held.prefixes))
 	tmp := path + ".new"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -122,20 +170,23 @@ func writeHoldFile(path string, prefixes []netip.Prefix) error {
 	return nil
 }
 
-// heldPrefixes lists the prefixes that are held now, sorted. r.mu is
-// held.
-func (r *Router) heldPrefixes() []netip.Prefix {
-	var out []netip.Prefix
+// heldSet lists the sources whose rules are wanted and the prefixes that
+// are held now, sorted. r.mu is held.
+func (r *Router) heldSet() holdSet {
+	var out holdSet
 	for p, e := range r.routes {
 		if e.wantHold() {
-			out = append(out, p)
+			out.prefixes = append(out.prefixes, p)
 		}
 	}
-	slices.SortFunc(out, comparePrefix)
+	sortPrefixes(out.prefixes)
+	out.sources = r.wantedSources()
 	return out
 }
 
-// holdsChanged asks the hold writer to record the held prefixes. r.mu is
+func sortPrefixes(ps []netip.Prefix) { slices.SortFunc(ps, comparePrefix) }
+
+// holdsChanged asks the hold writer to record what is held. r.mu is
 // held. The write is asynchronous so that installing many policies costs
 // one write, not one each; Close writes the final set itself.
 func (r *Router) holdsChanged() {
@@ -148,20 +199,20 @@ func (r *Router) holdsChanged() {
 	}
 }
 
-// holdWriter records the held prefixes whenever holdsChanged asks, until
+// holdWriter records what is held whenever holdsChanged asks, until
 // holdWake is closed.
 func (r *Router) holdWriter() {
 	defer close(r.holdDone)
-	var last []netip.Prefix
+	var last *holdSet
 	for range r.holdWake {
 		r.mu.Lock()
 		if r.closed {
 			r.mu.Unlock()
 			return
 		}
-		held := r.heldPrefixes()
+		held := r.heldSet()
 		r.mu.Unlock()
-		if last != nil && slices.Equal(held, last) {
+		if last != nil && held.equal(*last) {
 			continue
 		}
 		if err := writeHoldFile(r.cfg.HoldFile, held); err != nil {
@@ -170,7 +221,7 @@ func (r *Router) holdWriter() {
 			}
 			continue
 		}
-		last = held
+		last = &held
 	}
 }
 
@@ -182,19 +233,21 @@ func comparePrefix(a, b netip.Prefix) int {
 }
 
 // restoreFromFile holds every prefix the hold file lists that the table
-// does not already hold. r.mu is held (or r is not yet shared).
+// does not already hold, and adopts the sources it lists (their rules
+// stay while a hold they may serve is unclaimed). r.mu is held (or r is
+// not yet shared).
 func (r *Router) restoreFromFile() error {
 	if r.cfg.HoldFile == "" {
 		return nil
 	}
-	prefixes, err := readHoldFile(r.cfg.HoldFile)
+	held, err := readHoldFile(r.cfg.HoldFile)
 	if err != nil {
 		return err
 	}
-	for _, p := range prefixes {
-		if r.cfg.NoIPv6 && p.Addr().Is6() {
-			return fmt.Errorf("%w: %s holds IPv6 prefix %s, and IPv6 is disabled (--no-ipv6)", ErrHoldFile, r.cfg.HoldFile, p)
-		}
+	if err := r.checkFamilies(held); err != nil {
+		return err
+	}
+	for _, p := range held.prefixes {
 		e := r.routes[p]
 		if e == nil {
 			e = &entry{}
@@ -208,15 +261,36 @@ func (r *Router) restoreFromFile() error {
 			return err
 		}
 		r.adopted++
+		r.unclaimed++
+	}
+	for _, src := range held.sources {
+		s := r.source(src)
+		s.adopted = true
+		if err := r.syncSource(src, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkFamilies refuses a record with IPv6 in it when IPv6 is disabled.
+func (r *Router) checkFamilies(held holdSet) error {
+	if !r.cfg.NoIPv6 {
+		return nil
+	}
+	for _, p := range slices.Concat(held.sources, held.prefixes) {
+		if p.Addr().Is6() {
+			return fmt.Errorf("%w: %s holds IPv6 prefix %s, and IPv6 is disabled (--no-ipv6)", ErrHoldFile, r.cfg.HoldFile, p)
+		}
 	}
 	return nil
 }
 
 // RestoreHolds puts back, in the calling thread's network namespace, the
-// rules and the holds of every prefix cfg.HoldFile lists, without a TUN
-// and without a running espd: what a boot needs before its network comes
-// up (espd --restore-holds). Holds and rules already there are kept. It
-// returns what it added, one line each.
+// rules of the sources and the holds of the prefixes cfg.HoldFile lists,
+// without a TUN and without a running espd: what a boot needs before its
+// network comes up (espd --restore-holds). Holds and rules already there
+// are kept. It returns what it added, one line each.
 func RestoreHolds(cfg Config) ([]string, error) {
 	if cfg.HoldFile == "" {
 		return nil, errors.New("routing: no hold file")
@@ -224,8 +298,8 @@ func RestoreHolds(cfg Config) ([]string, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	prefixes, err := readHoldFile(cfg.HoldFile)
-	if err != nil || len(prefixes) == 0 {
+	held, err := readHoldFile(cfg.HoldFile)
+	if err != nil || len(held.sources)+len(held.prefixes) == 0 {
 		return nil, err
 	}
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
@@ -233,25 +307,34 @@ func RestoreHolds(cfg Config) ([]string, error) {
 		return nil, fmt.Errorf("routing: netlink: %w", err)
 	}
 	defer h.Close()
-	r := &Router{cfg: cfg, h: h, routes: make(map[netip.Prefix]*entry)}
+	r := newRouter(cfg, h)
+	if err := r.checkFamilies(held); err != nil {
+		return nil, err
+	}
 	var done []string
-	for _, p := range prefixes {
-		if cfg.NoIPv6 && p.Addr().Is6() {
-			return done, fmt.Errorf("%w: %s holds IPv6 prefix %s, and IPv6 is disabled (--no-ipv6)", ErrHoldFile, cfg.HoldFile, p)
-		}
+	for _, p := range held.prefixes {
 		rt := r.holdRoute(p)
 		if err := h.RouteReplace(rt); err != nil {
 			return done, fmt.Errorf("routing: hold %s with a blackhole route in table %d: %w", p, cfg.Table, err)
 		}
 		done = append(done, "route "+describeRoute(rt))
 	}
-	for _, fam := range cfg.families() {
-		n := len(r.rules)
-		if err := r.ensureRule(fam); err != nil {
+	if err := r.adoptRules(); err != nil {
+		return done, err
+	}
+	r.added = &done
+	for _, src := range held.sources {
+		s := r.source(src)
+		s.refs = 1 // wanted whatever else is held
+		if err := r.syncSource(src, s); err != nil {
 			return done, err
 		}
-		if len(r.rules) > n {
-			done = append(done, "rule "+ruleString(r.rules[n]))
+	}
+	for _, fam := range cfg.families() {
+		if r.narrow[fam] > 0 {
+			if err := r.ensureGuard(fam); err != nil {
+				return done, err
+			}
 		}
 	}
 	return done, nil

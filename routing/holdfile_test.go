@@ -13,22 +13,28 @@ import (
 )
 
 // reboot empties what the kernel forgets at a reboot: espd's table and
-// its rules. The TUN stays (newEnv's tun0 stands in for the next espd's).
+// its rules, the mark rules too. The TUN stays (newEnv's tun0 stands in
+// for the next espd's).
 func (e *env) reboot(t *testing.T) {
 	t.Helper()
 	tbl := strconv.Itoa(table)
 	for _, fam := range []string{"-4", "-6"} {
 		e.ns.MustIP(t, fam, "route", "flush", "table", tbl)
-		for e.ruleCount(t, fam) > 0 {
-			e.ns.MustIP(t, fam, "rule", "del", "lookup", tbl)
+		for _, pref := range []int{routing.DefaultPriority - 1, routing.DefaultPriority, routing.DefaultPriority + 1} {
+			for {
+				if _, err := e.ns.IP(t.Context(), fam, "rule", "del", "pref", strconv.Itoa(pref)); err != nil {
+					break
+				}
+			}
 		}
 	}
 }
 
-// waitHoldFile waits until the hold file lists exactly want.
+// waitHoldFile waits until the hold file lists exactly want (sources as
+// "from PREFIX", then the held prefixes).
 func waitHoldFile(t *testing.T, path string, want ...string) {
 	t.Helper()
-	body := "espd holds 1\n" + strings.Join(append(want, "end "+strconv.Itoa(len(want))), "\n") + "\n"
+	body := "espd holds 2\n" + strings.Join(append(want, "end "+strconv.Itoa(len(want))), "\n") + "\n"
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		b, _ := os.ReadFile(path)
@@ -55,12 +61,12 @@ func TestHoldFileSurvivesReboot(t *testing.T) {
 	mustAdd(t, r, "198.18.70.0/24", routing.Tunnel)
 	mustAdd(t, r, "2001:db8:70::/48", routing.Tunnel)
 	mustAdd(t, r, "198.18.71.0/24", routing.Throw) // a bypass is not held
-	waitHoldFile(t, path, "198.18.70.0/24", "2001:db8:70::/48")
+	waitHoldFile(t, path, "from 0.0.0.0/0", "from ::/0", "198.18.70.0/24", "2001:db8:70::/48")
 	mustRemove(t, r, "2001:db8:70::/48", routing.Tunnel)
-	waitHoldFile(t, path, "198.18.70.0/24")
+	waitHoldFile(t, path, "from 0.0.0.0/0", "198.18.70.0/24")
 	mustAdd(t, r, "2001:db8:70::/48", routing.Tunnel)
 	r.Close()
-	waitHoldFile(t, path, "198.18.70.0/24", "2001:db8:70::/48")
+	waitHoldFile(t, path, "from 0.0.0.0/0", "from ::/0", "198.18.70.0/24", "2001:db8:70::/48")
 
 	e.reboot(t)
 	e.expect(t, "rebooted", map[string]string{"198.18.70.9": "out0", "2001:db8:70::9": "out0"})
@@ -88,7 +94,9 @@ func TestHoldFileSurvivesReboot(t *testing.T) {
 	mustAdd(t, r2, "198.18.70.0/24", routing.Tunnel)
 	e.expect(t, "policy back", map[string]string{"198.18.70.9": "tun0"})
 	mustRemove(t, r2, "198.18.70.0/24", routing.Tunnel)
-	waitHoldFile(t, path, "2001:db8:70::/48")
+	// The recorded IPv4 source keeps its rule while the IPv6 hold is
+	// unclaimed (it might be what closes that hold's traffic).
+	waitHoldFile(t, path, "from 0.0.0.0/0", "from ::/0", "2001:db8:70::/48")
 	e.expect(t, "policy removed", map[string]string{"198.18.70.9": "out0", "2001:db8:70::9": "blackhole"})
 }
 
@@ -107,7 +115,11 @@ func TestHoldReleasedByPolicy(t *testing.T) {
 	mustAdd(t, r, "198.18.70.0/24", routing.Tunnel)
 	mustRemove(t, r, "198.18.70.0/24", routing.Tunnel)
 	e.expect(t, "released", map[string]string{"198.18.70.9": "out0", "198.18.72.9": "blackhole"})
-	waitHoldFile(t, path, "198.18.72.0/24")
+	// Format 1 meant the /0 source of each family it held prefixes of.
+	waitHoldFile(t, path, "from 0.0.0.0/0", "198.18.72.0/24")
+	if n := e.ruleCount(t, "-6"); n != 0 {
+		t.Errorf("%d IPv6 rules for a format 1 file with IPv4 prefixes only", n)
+	}
 }
 
 // TestHoldFileDamaged: a hold file that cannot be trusted is refused by New
@@ -121,6 +133,11 @@ func TestHoldFileDamaged(t *testing.T) {
 		"not prefix": "espd holds 1\n198.18.70.1/24\nend 1\n",
 		"after end":  "espd holds 1\nend 0\n198.18.70.0/24\n",
 		"empty":      "",
+		"v1 source":  "espd holds 1\nfrom 198.18.1.0/24\n198.18.70.0/24\nend 2\n",
+		"v2 source":  "espd holds 2\nfrom 198.18.1.1/24\n198.18.70.0/24\nend 2\n",
+		"v2 count":   "espd holds 2\nfrom 198.18.1.0/24\n198.18.70.0/24\nend 1\n",
+		"v2 cut":     "espd holds 2\nfrom 198.18.1.0/24\n",
+		"v2 word":    "espd holds 2\nto 198.18.1.0/24\nend 1\n",
 	} {
 		path := filepath.Join(t.TempDir(), "holds")
 		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
@@ -144,6 +161,9 @@ func TestHoldFileDamaged(t *testing.T) {
 		if out := e.ns.MustIP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
 			t.Errorf("%s: routes after a refused file:\n%s", name, out)
 		}
+		if out := e.ns.MustIP(t, "rule", "show"); strings.Contains(out, strconv.Itoa(routing.DefaultPriority)+":") {
+			t.Errorf("%s: rules after a refused file:\n%s", name, out)
+		}
 	}
 }
 
@@ -155,7 +175,7 @@ func TestCleanupRemovesHoldFile(t *testing.T) {
 	r := e.router(t, routing.Config{HoldFile: path})
 	mustAdd(t, r, "198.18.70.0/24", routing.Tunnel)
 	r.Close()
-	waitHoldFile(t, path, "198.18.70.0/24")
+	waitHoldFile(t, path, "from 0.0.0.0/0", "198.18.70.0/24")
 	var done []string
 	err := e.ns.Do(func() (err error) {
 		done, err = routing.Cleanup(routing.Config{Table: table, HoldFile: path})

@@ -1,24 +1,56 @@
 // Package routing installs, and removes again, what espd puts into the
 // kernel's routing: routes that steer the traffic of outbound policies into
-// the TUN device, and the policy-routing rules that keep espd's own outer
-// packets out of it.
+// the TUN device, and the policy-routing rules that send to those routes
+// the packets a policy can apply to, and keep espd's own outer packets
+// out of them.
 //
 // The routes live in a dedicated table (Config.Table). For a protect or
 // drop policy the table gets a route to the policy's destination prefix
 // through the TUN; for a bypass policy it gets a throw route, which ends
 // the lookup in this table so that the kernel continues with the next rule
-// (usually the main table). One rule per address family,
+// (usually the main table).
 //
-//	not fwmark <Mark>/<Mask> lookup <Table>
+// # Rules
 //
-// sends everything except packets marked with Mark to the table. espd
-// marks its outer sockets with SO_MARK Mark, so its ESP packets are routed
-// by the main table even when a policy covers 0.0.0.0/0 or ::/0, the
-// peer's own address included, and never loop back into the TUN.
+// The kernel's XFRM applies a policy only to packets from its selector's
+// source, so only those are looked up in the table: each source prefix of
+// a protect or drop policy has a rule, shared by the policies of that
+// source and removed with the last of them (RemoveRoute),
 //
-// Routes select on the destination prefix only. A policy that also narrows
-// the source, protocol or ports routes all traffic to its destination into
-// the TUN, where the data plane applies the full selector.
+//	pref <Priority> from <source> lookup <Table>
+//
+// and a policy with no source (or 0.0.0.0/0, ::/0) has its family's
+//
+//	pref <Priority> not fwmark <Mark>/<Mask> lookup <Table>
+//
+// A full tunnel for a LAN (local 198.18.1.0/24, remote 0.0.0.0/0) thus
+// takes the LAN's packets and nothing else: not the gateway's own traffic
+// and management access, not what it decrypts and forwards to the LAN.
+// Bypass policies take no rule: their throw routes matter only to the
+// packets a protect or drop policy's source rule sends to the table
+// (strongSwan's bypass-lan, a pass policy LAN to LAN, keeps the LAN's
+// packets to the LAN out of the TUN).
+//
+// espd marks its outer sockets with SO_MARK Mark, so that its ESP packets
+// are routed by the main table even when a policy covers their destination
+// (the peer) and their source, and never loop back into the TUN. The rule
+// of the /0 source leaves them out itself. A narrower source's rule cannot
+// ("not" inverts a rule's whole selector, source included), so while any
+// is in place its family also has the two mark rules
+//
+//	pref <Priority-1> fwmark <Mark>/<Mask> goto <Priority+1>
+//	pref <Priority+1> nop
+//
+// which take marked packets past the source rules to whatever rules
+// follow, as the /0 source's rule does. The mark rules go in before the
+// first narrow source rule and come out after the last; every rule espd
+// adds carries protocol Protocol.
+//
+// Rules select on the source prefix, routes on the destination prefix. A
+// policy that also narrows the protocol or ports, or whose source shares
+// the table with another policy's destination, routes more into the TUN
+// than it covers; the data plane applies the full selector and drops (and
+// counts) what no protect policy covers.
 //
 // # Failing closed
 //
@@ -30,23 +62,27 @@
 // after it. While the TUN route exists its lower metric wins; when it
 // goes, the blackhole drops the traffic. Blackhole and throw routes are
 // bound to no device, so they outlive the TUN and the process, and so do
-// the rules.
+// the rules. A source's rule goes in before its route and hold, and comes
+// out after them.
 //
 // Only the owner of a policy removing it (RemoveRoute of the last
 // reference) removes its hold. Close, the path of an orderly stop, removes
-// the TUN routes but keeps the holds, the throw routes and the rules while
-// any hold remains, and removes everything when none does. New keeps the
-// rules and adopts the holds and throw routes a previous instance left:
-// each stays until an AddRoute of its kind claims it, and then goes with
-// that reference's RemoveRoute. Cleanup removes everything, for taking
-// espd out of a machine for good.
+// the TUN routes but keeps the holds, the throw routes and every rule
+// while any hold remains, and removes everything when none does. New
+// installs no rule by itself: it adopts the holds and throw routes a
+// previous instance left, each of which stays until an AddRoute of its
+// kind claims it and then goes with that reference's RemoveRoute, and the
+// rules it left (duplicates removed, one always stays), each of which
+// stays while any adopted hold is unclaimed (it may be what keeps that
+// hold's traffic closed) or a Tunnel reference of its source claims it.
+// Cleanup removes everything, for taking espd out of a machine for good.
 //
-// The kernel forgets the holds at a reboot. With Config.HoldFile the held
-// prefixes are also recorded on disk; RestoreHolds puts them back early in
-// the next boot, before the network is up, and New holds them again, so
-// that a prefix stays closed from power-on until its policy is installed
-// again (or, if none is, an administrator installs and removes a policy
-// for it).
+// The kernel forgets the holds and rules at a reboot. With
+// Config.HoldFile the held prefixes and the sources of the rules are also
+// recorded on disk; RestoreHolds puts them back early in the next boot,
+// before the network is up, and New holds them again, so that a prefix
+// stays closed from power-on until its policy is installed again (or, if
+// none is, an administrator installs and removes a policy for it).
 package routing
 
 import (
@@ -68,12 +104,12 @@ const (
 	DefaultTable = 0xe5d0
 	// DefaultMark is the fwmark (SO_MARK) of espd's outer packets.
 	DefaultMark = 0xe5d0
-	// DefaultPriority is the preference of espd's rules: before the main
-	// table (32766), after the local table (0).
+	// DefaultPriority is the preference of espd's source rules: before
+	// the main table (32766), after the local table (0).
 	DefaultPriority = 0xe5d
-	// Protocol tags every route espd installs (rtnetlink protocol field),
-	// so that "ip route show proto 229" lists them and New and Cleanup
-	// find those of a previous instance.
+	// Protocol tags every route and rule espd installs (rtnetlink
+	// protocol field), so that "ip route show proto 229" lists them and
+	// New and Cleanup find those of a previous instance.
 	Protocol = 229
 	// HoldMetric is the metric of the blackhole route that holds a
 	// prefix routed into the TUN: higher than the TUN route's (0 for
@@ -119,14 +155,17 @@ type Config struct {
 	// Mark and Mask: packets with mark&Mask == Mark skip the table.
 	// Mark 0 means DefaultMark; Mask 0 means 0xffffffff.
 	Mark, Mask uint32
-	// Priority of the rules; 0 means DefaultPriority.
+	// Priority of the source rules (the mark rules take Priority-1 and
+	// Priority+1); 0 means DefaultPriority.
 	Priority int
-	// NoIPv6 leaves out the IPv6 rule and refuses IPv6 prefixes.
+	// NoIPv6 leaves the IPv6 rules alone and refuses IPv6 prefixes.
 	NoIPv6 bool
-	// HoldFile, if set, is where the held prefixes are recorded (see
-	// holdfile.go): New holds every prefix it lists, the set is written
-	// there shortly after each change and by Close, RestoreHolds puts the
-	// holds back at boot, and Cleanup removes it.
+	// HoldFile, if set, is where the held prefixes and the sources of the
+	// rules are recorded (see holdfile.go): New holds every prefix it
+	// lists and keeps its sources' rules while such a hold is unclaimed,
+	// the set is written there shortly after each change and by Close,
+	// RestoreHolds puts the holds and rules back at boot, and Cleanup
+	// removes it.
 	HoldFile string
 	// HoldFileError, if set, is told when a write of HoldFile fails (the
 	// holds in the kernel are unaffected; the next boot would miss the
@@ -205,28 +244,41 @@ type Router struct {
 	cfg Config
 	h   *netlink.Handle
 
-	mu      sync.Mutex
-	routes  map[netip.Prefix]*entry
-	rules   []*netlink.Rule
+	mu     sync.Mutex
+	routes map[netip.Prefix]*entry
+	// tunnels counts the Tunnel references by source and destination.
+	tunnels map[pair]int
+	sources map[netip.Prefix]*source
+	guards  map[int]guard // by family
+	narrow  map[int]int   // installed rules of sources other than /0, by family
+	// unclaimed counts the adopted holds no Tunnel reference has
+	// claimed; adopted sources keep their rules while it is not 0.
+	unclaimed int
+	// untidy: a rule may be in the kernel that is no longer wanted
+	// (tidyRules).
+	untidy  bool
 	adopted int
 	closed  bool
+	// added, if set, collects the rules added (RestoreHolds).
+	added *[]string
 
 	holdWake chan struct{} // holdsChanged to holdWriter; nil without HoldFile
 	holdDone chan struct{} // closed when holdWriter returns
 }
 
 // New opens a netlink handle in the calling thread's network namespace,
-// takes over what a previous instance with the same table left behind,
-// makes sure the rules are there and sets the TUN's rp_filter to loose
-// (2): decrypted packets arrive on the TUN from sources the main table
-// routes elsewhere. The rp_filter setting belongs to the TUN and
-// disappears with it.
+// takes over what a previous instance with the same table left behind and
+// sets the TUN's rp_filter to loose (2): decrypted packets arrive on the
+// TUN from sources the main table routes elsewhere. The rp_filter setting
+// belongs to the TUN and disappears with it.
 //
 // Rules identical to its own are kept (duplicates removed, one always
-// stays), so the table is never bypassed, not even for a moment. The
-// previous instance's blackhole and throw routes are adopted (Adopted,
-// Routes); a route of its into a TUN that still exists becomes a hold;
-// any other route of Protocol in the table is removed.
+// stays), so a held prefix's traffic never bypasses the table, not even
+// for a moment; they stay while a hold is adopted and unclaimed, and go
+// once none is and no Tunnel reference claims their source. The previous
+// instance's blackhole and throw routes are adopted (Adopted, Routes); a
+// route of its into a TUN that still exists becomes a hold; any other
+// route of Protocol in the table is removed.
 func New(cfg Config) (*Router, error) {
 	if cfg.LinkIndex <= 0 || cfg.LinkName == "" {
 		return nil, errors.New("routing: TUN link index and name required")
@@ -238,7 +290,7 @@ func New(cfg Config) (*Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("routing: netlink: %w", err)
 	}
-	r := &Router{cfg: cfg, h: h, routes: make(map[netip.Prefix]*entry)}
+	r := newRouter(cfg, h)
 	if err := r.init(); err != nil {
 		r.Close()
 		return nil, err
@@ -251,40 +303,39 @@ func New(cfg Config) (*Router, error) {
 	return r, nil
 }
 
-func (r *Router) rule(family int) *netlink.Rule {
-	return ourRule(&r.cfg, family)
+// pair is a Tunnel reference's source and destination.
+type pair struct{ src, dst netip.Prefix }
+
+func newRouter(cfg Config, h *netlink.Handle) *Router {
+	return &Router{cfg: cfg, h: h, routes: make(map[netip.Prefix]*entry), tunnels: make(map[pair]int),
+		sources: make(map[netip.Prefix]*source), guards: make(map[int]guard), narrow: make(map[int]int)}
 }
 
-func ourRule(cfg *Config, family int) *netlink.Rule {
-	rule := netlink.NewRule()
-	rule.Family = family
-	rule.Table = cfg.Table
-	rule.Priority = cfg.Priority
-	rule.Mark = cfg.Mark
-	mask := cfg.Mask
-	rule.Mask = &mask
-	rule.Invert = true
-	return rule
-}
-
-// isOurRule reports whether a listed rule is the one ourRule describes.
-func isOurRule(cfg *Config, rl *netlink.Rule) bool {
-	return rl.Table == cfg.Table && rl.Priority == cfg.Priority && rl.Invert &&
-		rl.Mark == cfg.Mark && rl.Mask != nil && *rl.Mask == cfg.Mask &&
-		rl.Src == nil && rl.Dst == nil && rl.IifName == "" && rl.OifName == "" &&
-		rl.Goto <= 0 && rl.IPProto == 0 && rl.Sport == nil && rl.Dport == nil && rl.UIDRange == nil
-}
-
+// init adopts the rules and routes a previous instance left, holds what
+// the hold file lists, gives every narrow source its family's mark rules
+// and removes the adopted rules that nothing held needs.
 func (r *Router) init() error {
+	if err := r.adoptRules(); err != nil {
+		return err
+	}
 	if err := r.adopt(); err != nil {
 		return err
 	}
 	if err := r.restoreFromFile(); err != nil {
 		return err
 	}
+	if err := r.ruleForLoneHolds(); err != nil {
+		return err
+	}
+	r.untidy = true
+	if err := r.tidyRules(); err != nil {
+		return err
+	}
 	for _, fam := range r.cfg.families() {
-		if err := r.ensureRule(fam); err != nil {
-			return err
+		if r.narrow[fam] > 0 {
+			if err := r.ensureGuard(fam); err != nil {
+				return err
+			}
 		}
 	}
 	path := "/proc/sys/net/ipv4/conf/" + r.cfg.LinkName + "/rp_filter"
@@ -294,32 +345,29 @@ func (r *Router) init() error {
 	return nil
 }
 
-// ensureRule makes the kernel have exactly one rule of ours for family,
-// keeping one a previous instance left rather than removing and adding it.
-func (r *Router) ensureRule(fam int) error {
-	rules, err := r.h.RuleListFiltered(fam, &netlink.Rule{Table: r.cfg.Table}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return fmt.Errorf("routing: list rules: %w", err)
-	}
-	n := 0
-	for i := range rules {
-		if isOurRule(&r.cfg, &rules[i]) {
-			n++
+// ruleForLoneHolds gives a family with unclaimed adopted holds and no
+// rule that could send packets to them (someone removed espd's rules, and
+// no hold file says whose they were) the /0 source's rule, as an adopted
+// source: a hold is there to keep its prefix closed, and that is what
+// espd's rule meant before the rules followed the sources.
+func (r *Router) ruleForLoneHolds() error {
+	for _, fam := range r.cfg.families() {
+		lone := false
+		for p, e := range r.routes {
+			lone = lone || (e.adoptedHold && familyOf(p) == fam)
+		}
+		for p, s := range r.sources {
+			lone = lone && !(s.adopted && familyOf(p) == fam)
+		}
+		if lone {
+			src := anySource(fam)
+			s := r.source(src)
+			s.adopted = true
+			if err := r.syncSource(src, s); err != nil {
+				return err
+			}
 		}
 	}
-	rule := r.rule(fam)
-	if n == 0 {
-		if err := r.h.RuleAdd(rule); err != nil {
-			return fmt.Errorf("routing: add rule %q: %w", ruleString(rule), err)
-		}
-	}
-	// Each RuleDel removes one of the identical rules; one stays.
-	for ; n > 1; n-- {
-		if err := r.h.RuleDel(rule); err != nil {
-			return fmt.Errorf("routing: remove duplicate rule %q: %w", ruleString(rule), err)
-		}
-	}
-	r.rules = append(r.rules, rule)
 	return nil
 }
 
@@ -389,6 +437,7 @@ func (r *Router) adopt() error {
 			delete(r.routes, p)
 		case e.adoptedHold:
 			r.adopted++
+			r.unclaimed++
 		case e.adoptedThrow:
 			r.adopted++
 		}
@@ -432,22 +481,6 @@ func familyOf(p netip.Prefix) int {
 		return unix.AF_INET6
 	}
 	return unix.AF_INET
-}
-
-func ruleString(r *netlink.Rule) string {
-	fam := "inet"
-	if r.Family == unix.AF_INET6 {
-		fam = "inet6"
-	}
-	not := ""
-	if r.Invert {
-		not = "not "
-	}
-	mask := uint32(0xffffffff)
-	if r.Mask != nil {
-		mask = *r.Mask
-	}
-	return fmt.Sprintf("%s pref %d %sfwmark %#x/%#x lookup %d", fam, r.Priority, not, r.Mark, mask, r.Table)
 }
 
 // describeRoute renders a route of the table as ip-route would, roughly.
@@ -517,32 +550,39 @@ func (r *Router) holdRoute(p netip.Prefix) *netlink.Route {
 		Type: unix.RTN_BLACKHOLE, Priority: HoldMetric}
 }
 
-// AddRoute takes a reference on the route of kind k to prefix p. The first
-// reference installs it; a Tunnel reference holds the prefix first (see
-// the package doc) and claims a hold adopted from a previous instance, a
-// Throw reference claims an adopted throw route. A prefix referenced by
-// both kinds routes into the TUN: a protect policy must not leak because a
-// bypass policy with a narrower selector shares its destination prefix.
-// For the same reason a bypass cannot open a prefix whose adopted hold no
-// Tunnel reference has claimed yet: it stays closed.
-func (r *Router) AddRoute(p netip.Prefix, k Kind) error {
-	if !p.IsValid() {
-		return errors.New("routing: invalid prefix")
-	}
+// AddRoute takes a reference on the route of kind k to the destination
+// prefix dst, for packets from the source prefix src (0.0.0.0/0 or ::/0
+// for a policy without one; the family of dst). The first reference
+// installs the route; a Tunnel reference first takes a reference on src's
+// rule (see the package doc), then holds the prefix and claims a hold
+// adopted from a previous instance, a Throw reference takes no rule and
+// claims an adopted throw route. A prefix referenced by both kinds routes
+// into the TUN: a protect policy must not leak because a bypass policy
+// with a narrower selector shares its destination prefix. For the same
+// reason a bypass cannot open a prefix whose adopted hold no Tunnel
+// reference has claimed yet: it stays closed.
+func (r *Router) AddRoute(src, dst netip.Prefix, k Kind) error {
 	if k != Tunnel && k != Throw {
 		return fmt.Errorf("routing: unknown route kind %d", k)
 	}
-	if p.Addr().Is4In6() {
-		return fmt.Errorf("routing: IPv4-mapped prefix %s", p)
+	src, p, err := r.checkPrefixes(src, dst)
+	if err != nil {
+		return err
 	}
-	if r.cfg.NoIPv6 && p.Addr().Is6() {
-		return fmt.Errorf("routing: IPv6 prefix %s with IPv6 disabled", p)
-	}
-	p = p.Masked()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return errors.New("routing: router closed")
+	}
+	var s *source
+	if k == Tunnel {
+		s = r.source(src)
+		s.refs++
+		if err := r.syncSource(src, s); err != nil {
+			s.refs--
+			r.syncSource(src, s)
+			return err
+		}
 	}
 	e := r.routes[p]
 	if e == nil {
@@ -566,40 +606,87 @@ func (r *Router) AddRoute(p netip.Prefix, k Kind) error {
 		} else {
 			r.routes[p] = e
 		}
+		if s != nil {
+			s.refs--
+			r.syncSource(src, s)
+		}
 		return err
 	}
 	r.routes[p] = e
+	if k == Tunnel {
+		r.tunnels[pair{src, p}]++
+		if saved.adoptedHold {
+			r.unclaimed--
+			if r.unclaimed == 0 {
+				r.untidy = true
+			}
+		}
+	}
+	// The reference is taken; a rule that could not be removed yet is
+	// tried again with the next change (and by Close).
+	r.tidyRules()
 	r.holdsChanged()
 	return nil
 }
 
+// checkPrefixes checks a reference's source and destination and returns
+// them masked.
+func (r *Router) checkPrefixes(src, dst netip.Prefix) (netip.Prefix, netip.Prefix, error) {
+	if !src.IsValid() || !dst.IsValid() {
+		return src, dst, errors.New("routing: invalid prefix")
+	}
+	for _, p := range []netip.Prefix{src, dst} {
+		if p.Addr().Is4In6() {
+			return src, dst, fmt.Errorf("routing: IPv4-mapped prefix %s", p)
+		}
+		if r.cfg.NoIPv6 && p.Addr().Is6() {
+			return src, dst, fmt.Errorf("routing: IPv6 prefix %s with IPv6 disabled", p)
+		}
+	}
+	if src.Addr().Is4() != dst.Addr().Is4() {
+		return src, dst, fmt.Errorf("routing: source %s and destination %s of different families", src, dst)
+	}
+	return src.Masked(), dst.Masked(), nil
+}
+
 // RemoveRoute drops a reference AddRoute took; the last one removes the
 // route (or turns a shared prefix's route into the other kind) and then
-// the prefix's hold. This is the only way, besides Cleanup, that a hold
+// the prefix's hold, and the last Tunnel reference of a source removes its
+// rule after that. This is the only way, besides Cleanup, that a hold
 // goes: the owner of a policy removed it.
-func (r *Router) RemoveRoute(p netip.Prefix, k Kind) error {
-	if !p.IsValid() {
-		return errors.New("routing: invalid prefix")
+func (r *Router) RemoveRoute(src, dst netip.Prefix, k Kind) error {
+	src, p, err := r.checkPrefixes(src, dst)
+	if err != nil {
+		return err
 	}
-	p = p.Masked()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return errors.New("routing: router closed")
 	}
 	e := r.routes[p]
-	if e == nil || (k == Tunnel && e.tunnel == 0) || (k == Throw && e.throw == 0) || (k != Tunnel && k != Throw) {
-		return fmt.Errorf("routing: no %s route to %s", k, p)
+	key := pair{src, p}
+	if e == nil || (k == Tunnel && r.tunnels[key] == 0) || (k == Throw && e.throw == 0) || (k != Tunnel && k != Throw) {
+		return fmt.Errorf("routing: no %s route from %s to %s", k, src, p)
 	}
 	if k == Tunnel {
 		e.tunnel--
+		if r.tunnels[key]--; r.tunnels[key] == 0 {
+			delete(r.tunnels, key)
+		}
 	} else {
 		e.throw--
 	}
-	err := r.sync(p, e)
+	err = r.sync(p, e)
 	if e.empty() {
 		delete(r.routes, p)
 	}
+	if k == Tunnel {
+		s := r.sources[src]
+		s.refs--
+		err = errors.Join(err, r.syncSource(src, s))
+	}
+	r.tidyRules()
 	r.holdsChanged()
 	return err
 }
@@ -686,12 +773,13 @@ func (r *Router) PathMTU(dst netip.Addr) (int, error) {
 // closes the netlink handle. While any prefix is held (a protect or drop
 // policy was installed and not removed by its owner, or a hold adopted
 // from a previous instance was not claimed) it keeps the holds, the throw
-// routes and the rules, so that the prefixes stay closed and the bypasses
-// open while espd is away; with nothing held it removes the throw routes
-// and the rules too and leaves nothing behind. With Config.HoldFile it
-// records the prefixes it leaves held there before it returns (a failure
-// goes to Config.HoldFileError: the kernel's holds are unaffected). It
-// tries everything and returns the failures joined.
+// routes and every rule, so that the prefixes stay closed and the
+// bypasses open while espd is away; with nothing held it removes the
+// throw routes and the rules too and leaves nothing behind. With
+// Config.HoldFile it records the sources and prefixes it leaves held there
+// before it returns (a failure goes to Config.HoldFileError: the kernel's
+// holds are unaffected). It tries everything and returns the failures
+// joined.
 func (r *Router) Close() error {
 	held, first, err := r.close()
 	if first && r.holdWake != nil {
@@ -704,16 +792,16 @@ func (r *Router) Close() error {
 	return err
 }
 
-// close does Close's work on the kernel and returns the prefixes held;
-// first is false when r was closed already.
-func (r *Router) close() (held []netip.Prefix, first bool, err error) {
+// close does Close's work on the kernel and returns what is held; first
+// is false when r was closed already.
+func (r *Router) close() (held holdSet, first bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return nil, false, nil
+		return holdSet{}, false, nil
 	}
 	r.closed = true
-	held = r.heldPrefixes()
+	held = r.heldSet()
 	var errs []error
 	keep := false
 	for p, e := range r.routes {
@@ -732,23 +820,21 @@ func (r *Router) close() (held []netip.Prefix, first bool, err error) {
 				}
 			}
 		}
-		for _, rule := range r.rules {
-			if err := r.h.RuleDel(rule); err != nil && !errors.Is(err, unix.ENOENT) {
-				errs = append(errs, fmt.Errorf("routing: remove rule %q: %w", ruleString(rule), err))
-			}
-		}
+		errs = append(errs, r.removeRules()...)
+		held = holdSet{}
 	}
 	r.routes = nil
-	r.rules = nil
+	r.sources = nil
 	r.h.Close()
 	return held, true, errors.Join(errs...)
 }
 
 // Cleanup removes, in the calling thread's network namespace, every rule
-// that looks up cfg's table and every route of Protocol in it (holds,
-// throw routes, routes into a TUN): all that espd instances with this
-// table left behind. It is for taking espd out for good, with no espd
-// running on the table; the prefixes that were held are open afterwards.
+// that looks up cfg's table, cfg's mark rules and every route of Protocol
+// in the table (holds, throw routes, routes into a TUN): all that espd
+// instances with this table left behind. It is for taking espd out for
+// good, with no espd running on the table; the prefixes that were held are
+// open afterwards.
 // It returns what it removed, one line each, as ip-rule and ip-route
 // would show it. cfg.LinkIndex and cfg.LinkName are not used.
 func Cleanup(cfg Config) ([]string, error) {
@@ -763,21 +849,32 @@ func Cleanup(cfg Config) ([]string, error) {
 	var done []string
 	var errs []error
 	for _, fam := range cfg.families() {
-		// Rules first: without them nothing reaches the table.
-		rules, err := h.RuleListFiltered(fam, &netlink.Rule{Table: cfg.Table}, netlink.RT_FILTER_TABLE)
+		// Rules first, those that look up the table before the mark
+		// rules: without them nothing reaches the table.
+		rules, err := h.RuleList(fam)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("routing: list rules: %w", err))
 		}
-		for i := range rules {
-			rl := &rules[i]
-			if rl.Table != cfg.Table {
-				continue
+		for _, guard := range []bool{false, true} {
+			for i := range rules {
+				rl := &rules[i]
+				var del *netlink.Rule
+				switch {
+				case !guard && rl.Table == cfg.Table:
+					del = rl
+				case guard && isJumpRule(&cfg, rl):
+					del = jumpRule(&cfg, fam)
+				case guard && isLandingRule(&cfg, rl):
+					del = landingRule(&cfg, fam)
+				default:
+					continue
+				}
+				if err := h.RuleDel(del); err != nil && !errors.Is(err, unix.ENOENT) {
+					errs = append(errs, fmt.Errorf("routing: remove rule %q: %w", ruleString(rl), err))
+					continue
+				}
+				done = append(done, "rule "+ruleString(rl))
 			}
-			if err := h.RuleDel(rl); err != nil && !errors.Is(err, unix.ENOENT) {
-				errs = append(errs, fmt.Errorf("routing: remove rule %q: %w", ruleString(rl), err))
-				continue
-			}
-			done = append(done, "rule "+ruleString(rl))
 		}
 		routes, err := listOurs(h, &cfg, fam)
 		if err != nil {

@@ -69,7 +69,20 @@ func (e *env) router(t *testing.T, cfg routing.Config) *routing.Router {
 // dev returns the device "ip route get" picks for dst, with mark if != 0.
 func (e *env) dev(t *testing.T, dst string, mark uint32) string {
 	t.Helper()
-	args := []string{"-o", "route", "get", dst}
+	return e.routeGet(t, dst, mark)
+}
+
+// devFrom returns the device "ip route get" picks for a packet from src
+// to dst that arrives on lan0 (forwarded), with mark if != 0: lan(t)
+// first.
+func (e *env) devFrom(t *testing.T, dst, src string, mark uint32) string {
+	t.Helper()
+	return e.routeGet(t, dst, mark, "from", src, "iif", "lan0")
+}
+
+func (e *env) routeGet(t *testing.T, dst string, mark uint32, more ...string) string {
+	t.Helper()
+	args := append([]string{"-o", "route", "get", dst}, more...)
 	if mark != 0 {
 		args = append(args, "mark", strconv.FormatUint(uint64(mark), 10))
 	}
@@ -82,6 +95,9 @@ func (e *env) dev(t *testing.T, dst string, mark uint32) string {
 		return "unreachable"
 	}
 	f := strings.Fields(out)
+	if len(f) > 0 && f[0] == "blackhole" {
+		return "blackhole"
+	}
 	for i := range f[:len(f)-1] {
 		if f[i] == "dev" {
 			return f[i+1]
@@ -90,20 +106,73 @@ func (e *env) dev(t *testing.T, dst string, mark uint32) string {
 	return "?" + out
 }
 
-func mustAdd(t *testing.T, r *routing.Router, p string, k routing.Kind) {
+// lan gives the namespace a LAN on lan0 (198.18.1.1/24, 2001:db8:1::1/64)
+// and forwarding, as a gateway has: devFrom asks for packets from the LAN
+// and elsewhere.
+func (e *env) lan(t *testing.T) {
 	t.Helper()
-	if err := r.AddRoute(netip.MustParsePrefix(p), k); err != nil {
+	e.ns.MustIP(t, "link", "add", "name", "lan0", "type", "veth", "peer", "name", "lanpeer0")
+	e.ns.MustIP(t, "link", "set", "lanpeer0", "up")
+	e.ns.MustIP(t, "link", "set", "lan0", "up")
+	e.ns.MustIP(t, "addr", "add", "198.18.1.1/24", "dev", "lan0")
+	e.ns.MustIP(t, "-6", "addr", "add", "2001:db8:1::1/64", "dev", "lan0", "nodad")
+	err := e.ns.Do(func() error {
+		for _, f := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding",
+			"/proc/sys/net/ipv4/conf/all/rp_filter", "/proc/sys/net/ipv4/conf/lan0/rp_filter"} {
+			v := "1"
+			if strings.HasSuffix(f, "rp_filter") {
+				v = "0"
+			}
+			if err := os.WriteFile(f, []byte(v), 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// anyFrom is the source of a policy without one: every address of p's
+// family.
+func anyFrom(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4() {
+		return netip.MustParsePrefix("0.0.0.0/0")
+	}
+	return netip.MustParsePrefix("::/0")
+}
+
+// mustAdd adds a reference to p from any source.
+func mustAdd(t *testing.T, r *routing.Router, p string, k routing.Kind) {
+	t.Helper()
+	dst := netip.MustParsePrefix(p)
+	mustAddFrom(t, r, anyFrom(dst).String(), p, k)
 }
 
 func mustRemove(t *testing.T, r *routing.Router, p string, k routing.Kind) {
 	t.Helper()
-	if err := r.RemoveRoute(netip.MustParsePrefix(p), k); err != nil {
+	dst := netip.MustParsePrefix(p)
+	mustRemoveFrom(t, r, anyFrom(dst).String(), p, k)
+}
+
+func mustAddFrom(t *testing.T, r *routing.Router, src, dst string, k routing.Kind) {
+	t.Helper()
+	if err := r.AddRoute(netip.MustParsePrefix(src), netip.MustParsePrefix(dst), k); err != nil {
 		t.Fatal(err)
 	}
 }
 
+func mustRemoveFrom(t *testing.T, r *routing.Router, src, dst string, k routing.Kind) {
+	t.Helper()
+	if err := r.RemoveRoute(netip.MustParsePrefix(src), netip.MustParsePrefix(dst), k); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRulesAndRPFilter: New adds no rule; a reference from the /0 source
+// adds the rule espd always had (no source, every unmarked packet), and no
+// mark rules; the last reference removes it.
 func TestRulesAndRPFilter(t *testing.T) {
 	e := newEnv(t)
 	r := e.router(t, routing.Config{Mark: 0x100, Mask: 0xf00, Priority: 4242})
@@ -111,10 +180,20 @@ func TestRulesAndRPFilter(t *testing.T) {
 		t.Fatalf("table %d mark %#x", r.Table(), r.Mark())
 	}
 	for _, fam := range []string{"-4", "-6"} {
+		if out := e.ns.MustIP(t, fam, "rule", "show"); strings.Contains(out, "424") {
+			t.Errorf("%s: rules after New, with nothing referenced:\n%s", fam, out)
+		}
+	}
+	mustAdd(t, r, "198.18.5.0/24", routing.Tunnel)
+	mustAdd(t, r, "2001:db8:5::/48", routing.Tunnel)
+	for _, fam := range []string{"-4", "-6"} {
 		out := e.ns.MustIP(t, fam, "rule", "show")
 		want := "4242:\tnot from all fwmark 0x100/0xf00 lookup " + strconv.Itoa(table)
 		if !strings.Contains(out, want) {
 			t.Errorf("%s rules lack %q:\n%s", fam, want, out)
+		}
+		if strings.Contains(out, "4241:") || strings.Contains(out, "4243:") {
+			t.Errorf("%s: mark rules for the /0 source, which needs none:\n%s", fam, out)
 		}
 	}
 	var rp string
@@ -126,15 +205,17 @@ func TestRulesAndRPFilter(t *testing.T) {
 	if rp != "2" {
 		t.Errorf("rp_filter on tun0 = %q, want 2", rp)
 	}
+	mustRemove(t, r, "198.18.5.0/24", routing.Tunnel)
+	mustRemove(t, r, "2001:db8:5::/48", routing.Tunnel)
+	for _, fam := range []string{"-4", "-6"} {
+		if out := e.ns.MustIP(t, fam, "rule", "show"); strings.Contains(out, "4242:") {
+			t.Errorf("%s rule left after the last reference:\n%s", fam, out)
+		}
+	}
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for _, fam := range []string{"-4", "-6"} {
-		if out := e.ns.MustIP(t, fam, "rule", "show"); strings.Contains(out, "4242:") {
-			t.Errorf("%s rule left after Close:\n%s", fam, out)
-		}
-	}
-	if err := r.AddRoute(netip.MustParsePrefix("198.18.5.0/24"), routing.Tunnel); err == nil {
+	if err := r.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("198.18.5.0/24"), routing.Tunnel); err == nil {
 		t.Error("AddRoute after Close succeeded")
 	}
 }
@@ -219,7 +300,7 @@ func TestRefcountAndSharedPrefix(t *testing.T) {
 		t.Fatalf("Routes() = %+v", rs)
 	}
 	mustRemove(t, r, p, routing.Throw)
-	if err := r.RemoveRoute(netip.MustParsePrefix(p), routing.Throw); err == nil {
+	if err := r.RemoveRoute(netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix(p), routing.Throw); err == nil {
 		t.Error("removing an unreferenced route succeeded")
 	}
 	if out := e.ns.MustIP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
@@ -262,7 +343,7 @@ func TestNewFailureLeavesNothing(t *testing.T) {
 func TestNoIPv6(t *testing.T) {
 	e := newEnv(t)
 	r := e.router(t, routing.Config{NoIPv6: true})
-	if err := r.AddRoute(netip.MustParsePrefix("2001:db8::/32"), routing.Tunnel); err == nil {
+	if err := r.AddRoute(netip.MustParsePrefix("::/0"), netip.MustParsePrefix("2001:db8::/32"), routing.Tunnel); err == nil {
 		t.Error("IPv6 prefix accepted with NoIPv6")
 	}
 	if out := e.ns.MustIP(t, "-6", "rule", "show"); strings.Contains(out, "lookup "+strconv.Itoa(table)) {
