@@ -280,7 +280,7 @@ func heldRoutes(t *testing.T, n *testbed.Node, when string) {
 	defer cancel()
 	tun, rules, routes := kernelState(t, ctx, n)
 	all := strings.Join(routes, "\n")
-	if tun || len(rules) != 2 || !strings.Contains(all, "blackhole "+testbed.LANBV4.String()) ||
+	if tun || !lanARules(rules) || !strings.Contains(all, "blackhole "+testbed.LANBV4.String()) ||
 		!strings.Contains(all, "blackhole "+testbed.LANBV6.String()) || strings.Contains(all, "dev "+tunName) {
 		t.Errorf("%s: TUN %v, rules %q, routes %q; want no TUN, both rules and blackholes for LAN B", when, tun, rules, all)
 	}
@@ -451,9 +451,11 @@ func TestFailClosedReboot(t *testing.T) {
 		if _, err := top.GwA.IP(ctx, fam, "route", "flush", "table", fmt.Sprint(espdTable)); err != nil {
 			t.Fatal(err)
 		}
-		for {
-			if _, err := top.GwA.IP(ctx, fam, "rule", "del", "lookup", fmt.Sprint(espdTable)); err != nil {
-				break
+		for _, pref := range []int{espdPriority - 1, espdPriority, espdPriority + 1} {
+			for {
+				if _, err := top.GwA.IP(ctx, fam, "rule", "del", "pref", fmt.Sprint(pref)); err != nil {
+					break
+				}
 			}
 		}
 	}

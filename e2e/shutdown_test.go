@@ -13,8 +13,13 @@ import (
 // espdTable is the routing table espd uses by default (routing.DefaultTable).
 const espdTable = 0xe5d0
 
+// espdPriority is the preference of espd's source rules by default
+// (routing.DefaultPriority); its mark rules are one below and one above.
+const espdPriority = 0xe5d
+
 // kernelState lists what espd put into a gateway's kernel: its TUN, its
-// policy-routing rules and the routes of its table.
+// policy-routing rules (those that look up its table and the mark rules
+// around them) and the routes of its table.
 func kernelState(t *testing.T, ctx context.Context, n *testbed.Node) (tun bool, rules, routes []string) {
 	t.Helper()
 	_, err := n.IP(ctx, "link", "show", "dev", tunName)
@@ -25,7 +30,9 @@ func kernelState(t *testing.T, ctx context.Context, n *testbed.Node) (tun bool, 
 			t.Fatal(err)
 		}
 		for line := range strings.SplitSeq(out, "\n") {
-			if strings.Contains(line, fmt.Sprint(espdTable)) || strings.Contains(line, fmt.Sprintf("%#x", espdTable)) {
+			pref, _, _ := strings.Cut(line, ":")
+			if strings.Contains(line, fmt.Sprint(espdTable)) || strings.Contains(line, fmt.Sprintf("%#x", espdTable)) ||
+				pref == fmt.Sprint(espdPriority-1) || pref == fmt.Sprint(espdPriority+1) {
 				rules = append(rules, fam+" "+strings.TrimSpace(line))
 			}
 		}
@@ -39,6 +46,14 @@ func kernelState(t *testing.T, ctx context.Context, n *testbed.Node) (tun bool, 
 	return tun, rules, routes
 }
 
+// lanARules reports whether rules are exactly those of policies from LAN
+// A: per family the rule of its prefix and the two mark rules.
+func lanARules(rules []string) bool {
+	all := strings.Join(rules, "\n")
+	return len(rules) == 6 && strings.Contains(all, "from "+testbed.LANAV4.String()+" lookup") &&
+		strings.Contains(all, "from "+testbed.LANAV6.String()+" lookup")
+}
+
 // TestShutdown stops a keyed espd with SIGTERM: it must exit cleanly and
 // take its TUN and the routes into it with it, but keep the rules and the
 // blackhole routes that hold its policies' prefixes closed (fail closed,
@@ -50,8 +65,8 @@ func TestShutdown(t *testing.T) {
 	tn := newTunnel(t, tunnelOpts{})
 	ping(t, ctx, tn.top, testbed.IPv6, false)
 	tun, rules, routes := kernelState(t, ctx, tn.top.GwA)
-	if !tun || len(rules) < 2 || len(routes) < 2 {
-		t.Fatalf("running espd: TUN %v, rules %q, routes %q; want the TUN, a rule per family and a route per LAN", tun, rules, routes)
+	if !tun || !lanARules(rules) || len(routes) < 2 {
+		t.Fatalf("running espd: TUN %v, rules %q, routes %q; want the TUN, LAN A's rule and the mark rules per family and a route per LAN", tun, rules, routes)
 	}
 	t.Logf("running espd installed rules %q and routes %q", rules, routes)
 	if err := tn.a.proc.Stop(10 * time.Second); err != nil {
@@ -62,7 +77,7 @@ func TestShutdown(t *testing.T) {
 	}
 	tun, rules, routes = kernelState(t, ctx, tn.top.GwA)
 	held := strings.Join(routes, "\n")
-	if tun || len(rules) != 2 || strings.Contains(held, "dev "+tunName) ||
+	if tun || !lanARules(rules) || strings.Contains(held, "dev "+tunName) ||
 		!strings.Contains(held, "blackhole "+testbed.LANBV4.String()) || !strings.Contains(held, "blackhole "+testbed.LANBV6.String()) {
 		t.Errorf("after SIGTERM: TUN %v, rules %q, routes %q; want no TUN, the rules and LAN B held by blackholes", tun, rules, routes)
 	}
