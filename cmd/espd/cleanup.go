@@ -82,9 +82,10 @@ func routingConfig(opts daemon.Options) routing.Config {
 }
 
 // runRestoreHolds is "espd --restore-holds": at boot, before the network
-// is up, it puts back the rules and the holds of the prefixes espd held
-// when it last ran (recorded in --state-dir), so that they stay closed
-// until espd runs and their policies are installed again. It prints what
+// is up, it puts back the holds of the prefixes espd held when it last ran
+// and the rules of their policies' sources (recorded in --state-dir), so
+// that they stay closed until espd runs and their policies are installed
+// again. It prints what
 // it added. A hold file that does not check out is an error (the unit
 // fails, visibly) and nothing is opened.
 func runRestoreHolds(opts daemon.Options, w io.Writer) error {
