@@ -52,6 +52,16 @@
 // than it covers; the data plane applies the full selector and drops (and
 // counts) what no protect policy covers.
 //
+// A packet the host itself sends from a socket neither bound to an address
+// nor connected (UDP sendto, raw) is routed before the kernel picks its
+// source, with no source for the rules to match: a source rule other than
+// /0 does not see it, and it follows the main table even when the source
+// the kernel then picks is inside the rule's prefix (the host's own
+// address inside a policy's source: host-to-host tunnels). Connected
+// sockets (TCP, connected UDP, ping) are routed again with their source
+// and do meet the rule. The kernel's XFRM, which looks its policies up
+// after routing, covers both.
+//
 // # Failing closed
 //
 // A route through the TUN dies with the TUN, and the TUN dies with the
