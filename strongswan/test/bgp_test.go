@@ -164,7 +164,9 @@ func viaBird(route, ifc string) bool {
 // routes move to ipsec2 in both gateways and the LANs' traffic, which
 // never stopped being sent, passes again through the if_id 2 states. Over
 // the whole test, with a client pinging the server throughout, no
-// cleartext of the LANs crosses the transit link.
+// cleartext of the LANs crosses the transit link. A's interface addresses
+// and bird.conf are docs/strongswan.md's ("BGP over two tunnels"), as
+// written.
 func TestRouteBasedBGP(t *testing.T) {
 	requireStrongSwan(t)
 	requireBird(t)
@@ -192,11 +194,21 @@ func TestRouteBasedBGP(t *testing.T) {
 	// Point-to-point addresses for the sessions, outside testbed's
 	// address plan: 198.19.254.1 (A) - .2 (B) on ipsec1, .3 - .4 on
 	// ipsec2.
+	// A's are docs/strongswan.md's, run as written.
 	addrs := map[*gateway][2]string{p.a: {"198.19.254.1", "198.19.254.3"}, p.b: {"198.19.254.2", "198.19.254.4"}}
-	for g, other := range map[*gateway]*gateway{p.a: p.b, p.b: p.a} {
-		for i, ifc := range []string{"ipsec1", "ipsec2"} {
-			g.node.MustIP(t, "addr", "add", addrs[g][i], "peer", addrs[other][i], "dev", ifc)
+	docAddrs := docExample(t, "### BGP over two tunnels: the interfaces' addresses")
+	n := 0
+	for _, line := range strings.Split(docAddrs, "\n") {
+		if args, ok := strings.CutPrefix(strings.TrimSpace(line), "ip "); ok {
+			p.a.node.MustIP(t, strings.Fields(args)...)
+			n++
 		}
+	}
+	if n != 2 || !strings.Contains(docAddrs, addrs[p.a][0]+" peer "+addrs[p.b][0]+" dev ipsec1") {
+		t.Fatalf("the docs' BGP addresses are not the test's; update the test:\n%s", docAddrs)
+	}
+	for i, ifc := range []string{"ipsec1", "ipsec2"} {
+		p.b.node.MustIP(t, "addr", "add", addrs[p.b][i], "peer", addrs[p.a][i], "dev", ifc)
 	}
 	tunnels := func(g, other *gateway) []bgpTunnel {
 		return []bgpTunnel{
@@ -204,7 +216,11 @@ func TestRouteBasedBGP(t *testing.T) {
 			{Ifc: "ipsec2", Local: addrs[g][1], Peer: addrs[other][1], LocalPref: 100},
 		}
 	}
-	birdA := p.a.startBird(birdConf(aT, 65001, 65002, tunnels(p.a, p.b)))
+	confA := docExample(t, "### BGP over two tunnels: bird.conf")
+	if want := birdConf(aT, 65001, 65002, tunnels(p.a, p.b)); confA != want {
+		t.Fatalf("the docs' bird.conf for A is not the test's; update one of them:\n%s\nwant:\n%s", confA, want)
+	}
+	birdA := p.a.startBird(confA)
 	birdB := p.b.startBird(birdConf(bT, 65002, 65001, tunnels(p.b, p.a)))
 	pinger(t, topo.Client, p.a.dir, testbed.ServerV4.Addr().String())
 

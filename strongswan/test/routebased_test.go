@@ -102,14 +102,19 @@ func (g *gateway) routeBasedEspdConf(ids ...int) string {
 	return path
 }
 
-// spiPackets returns the packets counted on espd's state of direction dir
-// ("in" or "out") and interface ID ifID, from espctl sa list.
+// ifPackets returns the packets counted on espd's states of direction dir
+// ("in" or "out") and interface ID ifID (0: policy-based), from espctl sa
+// list.
 func (g *gateway) ifPackets(dir string, ifID int) int {
 	g.t.Helper()
 	out := g.mustEspctl("sa", "list")
 	n := 0
 	for _, block := range strings.Split(out, "\nspi ") {
-		if !strings.Contains(block, "dir "+dir) || !strings.Contains(block, fmt.Sprintf("if_id %d", ifID)) {
+		head, _, _ := strings.Cut(block, "\n")
+		if !strings.Contains(head, "dir "+dir) {
+			continue
+		}
+		if id := fmt.Sprintf(" if_id %d", ifID); ifID == 0 && strings.Contains(head, " if_id ") || ifID != 0 && !strings.Contains(head+" ", id+" ") {
 			continue
 		}
 		if m := regexp.MustCompile(`(\d+) packets`).FindStringSubmatch(block); m != nil {
