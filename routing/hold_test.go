@@ -339,7 +339,8 @@ func TestNewAdoptsHolds(t *testing.T) {
 // TestAdoptedHoldNotOpenedByBypass: a bypass for a prefix whose adopted
 // hold no tunnel reference has claimed leaves it closed (as a protect and
 // a bypass sharing a prefix route into the TUN); once a tunnel reference
-// claims the hold and goes, the bypass applies.
+// claims the hold and goes, the bypass applies. The hold was left without
+// a rule: New gives it the /0 source's.
 func TestAdoptedHoldNotOpenedByBypass(t *testing.T) {
 	e := newEnv(t)
 	e.defaultRoutes(t)

@@ -285,7 +285,10 @@ type Router struct {
 // Rules identical to its own are kept (duplicates removed, one always
 // stays), so a held prefix's traffic never bypasses the table, not even
 // for a moment; they stay while a hold is adopted and unclaimed, and go
-// once none is and no Tunnel reference claims their source. The previous
+// once none is and no Tunnel reference claims their source. A family
+// whose adopted holds no rule of ours could reach (its rules were removed
+// by hand, and the hold file does not list their sources) gets the /0
+// source's rule, adopted: a hold must keep its prefix closed. The previous
 // instance's blackhole and throw routes are adopted (Adopted, Routes); a
 // route of its into a TUN that still exists becomes a hold; any other
 // route of Protocol in the table is removed.
