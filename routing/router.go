@@ -54,13 +54,11 @@
 //
 // A packet the host itself sends from a socket neither bound to an address
 // nor connected (UDP sendto, raw) is routed before the kernel picks its
-// source, with no source for the rules to match: a source rule other than
-// /0 does not see it, and it follows the main table even when the source
-// the kernel then picks is inside the rule's prefix (the host's own
-// address inside a policy's source: host-to-host tunnels). Connected
-// sockets (TCP, connected UDP, ping) are routed again with their source
-// and do meet the rule. The kernel's XFRM, which looks its policies up
-// after routing, covers both.
+// source, with no source for the rules to match; the kernel then gives it
+// the address of its outgoing interface. A source that holds one of the
+// host's own addresses on an interface reaching beyond that source
+// therefore takes its family's /0 rule rather than a narrow one
+// (ruleSourceFor): such packets meet the table too.
 //
 // # Failing closed
 //
@@ -256,8 +254,11 @@ type Router struct {
 
 	mu     sync.Mutex
 	routes map[netip.Prefix]*entry
-	// tunnels counts the Tunnel references by source and destination.
+	// tunnels counts the Tunnel references by source and destination;
+	// ruleSrc is the source whose rule they take (ruleSourceFor, decided
+	// at the pair's first reference).
 	tunnels map[pair]int
+	ruleSrc map[pair]netip.Prefix
 	sources map[netip.Prefix]*source
 	guards  map[int]guard // by family
 	narrow  map[int]int   // installed rules of sources other than /0, by family
@@ -320,7 +321,7 @@ func New(cfg Config) (*Router, error) {
 type pair struct{ src, dst netip.Prefix }
 
 func newRouter(cfg Config, h *netlink.Handle) *Router {
-	return &Router{cfg: cfg, h: h, routes: make(map[netip.Prefix]*entry), tunnels: make(map[pair]int),
+	return &Router{cfg: cfg, h: h, routes: make(map[netip.Prefix]*entry), tunnels: make(map[pair]int), ruleSrc: make(map[pair]netip.Prefix),
 		sources: make(map[netip.Prefix]*source), guards: make(map[int]guard), narrow: make(map[int]int)}
 }
 
@@ -588,12 +589,17 @@ func (r *Router) AddRoute(src, dst netip.Prefix, k Kind) error {
 		return errors.New("routing: router closed")
 	}
 	var s *source
+	key := pair{src, p}
+	rsrc, known := r.ruleSrc[key]
 	if k == Tunnel {
-		s = r.source(src)
+		if !known {
+			rsrc = r.ruleSourceFor(src)
+		}
+		s = r.source(rsrc)
 		s.refs++
-		if err := r.syncSource(src, s); err != nil {
+		if err := r.syncSource(rsrc, s); err != nil {
 			s.refs--
-			r.syncSource(src, s)
+			r.syncSource(rsrc, s)
 			return err
 		}
 	}
@@ -621,13 +627,14 @@ func (r *Router) AddRoute(src, dst netip.Prefix, k Kind) error {
 		}
 		if s != nil {
 			s.refs--
-			r.syncSource(src, s)
+			r.syncSource(rsrc, s)
 		}
 		return err
 	}
 	r.routes[p] = e
 	if k == Tunnel {
-		r.tunnels[pair{src, p}]++
+		r.tunnels[key]++
+		r.ruleSrc[key] = rsrc
 		if saved.adoptedHold {
 			r.unclaimed--
 			if r.unclaimed == 0 {
@@ -682,10 +689,15 @@ func (r *Router) RemoveRoute(src, dst netip.Prefix, k Kind) error {
 	if e == nil || (k == Tunnel && r.tunnels[key] == 0) || (k == Throw && e.throw == 0) || (k != Tunnel && k != Throw) {
 		return fmt.Errorf("routing: no %s route from %s to %s", k, src, p)
 	}
+	rsrc, known := r.ruleSrc[key]
+	if !known {
+		rsrc = src
+	}
 	if k == Tunnel {
 		e.tunnel--
 		if r.tunnels[key]--; r.tunnels[key] == 0 {
 			delete(r.tunnels, key)
+			delete(r.ruleSrc, key)
 		}
 	} else {
 		e.throw--
@@ -695,9 +707,9 @@ func (r *Router) RemoveRoute(src, dst netip.Prefix, k Kind) error {
 		delete(r.routes, p)
 	}
 	if k == Tunnel {
-		s := r.sources[src]
+		s := r.sources[rsrc]
 		s.refs--
-		err = errors.Join(err, r.syncSource(src, s))
+		err = errors.Join(err, r.syncSource(rsrc, s))
 	}
 	r.tidyRules()
 	r.holdsChanged()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -398,4 +399,89 @@ func ruleString(r *netlink.Rule) string {
 		s += " nop"
 	}
 	return s
+}
+
+// ruleSourceFor returns the source whose rule a Tunnel reference from src
+// takes: src itself, or its family's /0 source when one of the host's own
+// addresses inside src sits on an interface that reaches beyond src.
+//
+// A packet the host sends from a socket neither bound nor connected is
+// routed before it has a source, so a rule "from src" never sees it; the
+// kernel then gives it the address of the interface the main table sends
+// it out of. If that address lies inside src, the packet is a policy's
+// traffic that would leave in clear. From an interface whose routes all
+// stay inside src (the LAN a full tunnel protects as a whole) it only goes
+// there, where XFRM's bypass-lan would send it too; from any other (the
+// WAN address of a host-to-host policy, a PPP link's own address) it
+// would cross the untrusted side, so such a source takes the /0 rule,
+// which sends every unmarked packet of its family to the table (the table
+// still routes only the policies' destinations into the TUN). What
+// cannot be read counts as reaching beyond. It is decided at a source and
+// destination's first reference, with the addresses and routes of that
+// moment.
+func (r *Router) ruleSourceFor(src netip.Prefix) netip.Prefix {
+	fam := familyOf(src)
+	if src.Bits() == 0 {
+		return src
+	}
+	addrs, err := r.h.AddrList(nil, fam)
+	if err != nil {
+		return anySource(fam)
+	}
+	var links []int
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		if !src.Contains(ip) || ip.IsLoopback() || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		ones, _ := a.Mask.Size()
+		if sub := netip.PrefixFrom(ip, ones).Masked(); !within(sub, src) {
+			return anySource(fam)
+		}
+		links = append(links, a.LinkIndex)
+	}
+	if len(links) == 0 {
+		return src
+	}
+	routes, err := r.h.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return anySource(fam)
+	}
+	for i := range routes {
+		rt := &routes[i]
+		if !routeUses(rt, links) {
+			continue
+		}
+		p, ok := routePrefix(rt, fam)
+		if !ok {
+			return anySource(fam)
+		}
+		if p.Addr().IsLinkLocalUnicast() || p.Addr().IsMulticast() {
+			continue // the kernel answers those from its link-local address
+		}
+		if !within(p, src) {
+			return anySource(fam)
+		}
+	}
+	return src
+}
+
+// within reports whether prefix a lies inside prefix b.
+func within(a, b netip.Prefix) bool { return b.Bits() <= a.Bits() && b.Contains(a.Addr()) }
+
+// routeUses reports whether a route leaves through one of the links.
+func routeUses(rt *netlink.Route, links []int) bool {
+	if slices.Contains(links, rt.LinkIndex) {
+		return true
+	}
+	for _, nh := range rt.MultiPath {
+		if slices.Contains(links, nh.LinkIndex) {
+			return true
+		}
+	}
+	return false
 }

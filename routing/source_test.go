@@ -343,3 +343,39 @@ func TestRestoreHoldsFormat1(t *testing.T) {
 	e.wantRules(t, "format 1", "-4", "0.0.0.0/0")
 	e.wantRules(t, "format 1", "-6")
 }
+
+// TestSourceWithHostAddress: a source that holds one of the host's own
+// addresses on an interface reaching beyond it takes the /0 rule, since
+// the host's own packets from unbound, unconnected sockets are routed
+// before they have a source and would leave from that address in clear;
+// a LAN source whose interface only reaches the LAN keeps its narrow
+// rule. The rule chosen at the first reference is the one removed.
+func TestSourceWithHostAddress(t *testing.T) {
+	e := newEnv(t)
+	e.lan(t)
+	e.defaultRoutes(t)
+	r := e.router(t, routing.Config{})
+	// The full tunnel of the LAN: lan0 (198.18.1.1/24) reaches only it.
+	mustAddFrom(t, r, "198.18.1.0/24", "0.0.0.0/0", routing.Tunnel)
+	e.wantRules(t, "full tunnel of the LAN", "-4", "198.18.1.0/24")
+	// Host to host from out0's address: out0 (198.18.0.1/16) reaches
+	// beyond 198.18.0.1/32.
+	mustAddFrom(t, r, "198.18.0.1/32", "198.19.5.0/24", routing.Tunnel)
+	e.wantRules(t, "host-to-host policy", "-4", "198.18.1.0/24", "0.0.0.0/0")
+	// A packet with no source yet (an unconnected UDP socket's) to the
+	// policy's destination goes to the TUN, not out0 in clear.
+	if got := e.routeGet(t, "198.19.5.1", 0); got != "tun0" {
+		t.Errorf("host's own packet without a source to the host-to-host destination: dev %s, want tun0", got)
+	}
+	mustRemoveFrom(t, r, "198.18.0.1/32", "198.19.5.0/24", routing.Tunnel)
+	e.wantRules(t, "host-to-host policy removed", "-4", "198.18.1.0/24")
+	// The LAN reaches beyond itself through a router on it: a new
+	// reference from it takes the /0 rule; the full tunnel's keeps the
+	// narrow one it took.
+	e.ns.MustIP(t, "route", "add", "198.19.50.0/24", "via", "198.18.1.254", "dev", "lan0")
+	mustAddFrom(t, r, "198.18.1.0/24", "198.19.6.0/24", routing.Tunnel)
+	e.wantRules(t, "a LAN with a router to elsewhere", "-4", "198.18.1.0/24", "0.0.0.0/0")
+	mustRemoveFrom(t, r, "198.18.1.0/24", "198.19.6.0/24", routing.Tunnel)
+	mustRemoveFrom(t, r, "198.18.1.0/24", "0.0.0.0/0", routing.Tunnel)
+	e.wantRules(t, "all removed", "-4")
+}
