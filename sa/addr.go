@@ -72,14 +72,11 @@ func (k saKey) hash(seed uint64) uint64 {
 }
 
 // polKey is a flow's or a selector's addresses masked to a tuple's prefix
-// lengths, with the interface ID of the flow or policy.
-type polKey struct {
-	sHi, sLo, dHi, dLo uint64
-	ifID               uint32
-}
+// lengths.
+type polKey struct{ sHi, sLo, dHi, dLo uint64 }
 
 func (k polKey) hash(seed uint64) uint64 {
-	h := mix64(seed ^ k.sHi ^ uint64(k.ifID)<<32)
+	h := mix64(seed ^ k.sHi)
 	h = mix64(h ^ k.sLo)
 	h = mix64(h ^ k.dHi)
 	return mix64(h ^ k.dLo)

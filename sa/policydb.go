@@ -4,8 +4,10 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/espd/espd/packet"
 )
@@ -28,12 +30,66 @@ var ErrNoSPI = errors.New("no free SPI")
 
 // spdb is the policy half of DB.
 type spdb struct {
-	mu        sync.Mutex
+	mu sync.Mutex
+	// dirs holds the policies of interface ID 0 (espd's policy-based
+	// TUN) by direction; ifaces those of the route-based interfaces, a
+	// map replaced whole (under mu) when an interface ID gains its
+	// first policy or loses its last, so that lookups take no lock.
 	dirs      [numDirections]*spd
+	ifaces    atomic.Pointer[map[uint32]*ifaceSPD]
 	byID      map[policyID]*policyEntry
 	byIndex   map[uint32]*policyEntry
 	nextIndex uint32 // index generator, steps of 8
 	age       uint64 // insertion counter
+}
+
+// ifaceSPD is a route-based interface's policies by direction, and how
+// many there are.
+type ifaceSPD struct {
+	dirs [numDirections]*spd
+	n    int // writer only
+}
+
+// spdOf returns the policy database of interface ifID and direction dir,
+// making it if need be. Called with mu held.
+func (s *spdb) spdOf(ifID uint32, dir Direction) *spd {
+	if ifID == 0 {
+		return s.dirs[dir]
+	}
+	var m map[uint32]*ifaceSPD
+	if cur := s.ifaces.Load(); cur != nil {
+		m = *cur
+	}
+	if is := m[ifID]; is != nil {
+		return is.dirs[dir]
+	}
+	is := &ifaceSPD{}
+	for d := range is.dirs {
+		is.dirs[d] = newSPD()
+	}
+	next := maps.Clone(m)
+	if next == nil {
+		next = make(map[uint32]*ifaceSPD)
+	}
+	next[ifID] = is
+	s.ifaces.Store(&next)
+	return is.dirs[dir]
+}
+
+// counted notes that interface ifID gained (delta 1) or lost (-1) a
+// policy, dropping its database with its last one. Called with mu held.
+func (s *spdb) counted(ifID uint32, delta int) {
+	if ifID == 0 {
+		return
+	}
+	cur := s.ifaces.Load()
+	is := (*cur)[ifID]
+	if is.n += delta; is.n > 0 {
+		return
+	}
+	next := maps.Clone(*cur)
+	delete(next, ifID)
+	s.ifaces.Store(&next)
 }
 
 func (s *spdb) init() {
@@ -53,9 +109,16 @@ func (db *DB) LookupPolicy(ifID uint32, dir Direction, f packet.Flow) (Policy, b
 	if dir >= numDirections {
 		return Policy{}, false
 	}
+	d := db.spdb.dirs[dir]
+	if ifID != 0 {
+		m := db.spdb.ifaces.Load()
+		if m == nil || (*m)[ifID] == nil {
+			return Policy{}, false
+		}
+		d = (*m)[ifID].dirs[dir]
+	}
 	fb := prepareFlow(&f)
-	fb.ifID = ifID
-	if e := db.spdb.dirs[dir].lookup(&fb); e != nil {
+	if e := d.lookup(&fb); e != nil {
 		return e.Policy, true
 	}
 	return Policy{}, false
@@ -104,7 +167,7 @@ func (s *spdb) installLocked(p Policy, old *policyEntry) Policy {
 	var age uint64
 	if old != nil {
 		p.Index, age = old.Index, old.rank.lo
-		s.dirs[p.Dir].remove(old)
+		s.spdOf(p.IfID, p.Dir).remove(old)
 	} else {
 		s.age++
 		age = s.age
@@ -112,7 +175,10 @@ func (s *spdb) installLocked(p Policy, old *policyEntry) Policy {
 	e := &policyEntry{Policy: p, rank: rankOf(&p, age)}
 	s.byID[p.ID().key()] = e
 	s.byIndex[p.Index] = e
-	s.dirs[p.Dir].insert(e)
+	s.spdOf(p.IfID, p.Dir).insert(e)
+	if old == nil {
+		s.counted(p.IfID, 1)
+	}
 	return p
 }
 
@@ -120,7 +186,8 @@ func (s *spdb) installLocked(p Policy, old *policyEntry) Policy {
 func (s *spdb) deleteLocked(e *policyEntry) {
 	delete(s.byID, e.ID().key())
 	delete(s.byIndex, e.Index)
-	s.dirs[e.Dir].remove(e)
+	s.spdOf(e.IfID, e.Dir).remove(e)
+	s.counted(e.IfID, -1)
 }
 
 // newIndex returns an unused index with the direction in its low 3 bits.
@@ -190,6 +257,7 @@ func (db *DB) FlushPolicies() {
 	for _, d := range s.dirs {
 		d.flush()
 	}
+	s.ifaces.Store(nil)
 	clear(s.byID)
 	clear(s.byIndex)
 }

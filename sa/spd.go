@@ -55,7 +55,6 @@ type flowBits struct {
 	sFam, dFam         uint8
 	proto              uint8
 	sport, dport       uint16
-	ifID               uint32
 }
 
 func prepareFlow(f *packet.Flow) flowBits {
@@ -91,10 +90,9 @@ func newTuple(id tupleID) *tuple {
 	return t
 }
 
-// keyOfSelector returns the hash key of a policy of interface ifID with
-// selector sel in its tuple.
-func (t *tuple) keyOfSelector(sel *Selector, ifID uint32) polKey {
-	k := polKey{ifID: ifID}
+// keyOfSelector returns the hash key of a selector in its tuple.
+func (t *tuple) keyOfSelector(sel *Selector) polKey {
+	var k polKey
 	if sel.Src.IsValid() {
 		hi, lo, _ := addrBits(sel.Src.Addr())
 		k.sHi, k.sLo = hi&t.smHi, lo&t.smLo
@@ -121,7 +119,7 @@ func (s *spd) lookup(f *flowBits) *policyEntry {
 		if !famFits(t.id.srcFam, f.sFam) || !famFits(t.id.dstFam, f.dFam) {
 			continue
 		}
-		k := polKey{f.sHi & t.smHi, f.sLo & t.smLo, f.dHi & t.dmHi, f.dLo & t.dmLo, f.ifID}
+		k := polKey{f.sHi & t.smHi, f.sLo & t.smLo, f.dHi & t.dmHi, f.dLo & t.dmLo}
 		list, _ := t.table.get(k)
 		for _, e := range list {
 			if e.matchesRest(f) {
@@ -143,7 +141,7 @@ func (s *spd) insert(e *policyEntry) {
 		t = newTuple(id)
 		s.tuples[id] = t
 	}
-	k := t.keyOfSelector(&e.Selector, e.IfID)
+	k := t.keyOfSelector(&e.Selector)
 	list, _ := t.table.get(k)
 	i, _ := slices.BinarySearchFunc(list, e, func(a, b *policyEntry) int { return cmpRank(a.rank, b.rank) })
 	t.table.put(k, slices.Insert(slices.Clip(list), i, e))
@@ -158,7 +156,7 @@ func (s *spd) insert(e *policyEntry) {
 func (s *spd) remove(e *policyEntry) {
 	id := tupleOf(&e.Selector)
 	t := s.tuples[id]
-	k := t.keyOfSelector(&e.Selector, e.IfID)
+	k := t.keyOfSelector(&e.Selector)
 	list, _ := t.table.get(k)
 	i := slices.Index(list, e)
 	if i < 0 {
