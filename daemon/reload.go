@@ -101,14 +101,17 @@ func (d *Daemon) applyLocked(f *config.File) error {
 	}
 	var installed []sa.Policy
 	addIfs, removeIfs := d.interfacesChange(f.Interfaces)
-	// An interface that changed (name, MTU) goes before its new self.
-	for _, id := range removeIfs {
-		if slices.ContainsFunc(addIfs, func(c config.Interface) bool { return c.IfID == id }) {
-			if err := d.removeInterfaceLocked(id); err != nil {
-				d.log.Warn("removing a route-based interface the configuration changed", "if_id", id, "err", err)
-			}
+	// An interface whose name or MTU changed is replaced only once the
+	// rest of the file is applied, so that a refused file leaves it as it
+	// was; new interface IDs go in first, and are undone on a refusal.
+	var changed []config.Interface
+	addIfs = slices.DeleteFunc(addIfs, func(c config.Interface) bool {
+		if d.ifaces[c.IfID] != nil {
+			changed = append(changed, c)
+			return true
 		}
-	}
+		return false
+	})
 	var added []uint32
 	undo := func() {
 		for _, p := range slices.Backward(installed) {
@@ -153,6 +156,11 @@ func (d *Daemon) applyLocked(f *config.File) error {
 	for _, id := range removeIfs {
 		if err := d.removeInterfaceLocked(id); err != nil {
 			d.log.Warn("removing a route-based interface the configuration no longer has", "if_id", id, "err", err)
+		}
+	}
+	for _, c := range changed {
+		if err := d.addInterfaceLocked(c); err != nil {
+			d.log.Error("the configuration changed a route-based interface and it cannot be created again: its traffic is dropped until a reload succeeds", "if_id", c.IfID, "interface", c.Name, "err", err)
 		}
 	}
 	d.recordInterfaces()

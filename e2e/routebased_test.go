@@ -22,8 +22,8 @@ import (
 // anywhere else; after a reboot (interfaces gone) espd --restore-holds
 // creates it again before espd runs; espd attaches to it; one removed
 // from the file goes at the next SIGHUP, one removed while espd was
-// stopped goes when espd starts; espd --cleanup deletes the rest and
-// their record.
+// stopped goes when espd starts; a refused reload leaves the interfaces
+// as they were; espd --cleanup deletes the rest and their record.
 func TestRouteBasedInterfaceLife(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -100,6 +100,23 @@ func TestRouteBasedInterfaceLife(t *testing.T) {
 	}
 	if !exists("rb1") {
 		t.Fatal("espd lost rb1")
+	}
+	// A refused reload (its new interface cannot be created: "lo" is no
+	// TUN) leaves rb1 as it was, though the file changed its MTU: the
+	// route into it is still there.
+	n.MustIP(t, "route", "add", "198.19.97.0/24", "dev", "rb1")
+	bad := "[[interface]]\nname = \"rb1\"\nif_id = 1\nmtu = 1300\n\n[[interface]]\nname = \"lo\"\nif_id = 9\n"
+	if err := os.WriteFile(conf, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.proc.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if !eventually(10*time.Second, func() bool { return e.logContains("configuration refused") }) {
+		t.Fatal("espd did not refuse a configuration whose interface cannot be created")
+	}
+	if r := n.MustIP(t, "route", "get", "198.19.97.1"); !strings.Contains(r, "dev rb1") {
+		t.Errorf("a refused reload recreated rb1 (its route is gone): %s", r)
 	}
 	// rb1 leaves the file: gone at SIGHUP.
 	write()
