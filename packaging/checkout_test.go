@@ -7,31 +7,24 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/espd/espd/internal/docblock"
 	"github.com/espd/espd/testbed"
 )
 
 // readmeServiceBlock returns README.md's commands that run espd as a
-// service from a checkout, without the package: the fenced block that
-// follows "To run it as a service without the package".
+// service from a checkout, without the package: the one block marked
+// "readme-service" ("```sh readme-service").
 func readmeServiceBlock(t *testing.T) string {
 	t.Helper()
-	doc, err := os.ReadFile("../README.md")
+	blocks, err := docblock.Blocks("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, after, ok := strings.Cut(string(doc), "To run it as a service without the package")
-	if !ok {
-		t.Fatal(`README.md has no "To run it as a service without the package"`)
+	m := docblock.Marked(blocks, "readme-service")
+	if len(m) != 1 || m[0].Lang != "sh" {
+		t.Fatalf("README.md: want one sh block marked readme-service, have %+v", m)
 	}
-	_, block, ok := strings.Cut(after, "```sh\n")
-	if !ok {
-		t.Fatal("README.md: no sh block after the service paragraph")
-	}
-	block, _, ok = strings.Cut(block, "```")
-	if !ok {
-		t.Fatal("README.md: the service block is not closed")
-	}
-	return block
+	return m[0].Text
 }
 
 // TestReadmeServiceFromCheckout runs README.md's commands for espd as a
