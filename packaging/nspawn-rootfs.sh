@@ -32,6 +32,10 @@ mirror=${ESPD_NSPAWN_MIRROR:-http://deb.debian.org/debian}
 # links, procps because the espd package depends on it.
 include=systemd,systemd-sysv,dbus,iproute2,procps
 stamp="$suite minbase $include"
+# 13 lists its updates and security suites, as an installed Debian does:
+# strongSwan's current revision and its source are served from there
+# (packaging/build.sh builds 13's plugin in a copy of this root).
+[ "$release" = 12 ] || stamp="$stamp +updates +security"
 
 if [ -f "$dir/.espd-nspawn" ] && [ "$(cat "$dir/.espd-nspawn")" = "$stamp" ]; then
 	echo "nspawn-rootfs: $dir ($suite) is up to date"
@@ -43,6 +47,10 @@ tmp=$(mktemp -d "$dir.tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 debootstrap --variant=minbase --include="$include" "$suite" "$tmp/rootfs" "$mirror" >"$tmp/log" 2>&1 ||
 	{ tail -20 "$tmp/log" >&2; exit 1; }
+if [ "$release" != 12 ]; then
+	printf 'deb %s %s main\n' "$mirror" "$suite" "$mirror" "$suite-updates" \
+		"${mirror%/debian}/debian-security" "$suite-security" >"$tmp/rootfs/etc/apt/sources.list"
+fi
 echo "$stamp" >"$tmp/rootfs/.espd-nspawn"
 rm -rf "$dir"
 mv "$tmp/rootfs" "$dir"
