@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # packaging/build.sh: build espd's Debian packages (README.md, "Packages").
 #
-#   sudo bash packaging/build.sh [-o DIR] [--arch "amd64 arm64 armhf"] [--no-plugin]
+#   sudo bash packaging/build.sh [-o DIR] [--arch "amd64 arm64 armhf"] [--release "12 13"]
+#                                [--no-plugin]
 #
 # writes to DIR (default dist/ in the checkout):
 #
 #   espd_VERSION_ARCH.deb             for each ARCH (default amd64, arm64 and armhf):
 #                                     /usr/sbin/espd, /usr/bin/espctl, the systemd units of
-#                                     packaging/systemd/, an example configuration and the docs
-#   strongswan-espd_VERSION_NATIVE.deb charon's espd plugin, built by strongswan/build.sh
-#                                     against the strongSwan installed on this machine and
-#                                     pinned to that exact version (NATIVE: this machine's
-#                                     architecture, amd64 in CI)
+#                                     packaging/systemd/, an example configuration and the docs;
+#                                     static, the same for every Debian release
+#   strongswan-espd_VERSION+debREL_NATIVE.deb
+#                                     for each Debian release REL (default 12 and 13):
+#                                     charon's espd plugin, built by strongswan/build.sh against
+#                                     that release's strongSwan (12: 5.9.8, 13: 6.0.1) and pinned
+#                                     to that exact version (NATIVE: this machine's
+#                                     architecture, amd64 in CI). The release this machine runs
+#                                     is built here; another one in a build chroot,
+#                                     /var/cache/espd-strongswan-REL/chroot, a copy of the root
+#                                     file system packaging/nspawn-rootfs.sh makes for it
+#                                     (debootstrap on first use; keep /var/cache/espd-* cached)
 #
 # espd and espctl are built with GOEXPERIMENT=runtimesecret (README.md, "Install"),
 # CGO_ENABLED=0 (static binaries) and -trimpath; armhf is GOARCH=arm GOARM=7. nfpm
@@ -36,11 +44,13 @@ die() { log "error: $*"; exit 1; }
 out=$repo/dist
 arches="amd64 arm64 armhf"
 plugin=1
+releases="12 13"
 while [ $# -gt 0 ]; do
 	case "$1" in
 	-o) out=$(realpath -m "$2"); shift 2 ;;
 	--arch) arches=$2; shift 2 ;;
 	--no-plugin) plugin=0; shift ;;
+	--release) releases=$2; shift 2 ;;
 	-h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) die "unknown argument $1 (see --help)" ;;
 	esac
@@ -48,6 +58,16 @@ done
 
 command -v go >/dev/null || die "needs Go on PATH"
 [ "$plugin" = 0 ] || [ "$(id -u)" = 0 ] || die "the plugin package needs root (strongswan/build.sh); --no-plugin skips it"
+host_rel=$(. /etc/os-release && echo "${VERSION_ID:-}")
+for rel in $releases; do
+	case "$rel" in
+	12|13) ;;
+	*) die "unknown Debian release $rel (12, 13)" ;;
+	esac
+	if [ "$plugin" = 1 ] && [ "$rel" != "$host_rel" ]; then
+		command -v systemd-nspawn >/dev/null || die "the plugin for Debian $rel needs systemd-nspawn (apt-get install systemd-container)"
+	fi
+done
 units_dir=${ESPD_UNITS_DIR:-$here/systemd}
 [ -f "$units_dir/espd.service" ] || die "no espd.service in $units_dir: the package ships the systemd units of packaging/systemd"
 
@@ -146,19 +166,78 @@ for arch in $arches; do
 	(cd "$s" && "$nfpm" package --config "$here/espd.yaml" --packager deb --target "$out/") >&2
 done
 
-if [ "$plugin" = 1 ]; then
-	s=$work/strongswan-espd
+# build_plugin REL: strongswan-espd_VERSION+debREL_ARCH.deb, charon's plugin for
+# Debian REL's strongSwan. On this machine's own release strongswan/build.sh runs
+# here; for another it runs in that release's build chroot (chroot_for), through
+# systemd-nspawn, and stages the plugin into this run's directory.
+build_plugin() {
+	local rel=$1 s=$work/strongswan-espd-$rel root ss_version arch
 	mkdir -p "$s/root"
-	log "building the charon plugin (strongswan/build.sh)"
-	ESPD_SS_DESTDIR=$s/root ESPD_SS_CONF=1 bash "$repo/strongswan/build.sh"
+	if [ "$rel" = "$host_rel" ]; then
+		log "building the charon plugin for Debian $rel here (strongswan/build.sh)"
+		ESPD_SS_DESTDIR=$s/root ESPD_SS_CONF=1 bash "$repo/strongswan/build.sh"
+		ss_version=$(dpkg-query -W -f='${Version}' strongswan-libcharon)
+		arch=$(dpkg --print-architecture)
+	else
+		root=$(chroot_for "$rel")
+		log "building the charon plugin for Debian $rel in $root (strongswan/build.sh)"
+		in_chroot "$root" --bind-ro="$repo/strongswan:/espd/strongswan" --bind="$s/root:/espd/stage" \
+			--setenv=ESPD_SS_DESTDIR=/espd/stage --setenv=ESPD_SS_CONF=1 \
+			bash /espd/strongswan/build.sh
+		ss_version=$(chroot "$root" dpkg-query -W -f='${Version}' strongswan-libcharon)
+		arch=$(chroot "$root" dpkg --print-architecture)
+	fi
 	# The plugin is bound to the ABI of the strongSwan it was compiled against.
-	SS_VERSION=$(dpkg-query -W -f='${Version}' strongswan-libcharon)
-	ARCH=$(dpkg --print-architecture)
-	export SS_VERSION ARCH
+	SS_VERSION=$ss_version ARCH=$arch PLUGIN_VERSION=$VERSION+deb$rel
+	export SS_VERSION ARCH PLUGIN_VERSION
 	cp "$repo/strongswan/COPYING" "$s/copyright"
 	mkdir -p "$s/scripts"
 	cp "$here/deb/strongswan-espd.postinst" "$s/scripts/postinst"
 	(cd "$s" && "$nfpm" package --config "$here/strongswan-espd.yaml" --packager deb --target "$out/") >&2
+}
+
+# in_chroot DIR NSPAWN-ARGS... COMMAND...: run COMMAND in the build chroot DIR
+# (not booted; the machine's network, so apt reaches Debian's registry).
+in_chroot() {
+	local root=$1
+	shift
+	systemd-nspawn --quiet --register=no --keep-unit --console=pipe --directory="$root" "$@"
+}
+
+# chroot_for REL: the build chroot of Debian REL, /var/cache/espd-strongswan-REL/chroot:
+# a copy of the root file system that packaging/nspawn-rootfs.sh makes for the booted
+# tests (which stays as debootstrap left it), made once and kept; strongswan/build.sh
+# installs its packages and caches strongSwan's source in it. A chroot whose root file
+# system was made anew is made anew too.
+chroot_for() {
+	local rel=$1 cache=${ESPD_BUILD_CHROOT_CACHE:-/var/cache/espd-strongswan}-$rel rootfs
+	rootfs=$(rootfs_for "$rel")
+	bash "$here/nspawn-rootfs.sh" --release "$rel" "$rootfs" >&2
+	if [ ! -f "$cache/chroot/.espd-nspawn" ] || ! cmp -s "$rootfs/.espd-nspawn" "$cache/chroot/.espd-nspawn" \
+		|| [ "$rootfs/.espd-nspawn" -nt "$cache/chroot/.espd-nspawn" ]; then
+		log "making the Debian $rel build chroot $cache/chroot (a copy of $rootfs)"
+		mkdir -p "$cache"
+		rm -rf "$cache/chroot" "$cache/chroot.tmp"
+		cp -a "$rootfs" "$cache/chroot.tmp"
+		chroot "$cache/chroot.tmp" apt-get update -qq >&2
+		mv "$cache/chroot.tmp" "$cache/chroot"
+	fi
+	echo "$cache/chroot"
+}
+
+# rootfs_for REL: where packaging/nspawn-rootfs.sh puts Debian REL's root file system
+# (and where the booted tests look for it).
+rootfs_for() {
+	case "$1" in
+	12) echo "${ESPD_NSPAWN_ROOTFS:-/var/cache/espd-nspawn/rootfs}" ;;
+	*) local v=ESPD_NSPAWN_ROOTFS_$1; echo "${!v:-/var/cache/espd-nspawn/rootfs-$1}" ;;
+	esac
+}
+
+if [ "$plugin" = 1 ]; then
+	for rel in $releases; do
+		build_plugin "$rel"
+	done
 fi
 
 log "packages in $out:"

@@ -161,7 +161,7 @@ func newPackageBed(t *testing.T, prefix string, persistent bool) *packageBed {
 	// Both packages for this machine's architecture, as README.md's
 	// "Packages" builds them (the plugin needs root; nspawnRootfs made sure).
 	debs := t.TempDir()
-	build := exec.Command("bash", "build.sh", "--arch", runtime.GOARCH, "-o", debs)
+	build := exec.Command("bash", "build.sh", "--arch", runtime.GOARCH, "--release", "12", "-o", debs)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("packaging/build.sh: %v\n%s", err, out)
 	}

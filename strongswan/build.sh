@@ -113,6 +113,11 @@ fetch_source() {
 	# newest first.
 	versions=$( (echo "$debver"; sed -n 's/^Version: //p' <<<"$showsrc" \
 		| grep -F -- "$upstream-" | sort -rV) | awk '!seen[$0]++')
+	# The same revision can be listed by two suites (a point release and the
+	# security archive) while only one of them still serves its files: apt picks
+	# one, so on failure ask each suite of the deb-src entries for it by name.
+	local suites suite
+	suites=$(apt-get indextargets --format '$(CODENAME)' 'Created-By: Sources' 2>/dev/null | sort -u)
 	for v in $versions; do
 		log "fetching strongswan=$v"
 		if apt-get source -qq --download-only "strongswan=$v" >/dev/null 2>"$cache/fetch.log"; then
@@ -120,6 +125,14 @@ fetch_source() {
 			break
 		fi
 		log "strongswan=$v not available: $(grep -m1 -E '^E:' "$cache/fetch.log" || tail -1 "$cache/fetch.log")"
+		for suite in $suites; do
+			if apt-get source -qq --download-only "strongswan/$suite" >/dev/null 2>>"$cache/fetch.log" \
+				&& [ -f "$cache/strongswan_${v#*:}.dsc" ]; then
+				log "fetched strongswan=$v from $suite"
+				dsc="$cache/strongswan_${v#*:}.dsc"
+				break 2
+			fi
+		done
 	done
 	rm -rf "$src.tmp"
 	if [ -n "$dsc" ] && [ -f "$dsc" ]; then
@@ -145,7 +158,8 @@ fetch_source() {
 # 4. Configure once. Only the options that change public headers matter: mediation
 #    (ME) is the one Debian enables. Keep ME in step with the installed libcharon
 #    rather than trusting the flag list: its mediation symbols say whether it was built
-#    with it.
+#    with it. --disable-openssl: 6.0 builds the openssl plugin by default (and needs
+#    libssl-dev for it); no plugin shapes the headers the espd plugin uses.
 if nm -D /usr/lib/ipsec/libcharon.so | grep -c ' T mediation_manager_create$' >/dev/null; then
 	want_me=1
 	meflag=--enable-mediation
@@ -157,7 +171,7 @@ stamp="$src/.espd-configured"
 if [ ! -f "$src/config.h" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$meflag" ]; then
 	log "configuring $src ($meflag; about a minute)"
 	(cd "$src" && ./configure --prefix=/usr --sysconfdir=/etc --libdir=/usr/lib \
-		--libexecdir=/usr/lib "$meflag" >"$cache/configure.log" 2>&1) \
+		--libexecdir=/usr/lib "$meflag" --disable-openssl >"$cache/configure.log" 2>&1) \
 		|| die "configure failed; see $cache/configure.log"
 	echo "$meflag" >"$stamp"
 fi
@@ -165,6 +179,13 @@ if grep -Eq '^#define ME( |$)' "$src/config.h"; then have_me=1; else have_me=0; 
 [ "$have_me" = "$want_me" ] || die "config.h has ME=$have_me but libcharon needs ME=$want_me"
 
 # 5. Compile. -z defs: every symbol must come from libcharon, libstrongswan or libc.
+#    ESPD_SS_VERSION (MAJOR*10000 + MINOR*100 + PATCH of config.h's VERSION) selects
+#    the code for strongSwan 5.9 or 6.0 where their interfaces differ
+#    (espd_kernel_ipsec.c says where).
+ssver=$(sed -n 's/^#define VERSION "\([0-9.]*\)"$/\1/p' "$src/config.h")
+[ -n "$ssver" ] || die "no VERSION in $src/config.h"
+IFS=. read -r v_major v_minor v_patch <<<"$ssver"
+ssnum=$((v_major * 10000 + v_minor * 100 + ${v_patch:-0}))
 out="$cache/build"
 mkdir -p "$out"
 sources=("$here"/espd_*.c)
@@ -175,10 +196,10 @@ if [ -f "$so" ] && [ -z "$(find "$here" -maxdepth 1 -name 'espd_*.[ch]' -newer "
 	need_build=0
 fi
 if [ "$need_build" = 1 ]; then
-	log "compiling ${#sources[@]} files"
+	log "compiling ${#sources[@]} files against strongSwan $ssver (ESPD_SS_VERSION=$ssnum)"
 	cc -std=gnu11 -O2 -g -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare \
 		-Wno-missing-field-initializers -Wno-format -Werror=implicit-function-declaration \
-		-fPIC -shared -include "$src/config.h" \
+		-fPIC -shared -include "$src/config.h" -DESPD_SS_VERSION="$ssnum" \
 		-I"$src/src/libstrongswan" -I"$src/src/libcharon" -I"$here" \
 		"${sources[@]}" -o "$so.tmp" \
 		-L/usr/lib/ipsec -Wl,-rpath,/usr/lib/ipsec -lcharon -lstrongswan -lpthread -Wl,-z,defs

@@ -24,6 +24,43 @@
 #include <processing/jobs/callback_job.h>
 #include <threading/mutex.h>
 
+/*
+ * strongSwan 5.9 (Debian 12) and 6.0 (Debian 13). build.sh defines
+ * ESPD_SS_VERSION as MAJOR * 10000 + MINOR * 100 + PATCH from the VERSION in
+ * the config.h of the source it compiles against (5.9.8: 50908, 6.0.1:
+ * 60001). What 6.0 changed in the interfaces this file implements, and what
+ * the plugin does about each:
+ *
+ * - hw_offload_t: 5.9's HW_OFFLOAD_YES is 6.0's HW_OFFLOAD_CRYPTO (same value,
+ *   new name), and 6.0 adds HW_OFFLOAD_PACKET (hw_offload = packet), with
+ *   HW_OFFLOAD_AUTO moved from 2 to 3. add_sa refuses crypto and packet
+ *   offload by name; no and auto install the SA (espd does the crypto).
+ * - kernel_ipsec_manage_policy_t gains hw_offload (the CHILD_SA's setting, for
+ *   packet offload of policies). add_policy refuses crypto and packet by name,
+ *   as add_sa does; del_policy ignores it (a delete is never refused).
+ * - kernel_feature_t gains KERNEL_SA_USE_TIME: a backend that reports an SA's
+ *   last use from query_sa says so, and 6.0's charon then never asks
+ *   query_policy for use times; without it, it asks only query_policy, which
+ *   espd cannot answer, and sees no use at all (inactivity = closes busy
+ *   CHILD_SAs). espd's query_sa reports the last use, so on 6.0
+ *   get_features adds KERNEL_SA_USE_TIME. 5.9 falls back to query_sa by itself.
+ * - query_sa and query_policy: the same signatures; the times are documented
+ *   as time_monotonic() values, which is what this plugin returns.
+ * - kernel_ipsec_sa_id_t, kernel_ipsec_add_sa_t, kernel_ipsec_update_sa_t,
+ *   kernel_ipsec_del_sa_t, kernel_ipsec_policy_id_t, kernel_acquire_data_t and
+ *   the kernel_ipsec_t methods: no other change (no per-CPU SAs in 6.0.1).
+ * - controller_t: initiate (and terminate_ike/terminate_child, unused here)
+ *   take a max_level for the logging callback before the timeout. The orphan
+ *   check initiates without a callback, so on 6.0 it passes LEVEL_SILENT.
+ * - kernel_interface_t: release_reqid lost its mark/if_id/label arguments and
+ *   ref_reqid is new; listener_t's ike_keys and child_keys take an array of
+ *   key exchanges. The plugin calls none of them (it calls acquire, expire and
+ *   mapping, which are unchanged).
+ */
+#ifndef ESPD_SS_VERSION
+#error "ESPD_SS_VERSION is not defined: build the plugin with strongswan/build.sh"
+#endif
+
 typedef struct private_espd_kernel_ipsec_t private_espd_kernel_ipsec_t;
 
 /**
@@ -373,7 +410,12 @@ static int request(private_espd_kernel_ipsec_t *this, espd_msg_t *m,
 METHOD(kernel_ipsec_t, get_features, kernel_feature_t,
 	private_espd_kernel_ipsec_t *this)
 {
+#if ESPD_SS_VERSION >= 60000
+	/* query_sa reports the last use (see the comment at the top) */
+	return KERNEL_ESP_V3_TFC | KERNEL_SA_USE_TIME;
+#else
 	return KERNEL_ESP_V3_TFC;
+#endif
 }
 
 /* reply to SPI_ALLOC */
@@ -486,6 +528,31 @@ static void put_lifetime(espd_msg_t *m, uint16_t type, uint64_t bytes,
 	espd_msg_end(m);
 }
 
+/**
+ * Whether an SA or policy asks for hardware offload that espd cannot give:
+ * crypto offload (5.9's yes, 6.0's yes or crypto) and 6.0's packet offload.
+ */
+static bool hw_offload_refused(hw_offload_t mode)
+{
+#if ESPD_SS_VERSION >= 60000
+	return mode == HW_OFFLOAD_CRYPTO || mode == HW_OFFLOAD_PACKET;
+#else
+	return mode == HW_OFFLOAD_YES;
+#endif
+}
+
+/**
+ * The swanctl.conf value of a refused hw_offload mode.
+ */
+static const char *hw_offload_name(hw_offload_t mode)
+{
+#if ESPD_SS_VERSION >= 60000
+	return mode == HW_OFFLOAD_PACKET ? "packet" : "crypto (or yes)";
+#else
+	return "yes";
+#endif
+}
+
 METHOD(kernel_ipsec_t, add_sa, status_t,
 	private_espd_kernel_ipsec_t *this, kernel_ipsec_sa_id_t *id,
 	kernel_ipsec_add_sa_t *data)
@@ -540,10 +607,11 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 			 dscp_copy_names, data->copy_dscp);
 		return NOT_SUPPORTED;
 	}
-	if (data->hw_offload == HW_OFFLOAD_YES)
+	if (hw_offload_refused(data->hw_offload))
 	{
-		DBG1(DBG_KNL, "espd: SA %.8x: refused: hw_offload = yes; espd does "
-			 "the crypto itself (use hw_offload = no or auto)", spi);
+		DBG1(DBG_KNL, "espd: SA %.8x: refused: hw_offload = %s; espd does "
+			 "the crypto itself (use hw_offload = no or auto)", spi,
+			 hw_offload_name(data->hw_offload));
 		return NOT_SUPPORTED;
 	}
 	if (data->label)
@@ -1227,6 +1295,16 @@ METHOD(kernel_ipsec_t, add_policy, status_t,
 			 "a mark (mark_in, mark_out)");
 		return NOT_SUPPORTED;
 	}
+#if ESPD_SS_VERSION >= 60000
+	if (hw_offload_refused(data->hw_offload))
+	{
+		DBG1(DBG_KNL, "espd: policy %R === %R %N: refused: hw_offload = %s; "
+			 "espd does the crypto itself (use hw_offload = no or auto)",
+			 id->src_ts, id->dst_ts, policy_dir_names, id->dir,
+			 hw_offload_name(data->hw_offload));
+		return NOT_SUPPORTED;
+	}
+#endif
 	if (data->sa && (data->sa->ah.use || data->sa->ipcomp.transform ||
 					 data->sa->mode != MODE_TUNNEL) && data->type == POLICY_IPSEC)
 	{
@@ -1879,9 +1957,17 @@ static job_requeue_t check_orphans(private_espd_kernel_ipsec_t *this)
 					 "this one does not know; initiating %s/%s so that the "
 					 "peer replaces them now", p->other,
 					 peer_cfg->get_name(peer_cfg), child_cfg->get_name(child_cfg));
+#if ESPD_SS_VERSION >= 60000
+				/* no callback, so no level for it to filter */
+				charon->controller->initiate(charon->controller,
+						peer_cfg->get_ref(peer_cfg),
+						child_cfg->get_ref(child_cfg), NULL, NULL,
+						LEVEL_SILENT, 0, FALSE);
+#else
 				charon->controller->initiate(charon->controller,
 						peer_cfg->get_ref(peer_cfg),
 						child_cfg->get_ref(child_cfg), NULL, NULL, 0, FALSE);
+#endif
 				started++;
 			}
 			children->destroy(children);
