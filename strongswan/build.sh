@@ -184,6 +184,10 @@ if grep -Eq '^#define ME( |$)' "$src/config.h"; then have_me=1; else have_me=0; 
 #    (espd_kernel_ipsec.c says where).
 ssver=$(sed -n 's/^#define VERSION "\([0-9.]*\)"$/\1/p' "$src/config.h")
 [ -n "$ssver" ] || die "no VERSION in $src/config.h"
+case "$ssver" in
+5.9.* | 6.0.*) ;;
+*) die "strongSwan $ssver: the plugin is written for the kernel_ipsec interfaces of 5.9 (Debian 12) and 6.0 (Debian 13) only; refusing to build a plugin that could misread charon's structures" ;;
+esac
 IFS=. read -r v_major v_minor v_patch <<<"$ssver"
 ssnum=$((v_major * 10000 + v_minor * 100 + ${v_patch:-0}))
 out="$cache/build"
