@@ -43,7 +43,13 @@ import (
 // after the purge, which opens the holds on purpose, the capture must see
 // cleartext (it would have seen a leak before).
 func TestPackagesLifecycle(t *testing.T) {
-	bed := newPackageBed(t, "nspawnlc", true)
+	for _, rel := range debianReleases {
+		t.Run("debian"+rel, func(t *testing.T) { packagesLifecycle(t, rel) })
+	}
+}
+
+func packagesLifecycle(t *testing.T, release string) {
+	bed := newPackageBed(t, "nspawnlc"+release, true, release)
 	defer func() {
 		if t.Failed() {
 			bed.logJournals(t, 150)
@@ -86,7 +92,7 @@ func TestPackagesLifecycle(t *testing.T) {
 	}
 	for _, gw := range []string{"A", "B"} {
 		run("espd on "+gw+" upgraded", func(*lifecycleEvent) {
-			aptGet(t, bed.gw[gw], "/mnt/espd", "apt-get install --reinstall ./espd_*.deb")
+			aptGet(t, bed.gw[gw], "/mnt/espd", "apt-get install --reinstall ./"+bed.espdDeb)
 		})
 	}
 	for _, gw := range []string{"A", "B"} {
@@ -96,7 +102,7 @@ func TestPackagesLifecycle(t *testing.T) {
 		run("charon on "+gw+" SIGKILLed", func(*lifecycleEvent) { bed.killCharon(t, gw) })
 	}
 	run("B: espd and plugin upgraded", func(*lifecycleEvent) {
-		aptGet(t, bed.gw["B"], "/mnt/espd", "apt-get install --reinstall ./espd_*.deb ./strongswan-espd_*.deb")
+		aptGet(t, bed.gw["B"], "/mnt/espd", "apt-get install --reinstall ./"+bed.espdDeb+" ./"+bed.pluginDeb)
 	})
 	run("A rebooted (poweroff)", func(ev *lifecycleEvent) { bed.reboot(t, ev, caps, "A", false) })
 	run("B rebooted (power cut)", func(ev *lifecycleEvent) { bed.reboot(t, ev, caps, "B", true) })

@@ -13,20 +13,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/espd/espd/internal/docblock"
 	"github.com/espd/espd/testbed"
 )
 
 // TestPackagesUnderSystemd installs both packages, espd and
-// strongswan-espd, built by packaging/build.sh from this checkout, with apt
-// in two booted Debian 12 containers (systemd as PID 1, the root file
-// system of TestUnitUnderSystemd) in the gateway namespaces of a test bed,
-// and runs docs/deploy.md's section 6 (IKEv2 with the hand-off) in them as
-// written, with the containers' own systemctl.
+// strongswan-espd, built by packaging/build.sh from this checkout for all
+// three architectures, with apt in two booted containers (systemd as PID 1,
+// the root file system of TestUnitUnderSystemd) in the gateway namespaces
+// of a test bed, and runs docs/deploy.md's section 6 (IKEv2 with the
+// hand-off) in them as written, with the containers' own systemctl; once
+// with Debian 12 and its strongSwan 5.9.8, once with Debian 13 and 6.0.1.
 //
-// Gateway A is a clean box that takes README.md's command ("Packages");
-// gateway B already runs strongSwan's charon-systemd and takes deploy.md's
-// two apt-get lines (sections 1 and 6), so its charon runs before the
-// plugin is unpacked and only the plugin's postinst can make it load it.
+// Gateway A is a clean box that takes README.md's block ("Packages", in a
+// checkout whose dist/ holds every architecture); gateway B already runs
+// strongSwan's charon-systemd and takes deploy.md's two install blocks
+// (sections 1 and 6, in a directory that holds every architecture), so its
+// charon runs before the plugin is unpacked and only the plugin's postinst
+// can make it load it.
 // After the install, on each: strongswan.service is charon-systemd's and
 // has the espd plugin loaded (swanctl --stats), it is enabled, no
 // strongswan-charon or strongswan-starter is installed and the one charon
@@ -41,9 +45,11 @@ import (
 // of what the root file system holds (apt-get install -s against the root
 // file system's dpkg status, recommended packages included, as a real
 // install takes them), downloads exactly those versions with apt-get
-// download (the machine's package lists: Debian 12 with its security
-// archive, which has the revision the plugin is pinned to; a debootstrap
-// of bookworm alone may hold an older one) and makes them a flat
+// download (for Debian 12 the machine's package lists, with its security
+// archive, which has the revision the plugin is pinned to, since a
+// debootstrap of bookworm alone may hold an older one; for Debian 13
+// private lists of the root file system's sources, trixie with its updates
+// and security suites, so the machine's apt is not touched) and makes them a flat
 // repository (dpkg-scanpackages) that the containers use as their only apt
 // source, in place of Debian's mirror. apt in the container then resolves
 // the dependencies itself, as on a real box, so a dependency that pulls in
@@ -54,7 +60,13 @@ import (
 // that fails fails the test, since it may mean that the pinned revision
 // is no longer there to install.
 func TestPackagesUnderSystemd(t *testing.T) {
-	bed := newPackageBed(t, "nspawnss", false)
+	for _, rel := range debianReleases {
+		t.Run("debian"+rel, func(t *testing.T) { packagesUnderSystemd(t, rel) })
+	}
+}
+
+func packagesUnderSystemd(t *testing.T, release string) {
+	bed := newPackageBed(t, "nspawnss"+release, false, release)
 	gw, top := bed.gw, bed.top
 	last := bed.section6(t)
 
@@ -141,14 +153,15 @@ type packageBed struct {
 	persistent bool
 }
 
-// newPackageBed builds both packages and the apt mirror, boots the two
-// gateway containers in a new test bed (namespaces named with prefix) and
-// installs the packages as TestPackagesUnderSystemd says, with its checks.
-// With persistent, each gateway boots a root file system of its own that
-// outlives the container (bed.reboot).
-func newPackageBed(t *testing.T, prefix string, persistent bool) *packageBed {
+// newPackageBed builds both packages for the Debian release ("12", "13")
+// and the apt mirror, boots the two gateway containers of that release in
+// a new test bed (namespaces named with prefix) and installs the packages
+// as TestPackagesUnderSystemd says, with its checks. With persistent, each
+// gateway boots a root file system of its own that outlives the container
+// (bed.reboot).
+func newPackageBed(t *testing.T, prefix string, persistent bool, release string) *packageBed {
 	t.Helper()
-	rootfs := nspawnRootfs(t)
+	rootfs := nspawnRootfs(t, release)
 	for _, tool := range []string{"apt-get", "dpkg-scanpackages", "dpkg"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("CI") == "true" {
@@ -158,16 +171,17 @@ func newPackageBed(t *testing.T, prefix string, persistent bool) *packageBed {
 		}
 	}
 
-	// Both packages for this machine's architecture, as README.md's
-	// "Packages" builds them (the plugin needs root; nspawnRootfs made sure).
+	// Both packages, as README.md's "Packages" builds them: espd for every
+	// architecture, the plugin for this one and the release (it needs root;
+	// nspawnRootfs made sure).
 	debs := t.TempDir()
-	build := exec.Command("bash", "build.sh", "--arch", runtime.GOARCH, "--release", "12", "-o", debs)
+	build := exec.Command("bash", "build.sh", "--release", release, "-o", debs)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("packaging/build.sh: %v\n%s", err, out)
 	}
 	espdDeb := onePackage(t, debs, "espd")
 	pluginDeb := onePackage(t, debs, "strongswan-espd")
-	aptMirror(t, rootfs, filepath.Join(debs, "mirror"), espdDeb, pluginDeb)
+	aptMirror(t, rootfs, filepath.Join(debs, "mirror"), release, espdDeb, pluginDeb)
 
 	bed := &packageBed{
 		top:  testbed.NewT(t, testbed.Options{Prefix: prefix}),
@@ -210,14 +224,14 @@ apt-get update -qq`)
 		t.Fatalf("gateway B: charon loaded the espd plugin before it was installed: %s", plugins)
 	}
 
-	// Gateway A: README.md's command, in a checkout whose dist/ holds the packages.
-	readme := docLine(t, "../README.md", "sudo apt-get install ./dist/espd_*_amd64.deb ./dist/strongswan-espd_*_amd64.deb")
-	readme = strings.ReplaceAll(strings.TrimPrefix(readme, "sudo "), "_amd64.deb", "_"+runtime.GOARCH+".deb")
+	// Gateway A: README.md's block, in a checkout whose dist/ holds the
+	// packages (the container has no sudo: root runs it without).
+	readme := sudoLess(markedBlock(t, "../README.md", "sh", "readme-packages"))
 	gw["A"].must(t, "sh", "-ec", "mkdir -p /root/espd && ln -s /mnt/espd /root/espd/dist")
 	aptGet(t, gw["A"], "/root/espd", readme)
 	// Gateway B: deploy.md's, in the directory the packages were copied to.
-	aptGet(t, gw["B"], "/mnt/espd", docLine(t, "../docs/deploy.md", "apt-get install ./espd_*.deb"))
-	aptGet(t, gw["B"], "/mnt/espd", docLine(t, "../docs/deploy.md", "apt-get install ./strongswan-espd_*.deb"))
+	aptGet(t, gw["B"], "/mnt/espd", markedBlock(t, "../docs/deploy.md", "sh", "install espd"))
+	aptGet(t, gw["B"], "/mnt/espd", markedBlock(t, "../docs/deploy.md", "sh", "install strongswan-espd"))
 
 	for _, name := range []string{"A", "B"} {
 		c := gw[name]
@@ -296,13 +310,17 @@ func onePackage(t *testing.T, dir, name string) string {
 // installing the packages debs (in dir's parent) on rootfs would take from
 // Debian, in the version the machine's apt picks, which for strongSwan is
 // the one the plugin is pinned to.
-func aptMirror(t *testing.T, rootfs, dir string, debs ...string) {
+func aptMirror(t *testing.T, rootfs, dir, release string, debs ...string) {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	argv := []string{"install", "-s", "-o", "Dir::State::status=" + filepath.Join(rootfs, "var/lib/dpkg/status"),
-		"-o", "APT::Install-Recommends=true"}
+	var lists []string // apt options for the release's package lists
+	if release != "12" {
+		lists = releaseLists(t, rootfs)
+	}
+	argv := append([]string{"install", "-s", "-o", "Dir::State::status=" + filepath.Join(rootfs, "var/lib/dpkg/status"),
+		"-o", "APT::Install-Recommends=true"}, lists...)
 	for _, d := range debs {
 		argv = append(argv, "./"+d)
 	}
@@ -323,7 +341,7 @@ func aptMirror(t *testing.T, rootfs, dir string, debs ...string) {
 	if len(want) == 0 {
 		t.Fatalf("apt-get %s installs nothing from Debian:\n%s", strings.Join(argv, " "), out)
 	}
-	dl := exec.Command("apt-get", append([]string{"download", "-qq"}, want...)...)
+	dl := exec.Command("apt-get", append(append([]string{"download", "-qq"}, lists...), want...)...)
 	dl.Dir = dir
 	if out, err := dl.CombinedOutput(); err != nil {
 		t.Fatalf("apt-get download %s: %v\n%s", strings.Join(want, " "), err, out)
@@ -350,22 +368,58 @@ func aptGet(t *testing.T, c *container, dir, line string) {
 	}
 }
 
-// docLine returns line if the file has it as a line of its own (leading
-// blanks aside), and fails the test if it does not: the test runs the
-// doc's commands as written.
-func docLine(t *testing.T, file, line string) string {
+// releaseLists fetches the package lists of the root file system's apt
+// sources (its /etc/apt/sources.list) into a directory of the test's and
+// returns the apt-get options that use them instead of the machine's.
+func releaseLists(t *testing.T, rootfs string) []string {
 	t.Helper()
-	b, err := os.ReadFile(file)
+	dir := t.TempDir()
+	for _, d := range []string{"lists/partial", "cache/archives/partial"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := []string{
+		"-o", "Dir::Etc::SourceList=" + filepath.Join(rootfs, "etc/apt/sources.list"),
+		"-o", "Dir::Etc::SourceParts=" + filepath.Join(dir, "none"),
+		"-o", "Dir::State::Lists=" + filepath.Join(dir, "lists"),
+		"-o", "Dir::Cache=" + filepath.Join(dir, "cache"),
+	}
+	if out, err := exec.Command("apt-get", append([]string{"update", "-qq"}, opts...)...).CombinedOutput(); err != nil {
+		t.Fatalf("apt-get update with %s's sources: %v\n%s", rootfs, err, out)
+	}
+	return opts
+}
+
+// markedBlock returns the text of the one fenced block of file whose info
+// string is lang and marker (internal/docblock), and fails the test if
+// there is not exactly one.
+func markedBlock(t *testing.T, file, lang, marker string) string {
+	t.Helper()
+	blocks, err := docblock.Blocks(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.TrimSpace(l) == line {
-			return line
+	var m []docblock.Block
+	for _, b := range docblock.Marked(blocks, marker) {
+		if b.Lang == lang {
+			m = append(m, b)
 		}
 	}
-	t.Fatalf("%s has no line %q", file, line)
-	return ""
+	if len(m) != 1 {
+		t.Fatalf("%s: want one %s block marked %q, have %d", file, lang, marker, len(m))
+	}
+	return m[0].Text
+}
+
+// sudoLess is a shell block with "sudo " taken off the start of each line,
+// for a root shell without sudo.
+func sudoLess(block string) string {
+	lines := strings.Split(block, "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimPrefix(l, "sudo ")
+	}
+	return strings.Join(lines, "\n")
 }
 
 // loadedPlugins returns the "loaded plugins:" line of swanctl --stats.
