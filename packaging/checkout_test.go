@@ -28,12 +28,17 @@ func readmeServiceBlock(t *testing.T) string {
 }
 
 // TestReadmeServiceFromCheckout runs README.md's commands for espd as a
-// service from a checkout, as written, in a Debian 12 container booted
-// with systemd, with the checkout's packaging/ and an espd built from it
+// service from a checkout, as written, in a Debian 12 and a Debian 13
+// container booted with systemd, with the checkout's packaging/ and an espd built from it
 // in /usr/local/sbin (the README's go build step: the container has no Go),
 // and expects the unit active, running /usr/local/sbin/espd as user espd.
 func TestReadmeServiceFromCheckout(t *testing.T) {
-	rootfs := nspawnRootfs(t)
+	for _, rel := range debianReleases {
+		t.Run("debian"+rel, func(t *testing.T) { readmeServiceFromCheckout(t, nspawnRootfs(t, rel)) })
+	}
+}
+
+func readmeServiceFromCheckout(t *testing.T, rootfs string) {
 	block := readmeServiceBlock(t)
 
 	dir := t.TempDir()
@@ -50,7 +55,7 @@ func TestReadmeServiceFromCheckout(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Static, as the package's: the container's C library is Debian 12's.
+	// Static, as the package's: the container's C library is its release's.
 	build := exec.Command("go", "build", "-o", filepath.Join(dir, "espd"), "../cmd/espd")
 	build.Env = append(testbed.BuildEnv(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {

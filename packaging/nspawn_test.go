@@ -20,19 +20,22 @@ import (
 	"github.com/espd/espd/testbed"
 )
 
-// The root file system TestUnitUnderSystemd boots, made by
-// packaging/nspawn-rootfs.sh (ESPD_NSPAWN_ROOTFS overrides the path).
-const (
-	nspawnRootfsEnv     = "ESPD_NSPAWN_ROOTFS"
-	nspawnRootfsDefault = "/var/cache/espd-nspawn/rootfs"
-	nspawnStamp         = ".espd-nspawn"
+// The root file systems the booted tests boot, one per Debian release,
+// made by packaging/nspawn-rootfs.sh --release R (the variable named by
+// rootfsEnv overrides the path).
+var (
+	debianReleases = []string{"12", "13"}
+	rootfsEnv      = map[string]string{"12": "ESPD_NSPAWN_ROOTFS", "13": "ESPD_NSPAWN_ROOTFS_13"}
+	rootfsDefault  = map[string]string{"12": "/var/cache/espd-nspawn/rootfs", "13": "/var/cache/espd-nspawn/rootfs-13"}
 )
+
+const nspawnStamp = ".espd-nspawn"
 
 // nspawnRootfs returns the root file system to boot, or skips the test with
 // the reason it cannot run here; under CI=true that is a failure, since
 // .ci/run provides all of it (root, systemd-container, util-linux, the root
 // file system).
-func nspawnRootfs(t *testing.T) string {
+func nspawnRootfs(t *testing.T, release string) string {
 	t.Helper()
 	skip := func(format string, args ...any) {
 		t.Helper()
@@ -55,12 +58,12 @@ func nspawnRootfs(t *testing.T) string {
 	if err := testbed.Available(); err != nil {
 		skip("%v", err)
 	}
-	dir := os.Getenv(nspawnRootfsEnv)
+	dir := os.Getenv(rootfsEnv[release])
 	if dir == "" {
-		dir = nspawnRootfsDefault
+		dir = rootfsDefault[release]
 	}
 	if _, err := os.Stat(filepath.Join(dir, nspawnStamp)); err != nil {
-		skip("no root file system to boot at %s (%v): sudo bash packaging/nspawn-rootfs.sh %s", dir, err, dir)
+		skip("no Debian %s root file system to boot at %s (%v): sudo bash packaging/nspawn-rootfs.sh --release %s %s", release, dir, err, release, dir)
 	}
 	return dir
 }
@@ -298,8 +301,8 @@ func (c *container) writeFile(t *testing.T, path, content string) {
 
 // TestUnitUnderSystemd runs each packaged unit (espd.service, and
 // espd-ike.service with the IKE hand-off) under a real systemd: it builds
-// the espd package from this checkout, boots a Debian 12 container (systemd
-// as PID 1, cgroup v2) in gateway A's namespace of a test bed, installs the
+// the espd package from this checkout, boots a Debian 12 and a Debian 13
+// container in turn (systemd as PID 1, cgroup v2) in gateway A's namespace of a test bed, installs the
 // package with dpkg, gives it a configuration file with a chacha20poly1305
 // tunnel and key files, and starts the unit with all its sandboxing
 // (DevicePolicy= included). The start must return only once espd has sent
@@ -313,7 +316,10 @@ func (c *container) writeFile(t *testing.T, path, content string) {
 // a drop-in that empties DeviceAllow=, espd must fail at start and say
 // that the device cgroup denies /dev/net/tun.
 func TestUnitUnderSystemd(t *testing.T) {
-	rootfs := nspawnRootfs(t)
+	rootfs := map[string]string{}
+	for _, rel := range debianReleases {
+		rootfs[rel] = nspawnRootfs(t, rel)
+	}
 
 	// The package, as README.md's "Packages" builds it (this machine's
 	// architecture, no plugin).
@@ -328,8 +334,10 @@ func TestUnitUnderSystemd(t *testing.T) {
 	}
 	deb := "/mnt/espd/" + filepath.Base(matches[0])
 
-	for _, name := range []string{plainUnit, handoffUnit} {
-		t.Run(name, func(t *testing.T) { unitUnderSystemd(t, rootfs, deb, debs, name) })
+	for _, rel := range debianReleases {
+		for _, name := range []string{plainUnit, handoffUnit} {
+			t.Run("debian"+rel+"/"+name, func(t *testing.T) { unitUnderSystemd(t, rootfs[rel], deb, debs, name) })
+		}
 	}
 }
 
