@@ -422,10 +422,15 @@ func sudoLess(block string) string {
 	return strings.Join(lines, "\n")
 }
 
-// loadedPlugins returns the "loaded plugins:" line of swanctl --stats.
+// loadedPlugins returns the "loaded plugins:" line of swanctl --stats,
+// and fails the test if swanctl says that a plugin failed to load (the
+// release's plugin list against what the packages installed).
 func loadedPlugins(t *testing.T, c *container) string {
 	t.Helper()
 	out := c.must(t, "swanctl", "--stats")
+	if strings.Contains(out, "failed to load") {
+		t.Errorf("swanctl --stats says plugins failed to load:\n%s", out)
+	}
 	for _, l := range strings.Split(out, "\n") {
 		if strings.HasPrefix(l, "loaded plugins:") {
 			return l + " "
