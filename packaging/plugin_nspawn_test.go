@@ -229,9 +229,16 @@ apt-get update -qq`)
 	readme := sudoLess(markedBlock(t, "../README.md", "sh", "readme-packages"))
 	gw["A"].must(t, "sh", "-ec", "mkdir -p /root/espd && ln -s /mnt/espd /root/espd/dist")
 	aptGet(t, gw["A"], "/root/espd", readme)
-	// Gateway B: deploy.md's, in the directory the packages were copied to.
+	// Gateway B: deploy.md's, in the directory the packages were copied to,
+	// with espd.service running in between, as after deploy.md's section 5:
+	// it holds UDP 4500, which the plugin's install block must free for
+	// charon's own IKE sockets.
 	aptGet(t, gw["B"], "/mnt/espd", markedBlock(t, "../docs/deploy.md", "sh", "install espd"))
+	gw["B"].must(t, "systemctl", "start", "espd")
 	aptGet(t, gw["B"], "/mnt/espd", markedBlock(t, "../docs/deploy.md", "sh", "install strongswan-espd"))
+	if j := gw["B"].must(t, "journalctl", "--no-pager", "-o", "cat", "-u", "strongswan"); strings.Contains(j, "could not open its NAT-T port") {
+		t.Errorf("gateway B: charon could not open UDP 4500 after deploy.md's install block:\n%s", testbed.Tail(j, 20))
+	}
 
 	for _, name := range []string{"A", "B"} {
 		c := gw[name]
