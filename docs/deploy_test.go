@@ -49,8 +49,9 @@ var deployHosts = map[string][]string{
 // deployElsewhere names the marked blocks of deploy.md that other tests
 // run, and where.
 var deployElsewhere = map[string]string{
-	"sh install espd":            "packaging: TestPackagesUnderSystemd, on Debian 12 and 13",
+	"sh install espd":            "packaging: TestPackagesUnderSystemd and TestDeployUnderSystemd, on Debian 12 and 13",
 	"sh install strongswan-espd": "packaging: TestPackagesUnderSystemd, on Debian 12 and 13",
+	"sh purge":                   "packaging: TestDeployUnderSystemd, on Debian 12 and 13",
 }
 
 // docBlock is one fenced block of deploy.md.
