@@ -170,14 +170,16 @@ func boot(t *testing.T, dir string, volatile bool, debs string, node *testbed.No
 	}) {
 		t.Fatalf("systemd-nspawn started no container within 30 s") // the cleanup logs its output
 	}
-	// systemctl fails until the container's systemd listens on its bus,
-	// and says "offline" until systemd has created /run/systemd/system.
+	// systemctl fails until the container's systemd listens on its bus
+	// (systemd 252: "Failed to connect to bus"; 257: "Failed to connect to
+	// system scope bus"), and says "offline" until systemd has created
+	// /run/systemd/system.
 	var state string
 	var err error
 	testbed.Poll(60*time.Second, 200*time.Millisecond, func() bool {
 		state, err = c.run(nil, "systemctl", "is-system-running", "--wait")
 		state = strings.TrimSpace(state)
-		return !strings.Contains(state, "Failed to connect to bus") && state != "offline"
+		return !strings.Contains(state, "Failed to connect to") && state != "offline"
 	})
 	if state != "running" {
 		failed, _ := c.run(nil, "systemctl", "--failed", "--no-pager")
