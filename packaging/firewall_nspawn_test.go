@@ -371,7 +371,11 @@ func forwardProbe(t *testing.T, bed *packageBed, fam testbed.Family, sport uint1
 	top := bed.top
 	src := testbed.Pick(fam, testbed.GwBTransitV4, testbed.GwBTransitV6).Addr()
 	dst := testbed.Pick(fam, testbed.ClientV4, testbed.ClientV6).Addr()
-	pkt, err := testbed.BuildUDP(src, dst, sport, 9, []byte("espd firewall probe"))
+	udp, err := testbed.BuildUDP(src, dst, sport, 9, []byte("espd firewall probe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkt, err := testbed.BuildIP(src, dst, 17, udp)
 	if err != nil {
 		t.Fatal(err)
 	}
