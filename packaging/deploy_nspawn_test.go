@@ -70,7 +70,7 @@ func deployUnderSystemd(t *testing.T, release string) {
 		}
 	}
 
-	section7 := deployBlocks(t, "## 7.", "## How")
+	section7 := deployBlocks(t, "## 7.", "## 8.")
 	if len(section7) != 2 {
 		t.Fatalf("docs/deploy.md's section 7 has %d gateway blocks, want 2 (stop and clean up; remove your files)", len(section7))
 	}

@@ -9,9 +9,10 @@
 # /var/cache/espd-nspawn/rootfs for 12 and /var/cache/espd-nspawn/rootfs-13 for
 # 13, where the tests look unless ESPD_NSPAWN_ROOTFS (12) or
 # ESPD_NSPAWN_ROOTFS_13 (13) says otherwise. It is a minbase debootstrap with
-# systemd and what the espd package depends on. It is made next to DIR and
-# renamed into place, so DIR is complete or absent; an existing DIR made with
-# the same release and package list is kept (CI caches it between runs). The
+# systemd, nftables and what the espd package depends on. It is made next to
+# DIR and renamed into place, so DIR is complete or absent; an existing DIR
+# made with the same release and package list is kept (CI caches it between
+# runs), one made with another is made again. The
 # tests never write to it (systemd-nspawn --volatile=overlay), and neither does
 # packaging/build.sh, which builds 13's plugin in a copy of it.
 set -euo pipefail
@@ -29,8 +30,10 @@ esac
 dir=${1:-$def}
 mirror=${ESPD_NSPAWN_MIRROR:-http://deb.debian.org/debian}
 # systemd and dbus for the boot, iproute2 for looking at the container's
-# links, procps because the espd package depends on it.
-include=systemd,systemd-sysv,dbus,iproute2,procps
+# links, procps because the espd package depends on it, nftables for
+# docs/deploy.md's firewall (firewall_nspawn_test.go). The stamp names the
+# list: a cached DIR made with another one (CI caches it) is made again.
+include=systemd,systemd-sysv,dbus,iproute2,procps,nftables
 stamp="$suite minbase $include"
 # 13 lists its updates and security suites, as an installed Debian does:
 # strongSwan's current revision and its source are served from there
