@@ -11,8 +11,9 @@ require (
 	// x/crypto stays at v0.51.0, the last release with the SSSE3 assembly of
 	// chacha20poly1305 (v0.52.0 deleted it, golang/go#69587): without it a
 	// CPU without AVX2 (the Atom and Celeron gateways espd is for) runs
-	// ChaCha20-Poly1305 in generic Go at half the speed (BENCHMARKS.md,
-	// "Without AES-NI and AVX2"). The chacha20poly1305 package is otherwise
+	// ChaCha20-Poly1305 in generic Go at half the speed
+	// (docs/benchmarks-history.md, "Without AES-NI and AVX2"). The
+	// chacha20poly1305 package is otherwise
 	// the same in v0.59.0. x/net v0.55.0 and prometheus/client_golang v1.23.2
 	// are the newest whose requirements allow it.
 	golang.org/x/crypto v0.51.0

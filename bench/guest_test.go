@@ -13,33 +13,38 @@ import (
 
 	"github.com/espd/espd/bench/report"
 	"github.com/espd/espd/bench/system"
+	"github.com/espd/espd/internal/docblock"
 	"github.com/espd/espd/testbed"
 	"github.com/espd/espd/xfrmguest"
 )
 
-// guestCommand returns the -xfrm-guest command BENCHMARKS.md documents
-// (the line of its fenced block that starts with prefix, "sudo go run
-// ./bench -xfrm-guest..."), as arguments of the harness.
-func guestCommand(t *testing.T, prefix string) []string {
+// guestCommand returns the -xfrm-guest command BENCHMARKS.md documents in
+// its fenced block marked marker ("```sh bench xfrm-guest"), as arguments
+// of the harness. The block must be the only one with that marker and hold
+// one command, "sudo go run ./bench ...".
+func guestCommand(t *testing.T, marker string) []string {
 	t.Helper()
-	doc, err := os.ReadFile("../BENCHMARKS.md")
+	blocks, err := docblock.Blocks("../BENCHMARKS.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(doc), "\n") {
-		if strings.HasPrefix(line, prefix) {
-			return strings.Fields(strings.TrimPrefix(line, "sudo go run ./bench"))
-		}
+	m := docblock.Marked(blocks, marker)
+	if len(m) != 1 || m[0].Lang != "sh" {
+		t.Fatalf("BENCHMARKS.md: want one sh block marked %q, have %+v", marker, m)
 	}
-	t.Fatalf("BENCHMARKS.md has no line %q", prefix)
-	return nil
+	lines := strings.Split(strings.TrimSpace(m[0].Text), "\n")
+	args, ok := strings.CutPrefix(lines[0], "sudo go run ./bench ")
+	if len(lines) != 1 || !ok || !strings.Contains(args, "-xfrm-guest") {
+		t.Fatalf("BENCHMARKS.md line %d: block %q holds %q, want one line \"sudo go run ./bench -xfrm-guest ...\"", m[0].Line, marker, m[0].Text)
+	}
+	return strings.Fields(args)
 }
 
-// runGuestCommand runs BENCHMARKS.md's command that starts with prefix in
-// process, with its outputs in a temporary directory, which it returns. It
-// skips only where qemu cannot run at all, and fails instead under
+// runGuestCommand runs BENCHMARKS.md's command in the block marked marker
+// in process, with its outputs in a temporary directory, which it returns.
+// It skips only where qemu cannot run at all, and fails instead under
 // CI=true.
-func runGuestCommand(t *testing.T, prefix string) string {
+func runGuestCommand(t *testing.T, marker string) string {
 	t.Helper()
 	if err := testbed.Available(); err != nil {
 		t.Skip(err)
@@ -53,7 +58,7 @@ func runGuestCommand(t *testing.T, prefix string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	out := t.TempDir()
-	args := guestCommand(t, prefix)
+	args := guestCommand(t, marker)
 	for i := range args {
 		if args[i] == "-out" && i+1 < len(args) {
 			args[i+1] = out
@@ -70,8 +75,21 @@ func runGuestCommand(t *testing.T, prefix string) string {
 	return out
 }
 
+// TestGuestCommandsDocumented checks, without root or qemu, that
+// BENCHMARKS.md has the blocks TestXFRMGuest and TestXFRMGuestScale run
+// and that each is a harness command line the harness accepts.
+func TestGuestCommandsDocumented(t *testing.T) {
+	for _, marker := range []string{"bench xfrm-guest", "bench xfrm-guest-scale"} {
+		var stderr bytes.Buffer
+		o, err := parseOptions(guestCommand(t, marker), &stderr)
+		if err != nil || !o.xfrmGuest {
+			t.Errorf("%s: the harness parses %+v, %v\n%s", marker, o, err, stderr.String())
+		}
+	}
+}
+
 // TestXFRMGuest runs BENCHMARKS.md's "go run ./bench -xfrm-guest" command
-// in process (with its outputs in a temporary directory): the harness,
+// (the block marked "bench xfrm-guest") in process (with its outputs in a temporary directory): the harness,
 // built static, runs inside Debian's kernel under qemu with routing,
 // espd, kernel XFRM and XFRM with pcrypt, for an AEAD (aes128gcm16), a CBC
 // suite (aes128-sha256) and the suites only the kernel does (3des-sha1,
@@ -81,7 +99,7 @@ func runGuestCommand(t *testing.T, prefix string) string {
 // 3DES and Camellia, and every figure is labelled as an emulated
 // correctness run.
 func TestXFRMGuest(t *testing.T) {
-	out := runGuestCommand(t, "sudo go run ./bench -xfrm-guest -suites")
+	out := runGuestCommand(t, "bench xfrm-guest")
 
 	rep, err := report.ReadJSON(filepath.Join(out, "results.json"))
 	if err != nil {
@@ -180,13 +198,13 @@ func TestXFRMGuest(t *testing.T) {
 }
 
 // TestXFRMGuestScale runs BENCHMARKS.md's "go run ./bench -xfrm-guest
-// -tunnels" command: the scale mode inside Debian's kernel, where kernel
+// -tunnels" command (the block marked "bench xfrm-guest-scale"): the scale mode inside Debian's kernel, where kernel
 // XFRM (and XFRM on pcrypt) key one state pair and policy pair per tunnel,
 // as espd does. It fails unless each system made its run, every tunnel's
 // states counted packets both ways and its probe datagrams arrived, and
 // the tables say the run is emulated.
 func TestXFRMGuestScale(t *testing.T) {
-	out := runGuestCommand(t, "sudo go run ./bench -xfrm-guest -tunnels")
+	out := runGuestCommand(t, "bench xfrm-guest-scale")
 	rep, err := report.ReadJSON(filepath.Join(out, "results.json"))
 	if err != nil {
 		t.Fatal(err)

@@ -60,10 +60,11 @@ type Config struct {
 	// writes them itself (run to completion), saving the two goroutine
 	// handoffs, and the thread wakeups they cost, of every batch; it is
 	// the faster choice where system calls, not crypto, are the limit
-	// (BENCHMARKS.md). n > 0 hands the batches to n workers and to n
-	// in-order stages per direction, each serving the states of one shard,
-	// spreading one flow's crypto over n cores and different states' I/O
-	// over the stages (see the package documentation).
+	// (docs/benchmarks-history.md, "Workers or run to completion"). n > 0
+	// hands the batches to n workers and to n in-order stages per
+	// direction, each serving the states of one shard, spreading one
+	// flow's crypto over n cores and different states' I/O over the stages
+	// (see the package documentation).
 	Workers int
 	// HandOffBelow, with workers, is a crypto rate in MB/s: while the
 	// crypto of a direction's batches runs slower than this (as measured

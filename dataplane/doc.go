@@ -59,8 +59,8 @@
 // one goroutine that reads the TUN, and the inbound ones through one per
 // socket: order holds trivially and nothing is handed over, but one core
 // does a direction's system calls. That is the faster choice where the
-// crypto is fast and the cores are busy anyway (BENCHMARKS.md, "Every core,
-// or run to completion?": 256 tunnels on two cores, handing every batch
+// crypto is fast and the cores are busy anyway (docs/benchmarks-history.md,
+// "Every core, or run to completion?": 256 tunnels on two cores, handing every batch
 // off cost more than it gave); Config.HandOffBelow 0 hands every batch to
 // the workers and the shards' stages where idle cores can take them.
 //

@@ -21,9 +21,10 @@ const minRateSample = 16 << 10
 // over the cores, as pcrypt does. Where it is fast (AES-GCM with AES-NI,
 // ChaCha20-Poly1305 with AVX2) the two goroutine handoffs per batch, the
 // thread wakeups and the batch's trip through other cores' caches cost
-// more than the crypto they spread (BENCHMARKS.md: 45% more CPU per byte
-// on the 2-core harness machine). So both the readers and the workers time
-// the crypto of the batches that carry at least minRateSample bytes; while
+// more than the crypto they spread (docs/benchmarks-history.md, "Workers or
+// run to completion": 35% more CPU per byte with AES-GCM on the 2-core
+// harness machine). So both the readers and the workers time the crypto
+// of the batches that carry at least minRateSample bytes; while
 // the measured rate is below HandOffBelow the batches are handed off, and
 // once it is 25% above it the readers run them to completion again, but
 // only when no batch of the direction is queued or in the in-order stage,
@@ -85,7 +86,8 @@ func (o *handOffGauge) record(bytes int, d time.Duration) {
 // timing it when the rate decides anything and the batch is large enough
 // to be a sample. The step runs under crypto.DoSecret: the stack frames
 // and registers in which the ciphers held key material are erased before
-// the goroutine goes on (BENCHMARKS.md, "Erasing keys").
+// the goroutine goes on (docs/benchmarks-history.md, "Erasing keys:
+// runtime/secret around every batch's crypto").
 func (o *handOffGauge) timeCrypto(b *batch, step func(*batch)) {
 	if o.below.Load() <= 0 {
 		runSecret(step, b)

@@ -705,7 +705,8 @@ func (d *Device) Close() error {
 // sysmon hands the P to another thread and the caller has to win it back
 // on return, with a thread wakeup each way. The raw call keeps the P; it
 // only delays a stop-the-world by its own length. Measured on the harness
-// (BENCHMARKS.md): gateway CPU per GB -16%, idle ping RTT -100 µs.
+// (docs/benchmarks-history.md, "Raw system calls"): gateway CPU per GB
+// -16%, idle ping RTT -100 µs.
 func rawRead(fd uintptr, b []byte) (int, error) {
 	r, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
 	if e != 0 {

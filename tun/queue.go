@@ -14,8 +14,8 @@ import (
 // stops its queue. So the ring is the gateway's egress queue towards the
 // tunnels, with no queue management: a short one drops the bursts of many
 // TCP senders (each drop a retransmission for a sender and a congestion
-// signal), a long one adds delay under load (BENCHMARKS.md, "The TUN's
-// transmit queue, batched reads and io_uring writes": 256 TCP streams
+// signal), a long one adds delay under load (docs/benchmarks-history.md,
+// "The TUN's transmit queue, batched reads and io_uring writes": 256 TCP streams
 // through 256 tunnels on one gateway, 500 entries against 2000).
 const (
 	// DefaultTxQueueLen is the ring's length espd sets: twice the TUN's

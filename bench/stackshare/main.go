@@ -3,8 +3,8 @@
 // samples whose call stack passes through it (a sample counts under every
 // function on its stack), and for the samples in the network receive
 // softirq (net_rx_action), which system call it interrupted and what it
-// delivered. BENCHMARKS.md ("Where the rest goes") uses it on one
-// gateway's samples:
+// delivered. docs/benchmarks-history.md ("Where the rest goes") uses it on
+// one gateway's samples:
 //
 //	perf script -i perf.data --pid PID -F tid,ip,sym > gw.txt
 //	go run ./bench/stackshare gw.txt raw_sendmsg io_write tun_do_read tcp_v4_rcv

@@ -19,7 +19,8 @@ import (
 // and socket copies, softirqs) needs the other CPUs; with more Ps than busy
 // goroutines the runtime keeps waking spare threads that find nothing to
 // do: on 2 CPUs GOMAXPROCS 1 carried 10-15% more ESP-in-UDP throughput at
-// 10% less CPU per GB (BENCHMARKS.md). It returns the value in effect.
+// 10% less CPU per GB (docs/benchmarks-history.md, "Workers or run to
+// completion"). It returns the value in effect.
 func setProcs(n int, dp *dataplane.Config) int {
 	all := runtime.GOMAXPROCS(0)
 	half := max(1, all/2)
