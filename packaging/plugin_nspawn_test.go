@@ -229,14 +229,13 @@ apt-get update -qq`)
 	readme := sudoLess(markedBlock(t, "../README.md", "sh", "readme-packages"))
 	gw["A"].must(t, "sh", "-ec", "mkdir -p /root/espd && ln -s /mnt/espd /root/espd/dist")
 	aptGet(t, gw["A"], "/root/espd", readme)
-	// Gateway B: deploy.md's, in the directory the packages were copied to,
-	// with espd.service running in between, as after deploy.md's section 5:
-	// it holds UDP 4500, which the plugin's install block must free for
-	// charon's own IKE sockets (socket-default logs a failed bind while
-	// charon starts, before the install returns; the plugin's advice
-	// follows a second later and says "could not open" too).
+	// Gateway B: deploy.md's, in the directory the packages were copied to.
+	// charon-systemd runs and holds UDP 4500 here, so espd.service does not
+	// run between the two (after deploy.md's section 5 it would, and the
+	// plugin's block stops it first); charon must not log a failed bind
+	// (socket-default while charon starts, before the install returns; the
+	// plugin's advice a second later says "could not open" too).
 	aptGet(t, gw["B"], "/mnt/espd", markedBlock(t, "../docs/deploy.md", "sh", "install espd"))
-	gw["B"].must(t, "systemctl", "start", "espd")
 	aptGet(t, gw["B"], "/mnt/espd", markedBlock(t, "../docs/deploy.md", "sh", "install strongswan-espd"))
 	if j := gw["B"].must(t, "journalctl", "--no-pager", "-o", "cat", "-u", "strongswan"); strings.Contains(j, "unable to bind socket") || strings.Contains(j, "could not open") {
 		t.Errorf("gateway B: charon could not open UDP 4500 after deploy.md's install block:\n%s", testbed.Tail(j, 20))
@@ -255,6 +254,11 @@ apt-get update -qq`)
 		p := c.show(t, "strongswan.service", "ActiveState", "ExecMainPID", "UnitFileState")
 		if p["ActiveState"] != "active" || p["UnitFileState"] != "enabled" {
 			t.Errorf("gateway %s: strongswan.service after the install: %v, want active and enabled", name, p)
+		}
+		// With the packages installed, swanctl finds every plugin of the
+		// release's list (Debian's charon-systemd alone lacks a dozen).
+		if out := c.must(t, "swanctl", "--stats"); strings.Contains(out, "failed to load") {
+			t.Errorf("gateway %s: after the install swanctl says plugins failed to load:\n%s", name, out)
 		}
 		if plugins := loadedPlugins(t, c); !strings.Contains(plugins, " espd ") {
 			t.Errorf("gateway %s: strongswan.service's charon has no espd plugin loaded: %s", name, plugins)
@@ -431,15 +435,10 @@ func sudoLess(block string) string {
 	return strings.Join(lines, "\n")
 }
 
-// loadedPlugins returns the "loaded plugins:" line of swanctl --stats,
-// and fails the test if swanctl says that a plugin failed to load (the
-// release's plugin list against what the packages installed).
+// loadedPlugins returns the "loaded plugins:" line of swanctl --stats.
 func loadedPlugins(t *testing.T, c *container) string {
 	t.Helper()
 	out := c.must(t, "swanctl", "--stats")
-	if strings.Contains(out, "failed to load") {
-		t.Errorf("swanctl --stats says plugins failed to load:\n%s", out)
-	}
 	for _, l := range strings.Split(out, "\n") {
 		if strings.HasPrefix(l, "loaded plugins:") {
 			return l + " "
