@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -88,8 +89,9 @@ func eachKernel(t *testing.T, f func(t *testing.T, series string)) {
 }
 
 // TestGuestKernelHasESP boots the guest of each kernel (subtests linux6.1
-// and linux6.12) and checks that it runs that kernel and has what this
-// machine's own kernel lacks: an ESP state with rfc4106(gcm(aes)) (and
+// and linux6.12) and checks that it runs that kernel, with the
+// /proc/net/xfrm_stat counters of its series, and has what this machine's
+// own kernel lacks: an ESP state with rfc4106(gcm(aes)) (and
 // one with rfc7539esp(chacha20,poly1305)) is accepted and reads back, and
 // the guest answers a ping over the tap device on IPv4 and IPv6. An extra
 // file given at boot is there and runs.
@@ -109,6 +111,11 @@ func guestKernelHasESP(t *testing.T, series string) {
 	}
 	if kv := buildT(t, ctx, series).KernelVersion; !strings.HasPrefix(out, kv+"\n") || !strings.HasPrefix(kv, series+".") {
 		t.Fatalf("the guest does not run kernel %s of series %s:\n%s", kv, series, out)
+	}
+	if out, err := g.MustRun(ctx, "cat /proc/net/xfrm_stat"); err != nil {
+		t.Error(err)
+	} else if got, want := statNames(out), xfrmStatNames(series); !slices.Equal(got, want) {
+		t.Errorf("the guest's /proc/net/xfrm_stat counts %v, want %v", got, want)
 	}
 	for _, want := range []string{"inet 198.18.0.2/24", "inet6 2001:db8::2/64"} {
 		if !strings.Contains(out, want) {
@@ -153,4 +160,30 @@ func guestKernelHasESP(t *testing.T, series string) {
 	if _, rc, err := g.Run(ctx, "ip xfrm state add src 198.18.0.2 dst 198.18.0.1 proto esp spi 0x1003 mode tunnel aead 'rfc4106(gcm(aes))' 0x0102 128"); err != nil || rc == 0 {
 		t.Errorf("a 2-byte GCM key was accepted (rc %d, err %v)", rc, err)
 	}
+}
+
+// xfrmStatNames returns the counters of /proc/net/xfrm_stat of the kernel
+// series, in order: 6.12 adds the two of states with a direction (Linux
+// 6.10), which docs/xfrm-interop.md records.
+func xfrmStatNames(series string) []string {
+	names := []string{"XfrmInError", "XfrmInBufferError", "XfrmInHdrError", "XfrmInNoStates",
+		"XfrmInStateProtoError", "XfrmInStateModeError", "XfrmInStateSeqError", "XfrmInStateExpired",
+		"XfrmInStateMismatch", "XfrmInStateInvalid", "XfrmInTmplMismatch", "XfrmInNoPols",
+		"XfrmInPolBlock", "XfrmInPolError", "XfrmOutError", "XfrmOutBundleGenError",
+		"XfrmOutBundleCheckError", "XfrmOutNoStates", "XfrmOutStateProtoError", "XfrmOutStateModeError",
+		"XfrmOutStateSeqError", "XfrmOutStateExpired", "XfrmOutPolBlock", "XfrmOutPolDead",
+		"XfrmOutPolError", "XfrmFwdHdrError", "XfrmOutStateInvalid", "XfrmAcquireError"}
+	if series == "6.12" {
+		names = append(names, "XfrmOutStateDirError", "XfrmInStateDirError")
+	}
+	return names
+}
+
+// statNames returns the counter names of /proc/net/xfrm_stat, in order.
+func statNames(out string) []string {
+	var names []string
+	for _, m := range statRE.FindAllStringSubmatch(out, -1) {
+		names = append(names, m[1])
+	}
+	return names
 }
