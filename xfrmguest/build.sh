@@ -86,9 +86,9 @@ CONF
   printf 'deb [signed-by=%s target=Packages] %s %s main\n' \
     "$keyring" "${main:-http://deb.debian.org/debian}" "$rel" \
     "$keyring" "${sec:-http://deb.debian.org/debian-security}" "$rel-security" >"$dir/sources.list"
-  if apt-get "${aptc[@]}" -q update >&2; then
+  if apt-get "${aptc[@]}" -q --error-on=any update >&2; then
     touch "$dir/updated"
-  elif compgen -G "$dir/state/lists/*_Packages" >/dev/null; then
+  elif compgen -G "$dir/state/lists/*_Packages*" >/dev/null; then
     echo "build.sh: apt-get update for $rel failed; using the lists of an earlier run" >&2
   else
     echo "build.sh: apt-get update for $rel failed" >&2
