@@ -15,12 +15,13 @@
 # (apt-<release>: its own sources.list for <release> and <release>-security,
 # from the mirrors this machine's apt uses, its own lists and status; this
 # machine's apt is never touched), whose lists a run refreshes if they are
-# more than an hour old (if that fails, the lists of an earlier run serve). The images are cached under
-# $ESPD_XFRM_GUEST_CACHE (default /var/cache/espd-xfrm-guest), each in a
-# directory named for its kernel series and package version, one per kernel,
-# so a second run only checks the versions. stdout has one line per kernel
-# built, in the order asked: its directory, which holds vmlinuz, initrd.gz,
-# kernel-version and series.
+# more than an hour old (if that fails, the lists of an earlier run serve).
+# The images are cached under $ESPD_XFRM_GUEST_CACHE (default
+# /var/cache/espd-xfrm-guest), each in a directory named for its kernel
+# series and package version, one per kernel, so a second run only checks
+# the versions. stdout has one line per kernel, in the order asked: its
+# image's directory, which holds vmlinuz, initrd.gz, kernel-version and
+# series.
 #
 # Usage: bash xfrmguest/build.sh [6.1] [6.12]   (both when none is named; as
 # root; needs apt-get, dpkg-deb, cpio, kmod)
