@@ -1,73 +1,112 @@
 #!/usr/bin/env bash
-# Builds the guest that xfrmguest's tests boot under qemu: Debian 12's own
-# kernel (which has XFRM ESP and the AEAD templates as modules) and a small
-# initramfs with busybox-static, iproute2 and those modules. Its init loads
-# the modules, gives eth0 an address and then runs the shell commands it reads
-# on the second serial port (ttyS1), ending each command's output with a line
+# Builds the guests that xfrmguest's tests boot under qemu, one per kernel:
+# "6.1" is Debian 12's own kernel, "6.12" Debian 13's (each has XFRM ESP and
+# the AEAD templates as modules), each with a small initramfs of busybox-static,
+# iproute2 and those modules. The user space is the same in both (this
+# machine's release's busybox-static and iproute2), so that what differs
+# between the guests is the kernel's. Its init loads the modules, gives eth0
+# an address and then runs the shell commands it reads on the second serial
+# port (ttyS1), ending each command's output with a line
 # "ESPD-XFRM-RC=<exit status>".
 #
 # Everything comes from Debian's registry with apt-get download, pinned to the
-# exact versions apt finds now, and is cached under $ESPD_XFRM_GUEST_CACHE
-# (default /var/cache/espd-xfrm-guest) in a directory named for the kernel
-# package's version, so a second run only checks the versions. The last line
-# on stdout is that directory: it holds vmlinuz, initrd.gz and kernel-version.
+# exact versions apt finds now. A kernel of another release than this
+# machine's comes through a private apt configuration under the cache
+# (apt-<release>: its own sources.list for <release> and <release>-security,
+# from the mirrors this machine's apt uses, its own lists and status; this
+# machine's apt is never touched), whose lists a run refreshes if they are
+# more than an hour old (if that fails, the lists of an earlier run serve).
+# The images are cached under $ESPD_XFRM_GUEST_CACHE (default
+# /var/cache/espd-xfrm-guest), each in a directory named for its kernel
+# series and package version, one per kernel, so a second run only checks
+# the versions. stdout has one line per kernel, in the order asked: its
+# image's directory, which holds vmlinuz, initrd.gz, kernel-version and
+# series.
 #
-# Usage: bash xfrmguest/build.sh   (as root; needs apt-get, dpkg-deb, cpio, kmod)
+# Usage: bash xfrmguest/build.sh [6.1] [6.12]   (both when none is named; as
+# root; needs apt-get, dpkg-deb, cpio, kmod)
 set -euo pipefail
 
 cache=${ESPD_XFRM_GUEST_CACHE:-/var/cache/espd-xfrm-guest}
-
-# The kernel package that linux-image-amd64 currently points at, and its version.
-kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
-[ -n "$kpkg" ] || { echo "build.sh: apt knows no linux-image-amd64 (apt-get update?)" >&2; exit 1; }
-kver_pkg=$(apt-cache policy "$kpkg" | awk '/Candidate:/ {print $2}')
-bbver=$(apt-cache policy busybox-static | awk '/Candidate:/ {print $2}')
-ipver=$(apt-cache policy iproute2 | awk '/Candidate:/ {print $2}')
-# The cache key: the kernel's package and version, the tools' versions and
-# this script's own hash (a change to it builds a new image).
+# The kernel series and the Debian release whose linux-image-amd64 each is.
+declare -A release=([6.1]=bookworm [6.12]=trixie)
+[ $# -gt 0 ] || set -- 6.1 6.12
+for series in "$@"; do
+  [ -n "${release[$series]:-}" ] || { echo "usage: build.sh [6.1] [6.12]" >&2; exit 2; }
+done
+host=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+# This script's own hash is part of every cache key: a change to it builds
+# new images.
 self=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-12)
-key="$kpkg-$kver_pkg-bb$bbver-ip$ipver-$self"
-key=${key//[^A-Za-z0-9.+_-]/_}
-out="$cache/$key"
+
 # One build at a time (flock, util-linux); a second waits and finds the cache.
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
-if [ -s "$out/initrd.gz" ] && [ -s "$out/vmlinuz" ]; then
-  echo "$out"
-  exit 0
-fi
-
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # apt-get download fetches as _apt when that user can write the directory.
 chown _apt "$work" 2>/dev/null || true
-cd "$work"
-apt-get download -q "$kpkg=$kver_pkg" "busybox-static=$bbver" "iproute2=$ipver" >&2
-mkdir kernel tools root
-dpkg-deb -x "$kpkg"_*.deb kernel
-dpkg-deb -x busybox-static_*.deb tools
-dpkg-deb -x iproute2_*.deb tools
-kver=$(ls kernel/lib/modules)
 
-# The root file system: busybox's applets, ip, and ip's shared libraries.
-mkdir -p root/{bin,sbin,etc,proc,sys,dev,tmp,run,lib/modules}
-cp tools/bin/busybox root/bin/busybox
-# Every applet but ip, which is iproute2's (busybox's cannot do xfrm).
-for applet in $(root/bin/busybox --list); do
-  [ "$applet" = ip ] || [ -e "root/bin/$applet" ] || ln -s busybox "root/bin/$applet"
-done
-cp tools/bin/ip root/sbin/ip
-# ldd resolves against this machine's libraries, which are Debian 12's too (the
-# same release as the iproute2 package); copy each one to the same path.
-for lib in $(ldd root/sbin/ip | grep -o '/[^ ]*'); do
-  mkdir -p "root$(dirname "$lib")"
-  cp -L "$lib" "root$lib"
-done
+# mirror SUITE prints the URI this machine's apt fetches SUITE/main from.
+mirror() {
+  apt-cache policy | awk -v d="$1/main" '$3 == d && !n++ {print $2}'
+}
+
+# apt_for RELEASE sets aptc to the apt-get/apt-cache options that reach
+# RELEASE's packages: none for this machine's release, else a private
+# configuration under the cache, whose lists it refreshes, and which keeps
+# apt's package cache (which a Docker image's apt configuration may turn
+# off) so that a second run reads it instead of the lists.
+apt_for() {
+  local rel=$1 dir main sec keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+  aptc=()
+  [ "$rel" != "$host" ] || return 0
+  dir="$cache/apt-$rel"
+  mkdir -p "$dir/state/lists/partial" "$dir/cache/archives/partial" "$dir/sources.list.d" "$dir/preferences.d"
+  : >>"$dir/status"
+  cat >"$dir/apt.conf" <<CONF
+Dir::Etc::sourcelist "$dir/sources.list";
+Dir::Etc::sourceparts "$dir/sources.list.d";
+Dir::Etc::preferences "$dir/preferences";
+Dir::Etc::preferencesparts "$dir/preferences.d";
+Dir::State "$dir/state";
+Dir::State::status "$dir/status";
+Dir::Cache "$dir/cache";
+Dir::Cache::pkgcache "pkgcache.bin";
+Dir::Cache::srcpkgcache "";
+Acquire::Languages "none";
+CONF
+  aptc=(-c "$dir/apt.conf")
+  # Lists refreshed in the last hour serve as they are.
+  if [ -n "$(find "$dir/updated" -mmin -60 2>/dev/null)" ]; then
+    return 0
+  fi
+  main=$(mirror "$host")
+  sec=$(mirror "$host-security")
+  printf 'deb [signed-by=%s target=Packages] %s %s main\n' \
+    "$keyring" "${main:-http://deb.debian.org/debian}" "$rel" \
+    "$keyring" "${sec:-http://deb.debian.org/debian-security}" "$rel-security" >"$dir/sources.list"
+  if apt-get "${aptc[@]}" -q --error-on=any update >&2; then
+    touch "$dir/updated"
+  elif compgen -G "$dir/state/lists/*_Packages*" >/dev/null; then
+    echo "build.sh: apt-get update for $rel failed; using the lists of an earlier run" >&2
+  else
+    echo "build.sh: apt-get update for $rel failed" >&2
+    exit 1
+  fi
+}
+
+# The user space, from this machine's release.
+bbver=$(apt-cache policy busybox-static | awk '/Candidate:/ {print $2}')
+ipver=$(apt-cache policy iproute2 | awk '/Candidate:/ {print $2}')
+[ -n "$bbver" ] && [ "$bbver" != "(none)" ] && [ -n "$ipver" ] && [ "$ipver" != "(none)" ] ||
+  { echo "build.sh: apt knows no busybox-static or iproute2 (apt-get update?)" >&2; exit 1; }
 
 # The modules: ESP for IPv4 and IPv6, the netlink interface ip xfrm uses, the
 # AEAD and CBC+HMAC transforms in their generic (C) forms, and virtio-net for
-# eth0, with every dependency modprobe finds in modules.dep. drbg and
+# eth0, with every dependency modprobe finds in modules.dep (some are built
+# into one kernel or both: modprobe says so and nothing is copied). drbg and
 # jitterentropy_rng: seqiv and echainiv take their salt from the default RNG;
 # pcrypt and crypto_user (which instantiates pcrypt), camellia and 3DES for the
 # harness's kernel-only rows; veth and tun for the harness's namespaces and
@@ -81,21 +120,92 @@ mods="virtio_pci virtio_net xfrm_user esp4 esp6 xfrm4_tunnel xfrm6_tunnel
   authenc authencesn cbc hmac sha1_generic sha256_generic sha512_generic seqiv echainiv
   drbg jitterentropy_rng crypto_null ecb pcrypt crypto_user camellia_generic des_generic
   veth tun nfnetlink xfrm_interface"
-depmod -b kernel "$kver"
-mkdir -p "root/lib/modules/$kver"
-: >"root/lib/modules/$kver/modules.order"
-for m in $mods; do
-  modprobe -d kernel -S "$kver" --show-depends "$m" | awk '$1 == "insmod" {print $2}'
-done | awk '!seen[$0]++' | while read -r ko; do
-  rel=${ko#*/lib/modules/"$kver"/}
-  mkdir -p "root/lib/modules/$kver/$(dirname "$rel")"
-  cp "$ko" "root/lib/modules/$kver/$rel"
-  echo "$rel" >>"root/lib/modules/$kver/modules.order"
-done
-cp kernel/lib/modules/"$kver"/modules.builtin* "root/lib/modules/$kver/"
-depmod -b root "$kver"
 
-cat >root/init <<'INIT'
+# build SERIES builds (or finds) the image of the kernel SERIES and prints
+# its directory.
+build() {
+  local series=$1 rel=${release[$1]} kpkg kver_pkg key out w kver
+  apt_for "$rel"
+  # The kernel package that linux-image-amd64 currently points at, and its version.
+  kpkg=$(apt-cache "${aptc[@]}" depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ && !n++ {print $2}')
+  [ -n "$kpkg" ] || { echo "build.sh: apt knows no linux-image-amd64 of $rel (apt-get update?)" >&2; exit 1; }
+  case $kpkg in
+    linux-image-"$series".*) ;;
+    *) echo "build.sh: $rel's linux-image-amd64 is $kpkg, not a $series kernel" >&2; exit 1 ;;
+  esac
+  kver_pkg=$(apt-cache "${aptc[@]}" policy "$kpkg" | awk '/Candidate:/ {print $2}')
+  # The cache key: the series, the kernel's package and version, the tools'
+  # versions and this script's hash.
+  key="linux$series-$kpkg-$kver_pkg-bb$bbver-ip$ipver-$self"
+  key=${key//[^A-Za-z0-9.+_-]/_}
+  out="$cache/$key"
+  if [ -s "$out/initrd.gz" ] && [ -s "$out/vmlinuz" ]; then
+    echo "$out"
+    return 0
+  fi
+
+  w="$work/$series"
+  mkdir -p "$w"
+  # apt-get download fetches as _apt when that user can write the directory.
+  chown _apt "$w" 2>/dev/null || true
+  cd "$w"
+  apt-get "${aptc[@]}" download -q "$kpkg=$kver_pkg" >&2
+  apt-get download -q "busybox-static=$bbver" "iproute2=$ipver" >&2
+  mkdir kernel tools root
+  dpkg-deb -x "$kpkg"_*.deb kernel
+  dpkg-deb -x busybox-static_*.deb tools
+  dpkg-deb -x iproute2_*.deb tools
+  # Debian 13 ships the modules under /usr/lib (merged /usr); kmod here
+  # looks under <base>/lib.
+  if [ ! -d kernel/lib/modules ] && [ -d kernel/usr/lib/modules ]; then
+    mkdir -p kernel/lib
+    mv kernel/usr/lib/modules kernel/lib/modules
+  fi
+  kver=$(ls kernel/lib/modules)
+  case $kver in
+    "$series".*) ;;
+    *) echo "build.sh: $kpkg holds kernel $kver, not $series" >&2; exit 1 ;;
+  esac
+
+  # The root file system: busybox's applets, ip, and ip's shared libraries.
+  mkdir -p root/{bin,sbin,etc,proc,sys,dev,tmp,run,lib/modules}
+  cp tools/bin/busybox root/bin/busybox
+  # Every applet but ip, which is iproute2's (busybox's cannot do xfrm).
+  for applet in $(root/bin/busybox --list); do
+    [ "$applet" = ip ] || [ -e "root/bin/$applet" ] || ln -s busybox "root/bin/$applet"
+  done
+  cp tools/bin/ip root/sbin/ip
+  # ldd resolves against this machine's libraries, of the same release as
+  # the iproute2 package; copy each one to the same path.
+  for lib in $(ldd root/sbin/ip | grep -o '/[^ ]*'); do
+    mkdir -p "root$(dirname "$lib")"
+    cp -L "$lib" "root$lib"
+  done
+
+  depmod -b kernel "$kver"
+  mkdir -p "root/lib/modules/$kver"
+  : >"root/lib/modules/$kver/modules.order"
+  # A module neither kernel file nor built in fails the build. Compressed
+  # modules (Debian 13's are .ko.xz) are stored decompressed, with busybox's
+  # unxz, for busybox's insmod.
+  for m in $mods; do
+    modprobe -d kernel -S "$kver" --show-depends "$m" ||
+      { echo "build.sh: kernel $kver has no module $m" >&2; exit 1; }
+  done | awk '$1 == "insmod" && !seen[$2]++ {print $2}' | while read -r ko; do
+    rel=${ko#*/lib/modules/"$kver"/}
+    rel=${rel%.xz}
+    mkdir -p "root/lib/modules/$kver/$(dirname "$rel")"
+    case $ko in
+      *.ko.xz) tools/bin/busybox unxz -c "$ko" >"root/lib/modules/$kver/$rel" ;;
+      *.ko) cp "$ko" "root/lib/modules/$kver/$rel" ;;
+      *) echo "build.sh: $ko: a module compression this script does not know" >&2; exit 1 ;;
+    esac
+    echo "$rel" >>"root/lib/modules/$kver/modules.order"
+  done
+  cp kernel/lib/modules/"$kver"/modules.builtin* "root/lib/modules/$kver/"
+  depmod -b root "$kver"
+
+  cat >root/init <<'INIT'
 #!/bin/sh
 export PATH=/sbin:/bin
 mount -t proc proc /proc
@@ -128,15 +238,25 @@ while IFS= read -r cmd; do
 done <&3 >&3
 poweroff -f
 INIT
-chmod +x root/init
+  chmod +x root/init
 
-mkdir -p "$out.tmp"
-cp "kernel/boot/vmlinuz-$kver" "$out.tmp/vmlinuz"
-(cd root && find . | cpio -o -H newc --quiet) | gzip -1 >"$out.tmp/initrd.gz"
-echo "$kver" >"$out.tmp/kernel-version"
-echo "$key" >"$out.tmp/key"
-rm -rf "$out"
-mv "$out.tmp" "$out"
-# Images of other kernel versions or of an older build.sh are stale.
-find "$cache" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +
-echo "$out"
+  mkdir -p "$out.tmp"
+  cp "kernel/boot/vmlinuz-$kver" "$out.tmp/vmlinuz"
+  (cd root && find . | cpio -o -H newc --quiet) | gzip -1 >"$out.tmp/initrd.gz"
+  echo "$kver" >"$out.tmp/kernel-version"
+  echo "$series" >"$out.tmp/series"
+  echo "$key" >"$out.tmp/key"
+  rm -rf "$out"
+  mv "$out.tmp" "$out"
+  cd /
+  rm -rf "$w"
+  # Images of this series' other kernel versions or of an older build.sh,
+  # and those of before there were several kernels, are stale.
+  find "$cache" -mindepth 1 -maxdepth 1 -type d \( -name "linux$series-*" -o -name 'linux-image-*' \) \
+    ! -name "$key" -exec rm -rf {} +
+  echo "$out"
+}
+
+for series in "$@"; do
+  build "$series"
+done

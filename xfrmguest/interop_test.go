@@ -13,9 +13,10 @@ import (
 	"github.com/espd/espd/testbed"
 )
 
-// TestInterop runs the interop matrix between espd (in the test's
-// namespace, outer 198.18.0.1 and 2001:db8::1) and the guest kernel's XFRM
-// (outer 198.18.0.2 and 2001:db8::2) on one guest boot and one espd: every
+// TestInterop runs, for each kernel (subtests linux6.1 and linux6.12), the
+// interop matrix between espd (in the test's namespace, outer 198.18.0.1
+// and 2001:db8::1) and the guest kernel's XFRM (outer 198.18.0.2 and
+// 2001:db8::2) on one guest boot and one espd per kernel: every
 // suite both implement, raw ESP and ESP-in-UDP, IPv4 and IPv6 outer and
 // inner, ESN with the guest's sender crossing 2^32 and espd's (started
 // near 2^32 with espctl's --oseq), what the kernel does with an ESN state
@@ -23,8 +24,10 @@ import (
 // last, that the capture of the link shows no cleartext. Each case keys a pair of tunnel states (espd -> guest and
 // guest -> espd) on both sides and pings both ways; what one side sent on
 // a state the other side received on it.
-func TestInterop(t *testing.T) {
-	l := newLab(t)
+func TestInterop(t *testing.T) { eachKernel(t, interop) }
+
+func interop(t *testing.T, series string) {
+	l := newLab(t, series)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 

@@ -68,16 +68,16 @@ type lab struct {
 	nullSPIs map[uint32]bool
 }
 
-// newLab builds udpencap, boots the guest with it, starts espd in the
+// newLab builds udpencap, boots the guest of the kernel series with it, starts espd in the
 // guest's tap namespace with both inner addresses on lo, starts udpencap
 // in the guest, gives the guest its inner addresses and routes, and starts
 // the capture on tap0.
-func newLab(t *testing.T) *lab {
+func newLab(t *testing.T, series string) *lab {
 	t.Helper()
 	dir := t.TempDir()
 	udpencap := filepath.Join(dir, "udpencap")
 	buildStatic(t, udpencap, "github.com/espd/espd/xfrmguest/cmd/udpencap")
-	node, g := bootT(t, map[string]string{udpencapGuestPath: udpencap})
+	node, g := bootT(t, series, map[string]string{udpencapGuestPath: udpencap})
 	l := &lab{node: node, g: g, dir: dir, sock: filepath.Join(dir, "espd.sock"), spi: 0x10000, nullSPIs: map[uint32]bool{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

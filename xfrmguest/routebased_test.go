@@ -28,8 +28,9 @@ type rbTunnel struct {
 	p4, p6 *pair
 }
 
-// TestRouteBasedXFRMInterface runs route-based tunnels between espd and
-// Linux's own XFRM interfaces, on a guest of its own: ipsec7 (if_id 7)
+// TestRouteBasedXFRMInterface runs, on a guest of its own of each kernel
+// (subtests linux6.1 and linux6.12), route-based tunnels between espd and
+// Linux's own XFRM interfaces: ipsec7 (if_id 7)
 // over IPv4 (198.18.0.1 - 198.18.0.2) and ipsec8 (if_id 8) over IPv6
 // (2001:db8::1 - 2001:db8::2), each carrying IPv4 and IPv6. espd, keyed by
 // its configuration file, holds both interfaces ([[interface]]), for each
@@ -49,8 +50,10 @@ type rbTunnel struct {
 // did not move, espd dropped nothing on the tunnels' states, and the
 // capture of the link shows nothing but the tunnels' ESP and link
 // housekeeping between the outer addresses and no inner address in clear.
-func TestRouteBasedXFRMInterface(t *testing.T) {
-	node, g := bootT(t, nil)
+func TestRouteBasedXFRMInterface(t *testing.T) { eachKernel(t, routeBased) }
+
+func routeBased(t *testing.T, series string) {
+	node, g := bootT(t, series, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
