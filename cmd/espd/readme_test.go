@@ -6,38 +6,37 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strings"
 	"testing"
 
+	"github.com/espd/espd/internal/docblock"
 	"github.com/espd/espd/testbed"
 )
 
+// flagTableMarker marks README.md's table of espd's flags
+// ("<!-- table espd-flags -->", docblock.Tables).
+const flagTableMarker = "espd-flags"
+
 // readmeFlags returns the flags that the first column of README.md's
-// table in section "espd" names, in table order.
+// table marked flagTableMarker names, in table order.
 func readmeFlags(t *testing.T) []string {
 	t.Helper()
 	b, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, sec, ok := strings.Cut(string(b), "\n## espd\n")
-	if !ok {
-		t.Fatal(`README.md has no section "## espd"`)
+	tables := docblock.MarkedTables(docblock.Tables(string(b)), flagTableMarker)
+	if len(tables) != 1 {
+		t.Fatalf("README.md: want one table marked %q, have %d", flagTableMarker, len(tables))
 	}
-	sec, _, _ = strings.Cut(sec, "\n## ")
 	name := regexp.MustCompile("`--([a-z0-9-]+)`")
 	var flags []string
-	for _, line := range strings.Split(sec, "\n") {
-		cells := strings.Split(line, "|")
-		if len(cells) < 3 || strings.HasPrefix(strings.TrimSpace(cells[1]), "---") {
-			continue
-		}
-		for _, m := range name.FindAllStringSubmatch(cells[1], -1) {
+	for _, row := range tables[0].Rows[1:] {
+		for _, m := range name.FindAllStringSubmatch(row[0], -1) {
 			flags = append(flags, m[1])
 		}
 	}
 	if len(flags) == 0 {
-		t.Fatal(`README.md's section "espd" has no flag table`)
+		t.Fatalf("README.md's table %q names no flag", flagTableMarker)
 	}
 	return flags
 }
@@ -66,8 +65,9 @@ func helpFlags(t *testing.T) []string {
 	return flags
 }
 
-// TestReadmeFlagTable checks that README.md's flag table (section "espd")
-// and "espd -h" name the same flags, each once in the table.
+// TestReadmeFlagTable checks that README.md's flag table (marked
+// flagTableMarker, in section "espd") and "espd -h" name the same flags,
+// each once in the table.
 func TestReadmeFlagTable(t *testing.T) {
 	table, help := readmeFlags(t), helpFlags(t)
 	seen := map[string]bool{}
@@ -82,7 +82,7 @@ func TestReadmeFlagTable(t *testing.T) {
 	}
 	for _, f := range help {
 		if !seen[f] {
-			t.Errorf("espd -h lists -%s, which README.md's flag table (section \"espd\") lacks", f)
+			t.Errorf("espd -h lists -%s, which README.md's flag table (%q) lacks", f, flagTableMarker)
 		}
 	}
 }

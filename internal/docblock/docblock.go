@@ -1,7 +1,8 @@
 // Package docblock finds the fenced code blocks of a Markdown file by their
 // explicit markers. A fence's info string is "lang marker...": the first word
 // is the language, the rest (trimmed) is the marker, e.g. "```sh quick-start".
-// Tests that run a document's commands select blocks by Marker, never by prose.
+// Tests that run a document's commands select blocks by Marker, never by prose;
+// tables are marked likewise by an HTML comment above them (Tables).
 package docblock
 
 import (

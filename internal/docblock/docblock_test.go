@@ -26,3 +26,33 @@ func TestParse(t *testing.T) {
 		t.Errorf("Marked matched a marker that is only a suffix: %+v", m)
 	}
 }
+
+func TestTables(t *testing.T) {
+	text := "<!-- table flags -->\n| flag | meaning |\n| --- | :-: |\n| `--a` | x\\|y |\n|`--b`|z|\n\n" +
+		"```md\n| in | fence |\n```\n<!-- table other -->\n\n| plain |\n|---|\n| row |\n"
+	got := Tables(text)
+	if len(got) != 2 {
+		t.Fatalf("got %d tables %+v, want 2", len(got), got)
+	}
+	want := [][]string{{"flag", "meaning"}, {"`--a`", "x|y"}, {"`--b`", "z"}}
+	if got[0].Marker != "flags" || got[0].Line != 2 || len(got[0].Rows) != len(want) {
+		t.Fatalf("table 0: %+v", got[0])
+	}
+	for i, row := range want {
+		if len(got[0].Rows[i]) != len(row) {
+			t.Fatalf("table 0 row %d: got %q, want %q", i, got[0].Rows[i], row)
+		}
+		for j := range row {
+			if got[0].Rows[i][j] != row[j] {
+				t.Errorf("table 0 row %d: got %q, want %q", i, got[0].Rows[i], row)
+			}
+		}
+	}
+	// A blank line between the comment and the table unmarks it.
+	if got[1].Marker != "" || got[1].Line != 12 || len(got[1].Rows) != 2 {
+		t.Errorf("table 1: %+v", got[1])
+	}
+	if m := MarkedTables(got, "flags"); len(m) != 1 || m[0].Line != 2 {
+		t.Errorf("MarkedTables: %+v", m)
+	}
+}
