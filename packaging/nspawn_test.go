@@ -147,7 +147,12 @@ func boot(t *testing.T, dir string, volatile bool, debs string, node *testbed.No
 	// A cgroup v2 hierarchy in the container even where the machine has
 	// v1 or hybrid: with v1 systemd-nspawn mounts the devices controller
 	// read-only and DevicePolicy= silently does nothing.
-	c.cmd.Env = append(os.Environ(), "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1")
+	// /proc/sys/net writable, as on a real box (the container has a network
+	// namespace of its own; systemd-nspawn leaves all of /proc/sys read-only
+	// otherwise): deploy.md's sysctl for forwarding, and espd's rp_filter
+	// on its TUN under systemd 257, whose units' new /proc (ProtectProc=)
+	// keeps the read-only /proc/sys that 252's did not.
+	c.cmd.Env = append(os.Environ(), "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1", "SYSTEMD_NSPAWN_API_VFS_WRITABLE=network")
 	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)
