@@ -53,6 +53,9 @@ func deployUnderSystemd(t *testing.T, release string) {
 	for _, name := range []string{"A", "B"} {
 		// udev's mode, which the container lacks (TestUnitUnderSystemd).
 		gw[name].must(t, "chmod", "0666", "/dev/net/tun")
+		// apt answers the purge's question itself, as the administrator
+		// would (the commands are the doc's as written).
+		gw[name].must(t, "sh", "-ec", `echo 'APT::Get::Assume-Yes "true";' > /etc/apt/apt.conf.d/90espd-test`)
 		// The directory the packages were copied to holds every architecture.
 		aptGet(t, gw[name], "/mnt/espd", install)
 	}
