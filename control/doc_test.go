@@ -3,38 +3,31 @@ package control
 import (
 	"bytes"
 	"encoding/hex"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/espd/espd/internal/docblock"
 )
 
 // TestDocExample checks the worked example of docs/control-protocol.md
 // against the codec.
 func TestDocExample(t *testing.T) {
-	doc, err := os.ReadFile("../docs/control-protocol.md")
+	doc, err := docblock.Blocks("../docs/control-protocol.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, example, ok := strings.Cut(string(doc), "## 10. Worked example")
-	if !ok {
-		t.Fatal("no worked example section")
-	}
-	example, _, _ = strings.Cut(example, "\n## ")
 	hexByte := regexp.MustCompile(`^[0-9a-f]{2}$`)
 	var blocks [][]byte
-	for i, part := range strings.Split(example, "```") {
-		if i%2 == 0 {
-			continue
-		}
+	for _, b := range docblock.Marked(doc, "worked example") {
 		var msg []byte
-		for _, line := range strings.Split(part, "\n") {
+		for _, line := range strings.Split(b.Text, "\n") {
 			for _, tok := range strings.Fields(line) {
 				if !hexByte.MatchString(tok) {
 					break
 				}
-				b, _ := hex.DecodeString(tok)
-				msg = append(msg, b...)
+				x, _ := hex.DecodeString(tok)
+				msg = append(msg, x...)
 			}
 		}
 		blocks = append(blocks, msg)

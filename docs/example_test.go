@@ -1,12 +1,12 @@
 package docs
 
 import (
-	"os"
 	"reflect"
-	"strings"
 	"testing"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/espd/espd/internal/docblock"
 )
 
 // TestPackagedExample holds the example configuration that the espd package
@@ -14,23 +14,15 @@ import (
 // /usr/share/doc/espd/examples/espd.toml) to the example of config.md: the
 // same tables, keys and values, whatever the comments.
 func TestPackagedExample(t *testing.T) {
-	md, err := os.ReadFile("config.md")
+	blocks, err := docblock.Blocks("config.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	const heading = "## Example: gateway A of a site-to-site tunnel"
-	_, rest, ok := strings.Cut(string(md), heading)
-	if !ok {
-		t.Fatalf("config.md has no %q", heading)
+	m := docblock.Marked(blocks, "packaged example")
+	if len(m) != 1 || m[0].Lang != "toml" {
+		t.Fatalf("config.md: want one toml block marked \"packaged example\", have %d", len(m))
 	}
-	_, rest, ok = strings.Cut(rest, "```toml\n")
-	if !ok {
-		t.Fatalf("config.md: no toml block after %q", heading)
-	}
-	block, _, ok := strings.Cut(rest, "```")
-	if !ok {
-		t.Fatal("config.md: the example's toml block does not end")
-	}
+	block := m[0].Text
 	var documented, packaged map[string]any
 	if _, err := toml.Decode(block, &documented); err != nil {
 		t.Fatalf("config.md's example: %v", err)

@@ -196,7 +196,7 @@ func TestRouteBasedBGP(t *testing.T) {
 	// ipsec2.
 	// A's are docs/strongswan.md's, run as written.
 	addrs := map[*gateway][2]string{p.a: {"198.19.254.1", "198.19.254.3"}, p.b: {"198.19.254.2", "198.19.254.4"}}
-	docAddrs := docExample(t, "### BGP over two tunnels: the interfaces' addresses")
+	docAddrs := docExample(t, "sh", "bgp addresses")
 	n := 0
 	for _, line := range strings.Split(docAddrs, "\n") {
 		if args, ok := strings.CutPrefix(strings.TrimSpace(line), "ip "); ok {
@@ -216,7 +216,7 @@ func TestRouteBasedBGP(t *testing.T) {
 			{Ifc: "ipsec2", Local: addrs[g][1], Peer: addrs[other][1], LocalPref: 100},
 		}
 	}
-	confA := docExample(t, "### BGP over two tunnels: bird.conf")
+	confA := docExample(t, "conf", "bgp bird.conf")
 	if want := birdConf(aT, 65001, 65002, tunnels(p.a, p.b)); confA != want {
 		t.Fatalf("the docs' bird.conf for A is not the test's; update one of them:\n%s\nwant:\n%s", confA, want)
 	}

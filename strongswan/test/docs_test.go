@@ -3,42 +3,37 @@ package strongswantest
 import (
 	"context"
 	"net/netip"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/espd/espd/internal/docblock"
 	"github.com/espd/espd/testbed"
 )
 
 // docPath is the page whose examples the tests here run.
 const docPath = "../../docs/strongswan.md"
 
-// docExample returns the first fenced block after the heading that starts
-// with heading in docs/strongswan.md, as written.
-func docExample(t *testing.T, heading string) string {
+// docExample returns the text of the one fenced block of
+// docs/strongswan.md whose info string is lang and marker
+// (internal/docblock), as written.
+func docExample(t *testing.T, lang, marker string) string {
 	t.Helper()
-	b, err := os.ReadFile(docPath)
+	blocks, err := docblock.Blocks(docPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc := string(b)
-	i := strings.Index(doc, "\n"+heading)
-	if i < 0 {
-		t.Fatalf("%s has no heading %q", docPath, heading)
+	var found []docblock.Block
+	for _, b := range docblock.Marked(blocks, marker) {
+		if b.Lang == lang {
+			found = append(found, b)
+		}
 	}
-	rest := doc[i:]
-	start := strings.Index(rest, "\n```\n")
-	if start < 0 {
-		t.Fatalf("%s: no example after %q", docPath, heading)
+	if len(found) != 1 {
+		t.Fatalf("%s: want one %s block marked %q, have %d", docPath, lang, marker, len(found))
 	}
-	rest = rest[start+len("\n```\n"):]
-	end := strings.Index(rest, "\n```\n")
-	if end < 0 {
-		t.Fatalf("%s: unterminated example after %q", docPath, heading)
-	}
-	return rest[:end+1]
+	return found[0].Text
 }
 
 // The addresses of the docs' IPv6 site-to-site example ("pulse"): the
@@ -167,7 +162,7 @@ func checkPulseEndpoints(t *testing.T, g *gateway, local, remote netip.Addr, whe
 // charon may have logged a failed route lookup for its peer.
 func TestDocsIPv6SiteToSite(t *testing.T) {
 	requireStrongSwan(t)
-	conf := docExample(t, "### Site to site over IPv6")
+	conf := docExample(t, "conf", "site-to-site ipv6")
 	if !strings.Contains(conf, "remote_addrs = "+pulseB.Addr().String()) ||
 		!strings.Contains(conf, "2001:db8:ff00::/40") {
 		t.Fatalf("the docs' IPv6 example changed; update the test's addresses:\n%s", conf)
@@ -289,7 +284,7 @@ secrets {
 // against its mirror image on B, and sends traffic through it.
 func TestDocsIPv4SiteToSite(t *testing.T) {
 	requireStrongSwan(t)
-	conf := docExample(t, "### Site to site, PSK, IPv4")
+	conf := docExample(t, "conf", "site-to-site psk ipv4")
 	for _, want := range []string{"local_addrs = " + testbed.GwATransitV4.Addr().String(),
 		"remote_addrs = " + testbed.GwBTransitV4.Addr().String(),
 		"local_ts = " + testbed.LANAV4.String(), "remote_ts = " + testbed.LANBV4.String()} {

@@ -277,7 +277,7 @@ func TestRoadWarriorDocsExample(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
-	conf := docExample(t, "### Road warriors")
+	conf := docExample(t, "conf", "road warriors")
 	for _, want := range []string{"certs = vpn.example.com.pem", "id = @vpn.example.com", "cacerts = ca.pem",
 		"local_ts = " + rwLocalTSV4.String() + "," + rwLocalTSV6.String(),
 		"addrs = " + rwPoolV4.String(), "addrs = " + rwPoolV6.String(),

@@ -246,9 +246,9 @@ func TestRouteBasedTwoInterfaces(t *testing.T) {
 // it and that no cleartext of theirs crosses the transit link.
 func TestRouteBasedDocsExample(t *testing.T) {
 	requireStrongSwan(t)
-	espdConf := docExample(t, "### espd.toml: one interface per if_id")
-	swanConf := docExample(t, "### swanctl.conf: if_id on the CHILD_SA")
-	routes := docExample(t, "### The routes")
+	espdConf := docExample(t, "toml", "route-based espd.toml")
+	swanConf := docExample(t, "conf", "route-based swanctl.conf")
+	routes := docExample(t, "sh", "route-based routes")
 	for _, want := range []string{"local_addrs = " + testbed.GwATransitV4.Addr().String(),
 		"remote_addrs = " + testbed.GwBTransitV4.Addr().String(), "if_id_in = 1", "if_id_out = 1"} {
 		if !strings.Contains(swanConf, want) {
