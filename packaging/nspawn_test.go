@@ -501,16 +501,7 @@ const uringFallback = "TUN writes without io_uring"
 // drop-in and restarts the unit as it was.
 func udpPortDropIn(t *testing.T, c *container, gw *testbed.Node, name string) {
 	t.Helper()
-	doc, err := os.ReadFile("../docs/strongswan.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const header = "# /etc/systemd/system/espd.service.d/udp-port.conf\n"
-	_, body, ok := strings.Cut(string(doc), header)
-	if !ok {
-		t.Fatalf("docs/strongswan.md has no %q block", strings.TrimSpace(header))
-	}
-	body, _, _ = strings.Cut(body, "```")
+	body := markedBlock(t, "../docs/strongswan.md", "ini", "espd.service udp-port drop-in")
 	dropIn := "/etc/systemd/system/" + name + ".d/udp-port.conf"
 	c.must(t, "mkdir", "-p", path.Dir(dropIn))
 	if out, err := c.run([]byte(body), "tee", dropIn); err != nil {

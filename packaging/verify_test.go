@@ -146,18 +146,9 @@ func TestSysusers(t *testing.T) {
 // unless it pulls in one of the shipped units.
 func docsDropIn(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "docs", "strongswan.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const head = "# /etc/systemd/system/strongswan.service.d/espd.conf\n"
-	_, rest, ok := strings.Cut(string(b), head)
-	if !ok {
-		t.Fatalf("docs/strongswan.md has no block starting %q", head)
-	}
-	block, _, ok := strings.Cut(rest, "```")
-	if !ok {
-		t.Fatal("docs/strongswan.md: the drop-in's block does not end")
+	block := markedBlock(t, "../docs/strongswan.md", "ini", "strongswan.service drop-in")
+	if !strings.HasPrefix(block, "# /etc/systemd/system/strongswan.service.d/espd.conf\n") {
+		t.Fatalf("docs/strongswan.md's strongswan.service drop-in does not name its path first:\n%s", block)
 	}
 	wants := ""
 	for _, line := range strings.Split(block, "\n") {
@@ -168,5 +159,5 @@ func docsDropIn(t *testing.T) string {
 	if wants != plainUnit && wants != handoffUnit {
 		t.Fatalf("docs/strongswan.md's drop-in wants %q, not one of the shipped units", wants)
 	}
-	return head + block
+	return block
 }
