@@ -409,20 +409,11 @@ func releaseLists(t *testing.T, rootfs string) []string {
 // there is not exactly one.
 func markedBlock(t *testing.T, file, lang, marker string) string {
 	t.Helper()
-	blocks, err := docblock.Blocks(file)
+	text, err := docblock.One(file, lang, marker)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m []docblock.Block
-	for _, b := range docblock.Marked(blocks, marker) {
-		if b.Lang == lang {
-			m = append(m, b)
-		}
-	}
-	if len(m) != 1 {
-		t.Fatalf("%s: want one %s block marked %q, have %d", file, lang, marker, len(m))
-	}
-	return m[0].Text
+	return text
 }
 
 // sudoLess is a shell block with "sudo " taken off the start of each line,

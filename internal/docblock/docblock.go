@@ -7,6 +7,7 @@ package docblock
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"strings"
 )
@@ -82,4 +83,23 @@ func Marked(blocks []Block, marker string) []Block {
 		}
 	}
 	return out
+}
+
+// One returns the text of the one block of the file at path whose language
+// is lang and whose marker is marker, or an error naming what it found.
+func One(path, lang, marker string) (string, error) {
+	blocks, err := Blocks(path)
+	if err != nil {
+		return "", err
+	}
+	var found []Block
+	for _, b := range Marked(blocks, marker) {
+		if b.Lang == lang {
+			found = append(found, b)
+		}
+	}
+	if len(found) != 1 {
+		return "", fmt.Errorf("%s: want one %s block marked %q, have %d", path, lang, marker, len(found))
+	}
+	return found[0].Text, nil
 }

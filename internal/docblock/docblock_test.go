@@ -1,6 +1,10 @@
 package docblock
 
-import "testing"
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
 
 func TestParse(t *testing.T) {
 	text := "# Title\n\n```sh quick-start gateway A\necho a\n  echo b\n```\n\n## Flags\n\n```\nplain\n```\n```go\nx\n```\n```sh open\nrest\n"
@@ -54,5 +58,24 @@ func TestTables(t *testing.T) {
 	}
 	if m := MarkedTables(got, "flags"); len(m) != 1 || m[0].Line != 2 {
 		t.Errorf("MarkedTables: %+v", m)
+	}
+}
+
+func TestOne(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "doc.md")
+	doc := "# T\n\n```sh run me\necho a\n```\n\n```toml run me\nx = 1\n```\n\n```sh twice\n```\n```sh twice\n```\n"
+	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := One(path, "sh", "run me"); err != nil || got != "echo a\n" {
+		t.Errorf("One(sh, run me) = %q, %v; want \"echo a\\n\"", got, err)
+	}
+	if got, err := One(path, "toml", "run me"); err != nil || got != "x = 1\n" {
+		t.Errorf("One(toml, run me) = %q, %v", got, err)
+	}
+	for _, m := range []string{"twice", "absent"} {
+		if _, err := One(path, "sh", m); err == nil {
+			t.Errorf("One(sh, %s): no error", m)
+		}
 	}
 }

@@ -20,20 +20,11 @@ const docPath = "../../docs/strongswan.md"
 // (internal/docblock), as written.
 func docExample(t *testing.T, lang, marker string) string {
 	t.Helper()
-	blocks, err := docblock.Blocks(docPath)
+	text, err := docblock.One(docPath, lang, marker)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var found []docblock.Block
-	for _, b := range docblock.Marked(blocks, marker) {
-		if b.Lang == lang {
-			found = append(found, b)
-		}
-	}
-	if len(found) != 1 {
-		t.Fatalf("%s: want one %s block marked %q, have %d", docPath, lang, marker, len(found))
-	}
-	return found[0].Text
+	return text
 }
 
 // The addresses of the docs' IPv6 site-to-site example ("pulse"): the
