@@ -4,8 +4,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
+
+	"github.com/espd/espd/internal/docblock"
 )
 
 // TestDocExamples parses every TOML block of docs/config.md as espd does,
@@ -14,21 +15,24 @@ import (
 // takes. docs/example_test.go holds the site-to-site example to the
 // packaged one.
 func TestDocExamples(t *testing.T) {
-	md, err := os.ReadFile("../docs/config.md")
+	all, err := docblock.Blocks("../docs/config.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	keyFile := regexp.MustCompile(`(?m)^\s*(?:enc|integ)_key_file\s*=\s*"([^"]+)"`)
-	parts := strings.Split(string(md), "```toml\n")
-	if len(parts) < 3 {
-		t.Fatalf("config.md has %d TOML blocks, want the route-based and the site-to-site examples", len(parts)-1)
+	var blocks []string
+	for _, b := range all {
+		if b.Lang == "toml" {
+			blocks = append(blocks, b.Text)
+		}
+	}
+	for _, marker := range []string{"route-based example", "packaged example"} {
+		if _, err := docblock.One("../docs/config.md", "toml", marker); err != nil {
+			t.Error(err)
+		}
 	}
 	var interfaces int
-	for i, part := range parts[1:] {
-		block, _, ok := strings.Cut(part, "```")
-		if !ok {
-			t.Fatalf("TOML block #%d does not end", i+1)
-		}
+	for i, block := range blocks {
 		dir := t.TempDir()
 		for _, m := range keyFile.FindAllStringSubmatch(block, -1) {
 			p := m[1]
