@@ -154,12 +154,16 @@ func (t *Topology) build() error {
 			}
 		}
 	}
-	for _, gw := range []*Node{t.GwA, t.GwB} {
-		for _, kv := range [][2]string{
-			{"net/ipv4/ip_forward", "1"},
-			{"net/ipv6/conf/all/forwarding", "1"},
-		} {
-			if err := gw.Sysctl(kv[0], kv[1]); err != nil {
+	// Forwarding is set on every node, hosts too: a new namespace takes its
+	// IPv4 settings from the machine's (net.core.devconf_inherit_init_net=0),
+	// and a machine that routes must not make the client a router.
+	for _, node := range t.Nodes() {
+		forward := "0"
+		if node == t.GwA || node == t.GwB {
+			forward = "1"
+		}
+		for _, key := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+			if err := node.Sysctl(key, forward); err != nil {
 				return err
 			}
 		}

@@ -73,8 +73,13 @@ func TestTopologyUpDown(t *testing.T) {
 			}
 		}
 	}
-	if out, _ := top.Client.Run(ctx, "cat", "/proc/sys/net/ipv4/ip_forward"); strings.TrimSpace(out) != "0" {
-		t.Errorf("client forwards: ip_forward = %q", out)
+	// The hosts do not forward, whatever the machine does.
+	for _, host := range []*Node{top.Client, top.Server} {
+		for _, key := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+			if out, _ := host.Run(ctx, "cat", "/proc/sys/"+key); strings.TrimSpace(out) != "0" {
+				t.Errorf("%s forwards: %s = %q", host.Role, key, out)
+			}
+		}
 	}
 
 	// Each link works in both families.
