@@ -246,6 +246,9 @@ func (e *entry) empty() bool {
 	return e.tunnel == 0 && e.throw == 0 && !e.adoptedHold && !e.adoptedThrow && e.installed == 0 && !e.held
 }
 
+// ErrClosed is the error of a Router's methods after Close.
+var ErrClosed = errors.New("routing: router closed")
+
 // Router owns espd's routes and rules in one network namespace. Its
 // methods are safe for concurrent use.
 type Router struct {
@@ -586,7 +589,7 @@ func (r *Router) AddRoute(src, dst netip.Prefix, k Kind) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return errors.New("routing: router closed")
+		return ErrClosed
 	}
 	var s *source
 	key := pair{src, p}
@@ -682,7 +685,7 @@ func (r *Router) RemoveRoute(src, dst netip.Prefix, k Kind) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return errors.New("routing: router closed")
+		return ErrClosed
 	}
 	e := r.routes[p]
 	key := pair{src, p}
@@ -775,8 +778,13 @@ func (r *Router) Table() int { return r.cfg.Table }
 
 // PathMTU returns the MTU of the route an outer packet to dst (marked, so
 // routed by the main table) takes: the route's mtu attribute if it has
-// one, else the outgoing interface's MTU.
+// one, else the outgoing interface's MTU. After Close it fails.
 func (r *Router) PathMTU(dst netip.Addr) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return 0, ErrClosed
+	}
 	routes, err := r.h.RouteGetWithOptions(dst.AsSlice(), &netlink.RouteGetOptions{Mark: r.cfg.Mark})
 	if err != nil {
 		return 0, fmt.Errorf("routing: route to %s: %w", dst, err)

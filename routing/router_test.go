@@ -2,11 +2,14 @@ package routing_test
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -348,5 +351,43 @@ func TestNoIPv6(t *testing.T) {
 	}
 	if out := e.ns.MustIP(t, "-6", "rule", "show"); strings.Contains(out, "lookup "+strconv.Itoa(table)) {
 		t.Errorf("IPv6 rule added with NoIPv6:\n%s", out)
+	}
+}
+
+// TestPathMTUDuringClose asks for path MTUs while the router closes (the
+// data plane's refresher does so at shutdown): under -race, no race on the
+// netlink handle; after Close, PathMTU fails instead of using it.
+func TestPathMTUDuringClose(t *testing.T) {
+	e := newEnv(t)
+	r := e.router(t, routing.Config{})
+	dst := netip.MustParseAddr("198.18.0.2")
+	var ok atomic.Uint64
+	errc := make(chan error, 2)
+	for range 2 {
+		go func() {
+			for range 1_000_000 {
+				if _, err := r.PathMTU(dst); err != nil {
+					errc <- err
+					return
+				}
+				ok.Add(1)
+			}
+			errc <- errors.New("PathMTU kept working through Close")
+		}()
+	}
+	deadline := time.Now().Add(time.Minute)
+	for ok.Load() < 10 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if err := r.Close(); err != nil {
+		t.Error(err)
+	}
+	for range 2 {
+		if err := <-errc; !errors.Is(err, routing.ErrClosed) {
+			t.Errorf("PathMTU after Close: %v, want the router closed", err)
+		}
+	}
+	if _, err := r.PathMTU(dst); !errors.Is(err, routing.ErrClosed) {
+		t.Errorf("PathMTU after Close: %v, want ErrClosed", err)
 	}
 }
