@@ -41,7 +41,9 @@ type TUN interface {
 type Router interface {
 	AddRoute(src, dst netip.Prefix, k routing.Kind) error
 	RemoveRoute(src, dst netip.Prefix, k routing.Kind) error
-	// PathMTU is the MTU of the route to an outer destination.
+	// PathMTU is the MTU of the route to an outer destination. It is
+	// called off the packet path (the refresher), and by a TUN reader on
+	// its first packet to a peer.
 	PathMTU(dst netip.Addr) (int, error)
 	Close() error
 }
@@ -87,6 +89,7 @@ type Device struct {
 	closing         atomic.Bool
 	started         bool
 	stop            chan struct{}
+	pmtu            pathMTUs // the outer path MTU of each peer
 	wg              sync.WaitGroup
 
 	mu        sync.Mutex // serializes Start/StartWith/Close and route changes
@@ -204,6 +207,11 @@ func (d *Device) StartWith(io IO) error {
 	d.out = newQueues(d.shards, perShard, d.pool)
 	d.in = newQueues(d.shards, perShard, d.pool)
 
+	d.pmtu.init(d.cfg.OuterMTU, io.Router)
+	if d.pmtu.routed() {
+		d.wg.Add(1)
+		go d.refresher()
+	}
 	d.main = &iface{tun: io.TUN, done: make(chan struct{})}
 	d.out.wg.Add(1)
 	d.wg.Add(1)

@@ -56,7 +56,7 @@ func (d *Device) readTUN(ifc *iface) {
 	if d.readersComplete {
 		r.send = d.newOutSender()
 	}
-	r.pmtu.init(d)
+	r.pmtu.init(&d.pmtu)
 	r.icmp.init(d, ifc.tun)
 	bs := min(ifc.tun.BatchSize(), d.pool.size)
 	for {

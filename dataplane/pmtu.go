@@ -2,104 +2,160 @@ package dataplane
 
 import (
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"time"
-
-	"github.com/espd/espd/packet"
-	"github.com/espd/espd/tun"
 )
 
-// pmtuRefresh is how long a path MTU learnt from the routing table is
-// used before it is looked up again.
-const pmtuRefresh = 30 * time.Second
+// pmtuRefresh is how often the refresher looks every known peer's route up
+// again; a peer not sent to for pmtuIdleRounds refreshes is forgotten.
+const (
+	pmtuRefresh    = 30 * time.Second
+	pmtuIdleRounds = 2
+)
 
-// pmtuCache is the TUN reader's memory of the path MTU to each peer.
-type pmtuCache struct {
-	fixed  int
-	router Router
-	m      map[netip.Addr]int
-	reset  time.Time
+// pathMTUs is the outer path MTU towards each peer, shared by the TUN
+// readers. A reader looks a peer up itself only the first time any reader
+// sends to it; refresh (the refresher goroutine) looks the known peers up
+// again, so that the packet path reads an atomic and makes no netlink call.
+type pathMTUs struct {
+	fixed  int    // Config.OuterMTU, or DefaultOuterMTU without a Router; 0: routed
+	router Router // nil when fixed
+
+	mu    sync.Mutex
+	peers map[netip.Addr]*pathMTU
+	gen   atomic.Uint64 // bumped when peers are forgotten
+
+	readerLookups atomic.Uint64 // lookups made on the packet path
 }
 
-func (c *pmtuCache) init(d *Device) {
-	c.fixed, c.router = d.cfg.OuterMTU, d.io.Router
-	c.m = make(map[netip.Addr]int)
-	if c.fixed == 0 && c.router == nil {
-		c.fixed = DefaultOuterMTU
+// pathMTU is one peer's entry.
+type pathMTU struct {
+	mtu  atomic.Int32
+	used atomic.Bool // read since the last refresh
+	gone atomic.Bool // forgotten by the table: look the peer up again
+	idle int         // refreshes without use; the refresher's only
+}
+
+func (t *pathMTUs) init(fixed int, router Router) {
+	t.fixed, t.router = fixed, router
+	if fixed == 0 && router == nil {
+		t.fixed = DefaultOuterMTU
 	}
+	t.peers = make(map[netip.Addr]*pathMTU)
+}
+
+// routed reports whether the MTUs come from the routing table (and so a
+// refresher is due).
+func (t *pathMTUs) routed() bool { return t.fixed == 0 }
+
+// lookup asks the routing table for dst's path MTU.
+func (t *pathMTUs) lookup(dst netip.Addr) int32 {
+	mtu, err := t.router.PathMTU(dst)
+	if err != nil || mtu < 576 || mtu > 65535 {
+		return DefaultOuterMTU
+	}
+	return int32(mtu)
+}
+
+// entry returns dst's entry, making it (with one lookup) if no reader has
+// sent to dst since it was last forgotten.
+func (t *pathMTUs) entry(dst netip.Addr) *pathMTU {
+	t.mu.Lock()
+	e := t.peers[dst]
+	t.mu.Unlock()
+	if e != nil {
+		return e
+	}
+	mtu := t.lookup(dst)
+	t.readerLookups.Add(1)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e = t.peers[dst]; e == nil {
+		e = new(pathMTU)
+		e.mtu.Store(mtu)
+		t.peers[dst] = e
+	}
+	return e
+}
+
+// refresh looks up every peer sent to since the last refresh and forgets
+// those idle for pmtuIdleRounds refreshes. It runs off the packet path.
+func (t *pathMTUs) refresh() {
+	t.mu.Lock()
+	dsts := make([]netip.Addr, 0, len(t.peers))
+	es := make([]*pathMTU, 0, len(t.peers))
+	for dst, e := range t.peers {
+		dsts, es = append(dsts, dst), append(es, e)
+	}
+	t.mu.Unlock()
+	forgot := false
+	for i, e := range es {
+		if e.used.Swap(false) {
+			e.idle = 0
+		} else if e.idle++; e.idle >= pmtuIdleRounds {
+			t.mu.Lock()
+			delete(t.peers, dsts[i])
+			t.mu.Unlock()
+			e.gone.Store(true)
+			forgot = true
+			continue
+		}
+		e.mtu.Store(t.lookup(dsts[i]))
+	}
+	if forgot {
+		t.gen.Add(1)
+	}
+}
+
+// refresher runs refresh every pmtuRefresh until d stops.
+func (d *Device) refresher() {
+	defer d.wg.Done()
+	tick := time.NewTicker(pmtuRefresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-tick.C:
+			d.pmtu.refresh()
+		}
+	}
+}
+
+// pmtuCache is one TUN reader's view of the table: its own map of the
+// entries it has used, so that a lookup takes no lock.
+type pmtuCache struct {
+	t   *pathMTUs
+	m   map[netip.Addr]*pathMTU
+	gen uint64
+}
+
+func (c *pmtuCache) init(t *pathMTUs) {
+	c.t = t
+	c.m = make(map[netip.Addr]*pathMTU)
 }
 
 // get returns the outer MTU towards dst.
 func (c *pmtuCache) get(dst netip.Addr) int {
-	if c.fixed > 0 {
-		return c.fixed
+	if c.t.fixed > 0 {
+		return c.t.fixed
 	}
-	if now := time.Now(); now.Sub(c.reset) > pmtuRefresh {
-		clear(c.m)
-		c.reset = now
+	e := c.m[dst]
+	if e == nil || e.gone.Load() {
+		if g := c.t.gen.Load(); g != c.gen {
+			c.gen = g
+			for a, old := range c.m {
+				if old.gone.Load() {
+					delete(c.m, a)
+				}
+			}
+		}
+		e = c.t.entry(dst)
+		c.m[dst] = e
 	}
-	if mtu, ok := c.m[dst]; ok {
-		return mtu
+	if !e.used.Load() {
+		e.used.Store(true)
 	}
-	mtu, err := c.router.PathMTU(dst)
-	if err != nil || mtu < 576 {
-		mtu = DefaultOuterMTU
-	}
-	c.m[dst] = mtu
-	return mtu
-}
-
-// icmpSender writes rate-limited "fragmentation needed" and "packet too
-// big" errors into the TUN. It belongs to the TUN reader.
-type icmpSender struct {
-	d      *Device
-	tun    TUN // the interface the reader reads
-	buf    []byte
-	bufs   [][]byte
-	rate   float64 // per second; <= 0: off
-	tokens float64
-	last   time.Time
-}
-
-func (s *icmpSender) init(d *Device, t TUN) {
-	s.d, s.tun = d, t
-	s.buf = make([]byte, tun.MinWriteOffset+minIPv6MTU+64)
-	s.bufs = make([][]byte, 1)
-	s.rate = float64(d.cfg.ICMPRate)
-	s.tokens = s.rate
-}
-
-// tooBig answers the inner packet pkt, which does not fit, with an error
-// announcing mtu. The error comes from pkt's destination: the kernel
-// accepts it from there, and would drop one from its own address.
-func (s *icmpSender) tooBig(pkt []byte, mtu int, l *local) {
-	if s.rate <= 0 {
-		return
-	}
-	now := time.Now()
-	s.tokens = min(s.rate, s.tokens+now.Sub(s.last).Seconds()*s.rate)
-	s.last = now
-	if s.tokens < 1 {
-		l[cICMPLimited]++
-		return
-	}
-	var src netip.Addr
-	if pkt[0]>>4 == 4 {
-		src = netip.AddrFrom4([4]byte(pkt[16:20]))
-	} else {
-		src = netip.AddrFrom16([16]byte(pkt[24:40]))
-	}
-	n, err := packet.PacketTooBig(s.buf[tun.MinWriteOffset:], src, pkt, mtu)
-	if err != nil {
-		return // no error is due for this packet (RFC 1122, RFC 4443)
-	}
-	s.tokens--
-	s.bufs[0] = s.buf[:tun.MinWriteOffset+n]
-	if err := s.tun.Write(s.bufs, tun.MinWriteOffset); err != nil {
-		l[cTUNWriteErrors]++
-		s.d.logf(logTUNWrite, "TUN write of an ICMP error failed", "err", err)
-		return
-	}
-	l[cICMPSent]++
-	l[cTUNTxPackets]++
-	l[cTUNTxBytes] += uint64(n)
+	return int(e.mtu.Load())
 }
