@@ -106,9 +106,6 @@ type Bind interface {
 	Send(pkts []Packet) (int, error)
 	// Stats returns the sockets' counters.
 	Stats() Stats
-	// IKE is the IKE hand-off: espd owns IKE's UDP ports and relays IKE
-	// to the IKE daemon.
-	IKE
 	// Close closes every socket; blocked Receives return an error.
 	Close() error
 }

@@ -34,8 +34,11 @@ func HoldFile(stateDir string) string { return filepath.Join(stateDir, "holds") 
 
 // Options configure a Daemon.
 type Options struct {
-	// Dataplane configures the TUN device, routes, sockets and workers.
+	// Dataplane configures the pipeline: workers, batches, queues, MTUs.
 	Dataplane dataplane.Config
+	// IO configures the TUN device, the policy routing and the outer
+	// sockets espd creates for the data plane (kernelio.go).
+	IO IOConfig
 	// Control configures the control socket.
 	Control control.ServerConfig
 	// ConfigPath is the configuration file of static SAs and policies
@@ -92,8 +95,10 @@ type Daemon struct {
 	dp   *dataplane.Device
 	ctl  *control.Server
 
-	closeSeq func() error // closes the sequence-number store
-	routes   policyRouter // the data plane's policy routes (tests inject failures)
+	closeSeq     func() error // closes the sequence-number store
+	kio          *kernelIO    // the TUN, router and sockets, while Run runs
+	policyRoutes policyRoutes // the policies' routes through kio.router
+	routes       policyRouter // &policyRoutes (tests inject failures)
 
 	// mu serializes changes of states and policies that also touch routes
 	// or the file's bookkeeping (control requests and reloads).
@@ -117,16 +122,19 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.StateDir != "" && opts.Dataplane.HoldFile == "" {
-		opts.Dataplane.HoldFile = HoldFile(opts.StateDir)
+	if opts.StateDir != "" && opts.IO.HoldFile == "" {
+		opts.IO.HoldFile = HoldFile(opts.StateDir)
 	}
+	opts.IO.setDefaults()
 	db := sa.NewDB(sa.Options{Seq: seq, SeqError: seqErrorLogger(log)})
 	dp, err := dataplane.New(opts.Dataplane, db, log.With("component", "dataplane"))
 	if err != nil {
 		closeSeq()
 		return nil, err
 	}
-	d := &Daemon{opts: opts, log: log, db: db, dp: dp, closeSeq: closeSeq, routes: dp, ifaces: map[uint32]*ifaceDev{}}
+	d := &Daemon{opts: opts, log: log, db: db, dp: dp, closeSeq: closeSeq, ifaces: map[uint32]*ifaceDev{}}
+	d.policyRoutes.noIPv6 = opts.IO.NoIPv6
+	d.routes = &d.policyRoutes
 	d.file = fileState{sas: map[saKey]fileSA{}, policies: map[policyKey]sa.Policy{}}
 	return d, nil
 }
@@ -138,12 +146,12 @@ func New(opts Options) (*Daemon, error) {
 // policies kept (shutdown). reload delivers SIGHUP. Options.Notify hears
 // when it is ready, reloading and stopping.
 func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
-	if err := d.dp.Start(); err != nil {
+	if err := d.startDataplane(); err != nil {
 		return fmt.Errorf("data plane: %w", err)
 	}
 	defer func() { err = errors.Join(err, d.shutdown()) }()
-	d.log.Info("data plane up", "tun", d.dp.TUNName(), "workers", d.dp.Config().Workers,
-		"encap_port", d.dp.Config().EncapPort, "table", d.dp.Config().Table)
+	d.log.Info("data plane up", "tun", d.opts.IO.TUN.Name, "workers", d.dp.Config().Workers,
+		"encap_port", d.opts.IO.EncapPort, "table", d.opts.IO.Table)
 	if !crypto.SecretErasure {
 		d.log.Warn("built without GOEXPERIMENT=runtimesecret: key schedules, stack frames and freed memory that held a deleted SA's keys are not erased (docs/safety.md, Keys)")
 	}
@@ -249,8 +257,25 @@ func (d *Daemon) fileCounts() (states, policies int) {
 	return len(d.file.sas), len(d.file.policies)
 }
 
-// shutdown deletes every state (zeroing its keys) and policy, and closes
-// the data plane, which removes its TUN device and the routes into it. The
+// startDataplane creates the TUN, the router and the sockets and starts
+// the data plane on them.
+func (d *Daemon) startDataplane() error {
+	k, err := openIO(&d.opts.IO, d.dp.Config().Batch, d.log.With("component", "dataplane"))
+	if err != nil {
+		return err
+	}
+	if err := d.dp.Start(k.dataplaneIO()); err != nil {
+		k.close()
+		return err
+	}
+	d.kio = k
+	d.policyRoutes.setRouter(k.router)
+	return nil
+}
+
+// shutdown deletes every state (zeroing its keys) and policy, closes the
+// router (the routes into the TUN go) and then the data plane, which
+// closes the TUN device and the sockets. The
 // policies go from the database only, not through RemovePolicyRoute: a
 // shutdown is not their owners removing them, so the holds of the protect
 // and drop policies (and the bypasses' throw routes and the rules) stay and
@@ -263,6 +288,10 @@ func (d *Daemon) shutdown() error {
 	d.db.FlushSAs()
 	d.mu.Unlock()
 	errs = append(errs, d.closeSeq()) // after FlushSAs retired the keys
+	if d.kio != nil {
+		d.policyRoutes.setRouter(nil)
+		errs = append(errs, d.kio.closeRouter())
+	}
 	errs = append(errs, d.dp.Close())
 	return errors.Join(errs...)
 }

@@ -76,10 +76,10 @@ func (d *Daemon) startIKE() error {
 	if !d.opts.IKEHandoff {
 		return nil
 	}
-	b := d.dp.Bind()
-	if b == nil {
+	if d.kio == nil {
 		return errors.New("IKE hand-off before the data plane started")
 	}
+	b := d.kio.socks
 	h := &ikeHub{ike: b, log: d.log.With("component", "ike"), dropLog: conn.LogLimit{Every: 10 * time.Second}}
 	if err := b.StartIKE(d.opts.IKEPort, h.deliver); err != nil {
 		return err

@@ -32,7 +32,7 @@ type ifaceDev struct {
 // addInterfaceLocked creates (or attaches to) the persistent TUN of spec
 // and hands it to the data plane. d.mu is held.
 func (d *Daemon) addInterfaceLocked(spec config.Interface) error {
-	cfg := d.opts.Dataplane.TUN
+	cfg := d.opts.IO.TUN
 	cfg.Name, cfg.Persist = spec.Name, true
 	if spec.MTU != 0 {
 		cfg.MTU = spec.MTU
@@ -76,7 +76,7 @@ func (d *Daemon) removeInterfaceLocked(id uint32) error {
 // checkInterfaces refuses interfaces the daemon cannot create.
 func (d *Daemon) checkInterfaces(want []config.Interface) error {
 	for i, ifc := range want {
-		if ifc.Name == d.dp.TUNName() {
+		if ifc.Name == d.opts.IO.TUN.Name {
 			return fmt.Errorf("%s: interface #%d: %s is espd's policy-based TUN", d.opts.ConfigPath, i+1, ifc.Name)
 		}
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/espd/espd/sa"
 )
 
-// policyRouter routes the traffic of policies: *dataplane.Device, or a
+// policyRouter routes the traffic of policies: *policyRoutes, or a
 // fake in tests that makes a step fail.
 type policyRouter interface {
 	// InstallPolicyRoute takes the route references a policy needs.

@@ -3,10 +3,6 @@ package dataplane
 import (
 	"fmt"
 	"time"
-
-	"github.com/espd/espd/conn"
-	"github.com/espd/espd/routing"
-	"github.com/espd/espd/tun"
 )
 
 // BufferSize is the size of every packet buffer. It holds the largest
@@ -29,32 +25,11 @@ const (
 	// to the workers.
 	DefaultHandOffBelow = 1000
 	DefaultICMPRate     = 100
-	// DefaultRecvBuffer is the outer sockets' forced SO_RCVBUF. The
-	// kernel's default (about 200 KiB) holds a few hundred full-size ESP
-	// packets: a burst from a TSO sender overflows it before the reader's
-	// next recvmmsg, and the kernel drops (and, for raw ESP, may answer
-	// with ICMP errors).
-	DefaultRecvBuffer = 8 << 20
 )
 
 // Config configures a Device. The zero value is usable: every field has a
 // default.
 type Config struct {
-	// TUN is the cleartext interface (name, MTU).
-	TUN tun.Config
-	// Table, Mark and RulePriority configure the routes and rules (see
-	// package routing); zero means routing's defaults. Mark is also the
-	// SO_MARK of the outer sockets.
-	Table        int
-	Mark         uint32
-	RulePriority int
-	// EncapPort is the ESP-in-UDP port (RFC 3948); 0 means 4500.
-	EncapPort uint16
-	// NoIPv6 opens no IPv6 sockets and installs no IPv6 rule.
-	NoIPv6 bool
-	// HoldFile is where the held prefixes are recorded for the next boot
-	// (routing.Config.HoldFile); "" records nothing.
-	HoldFile string
 	// Workers is the number of crypto goroutines. 0 (the zero value) means
 	// none: each reader encrypts or decrypts its own batches and sends or
 	// writes them itself (run to completion), saving the two goroutine
@@ -81,24 +56,17 @@ type Config struct {
 	// completion and on all of them while the workers take them.
 	OnHandOff func(handOff bool)
 	// OuterMTU is the MTU of the path to the peers. 0 means the MTU of
-	// the route to each peer (refreshed every 30 s), or DefaultOuterMTU
-	// without a router (fakes).
+	// the route to each peer (IO.PathMTU, refreshed every 30 s), or
+	// DefaultOuterMTU without IO.PathMTU.
 	OuterMTU int
 	// QueueLen is how many batches may wait for crypto and sending in
 	// each direction, shared by its in-order shards (one per worker):
 	// each shard's queue holds QueueLen/shards, rounded up, and at least
 	// 2. 0 means DefaultQueueLen.
 	QueueLen int
-	// Batch is the number of outer packets per recvmmsg; 0 means
-	// DefaultBatch.
+	// Batch is the number of packets per batch (the outer sockets take
+	// theirs from the caller); 0 means DefaultBatch.
 	Batch int
-	// RecvBuffer is the outer sockets' SO_RCVBUF (forced); 0 means
-	// DefaultRecvBuffer, negative leaves the kernel's default.
-	RecvBuffer int
-	// NoGSO turns UDP segmentation offload off: ESP-in-UDP is then sent
-	// packet by packet through the raw sockets, and received without
-	// UDP_GRO (see SocketConfig).
-	NoGSO bool
 	// Keepalive is the NAT-keepalive interval for outbound states with
 	// UDP encapsulation; 0 means DefaultKeepalive, negative disables.
 	Keepalive time.Duration
@@ -109,18 +77,6 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if c.TUN.MTU == 0 {
-		c.TUN.MTU = tun.DefaultMTU
-	}
-	if c.TUN.MTU > BufferSize-MaxFraming {
-		return fmt.Errorf("dataplane: TUN MTU %d above %d", c.TUN.MTU, BufferSize-MaxFraming)
-	}
-	if c.Mark == 0 {
-		c.Mark = routing.DefaultMark
-	}
-	if c.EncapPort == 0 {
-		c.EncapPort = conn.DefaultEncapPort
-	}
 	if c.Workers < 0 {
 		c.Workers = 0
 	}
@@ -135,9 +91,6 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Keepalive == 0 {
 		c.Keepalive = DefaultKeepalive
-	}
-	if c.RecvBuffer == 0 {
-		c.RecvBuffer = DefaultRecvBuffer
 	}
 	if c.ICMPRate == 0 {
 		c.ICMPRate = DefaultICMPRate

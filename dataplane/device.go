@@ -11,7 +11,6 @@ import (
 
 	"github.com/espd/espd/conn"
 	"github.com/espd/espd/esp"
-	"github.com/espd/espd/routing"
 	"github.com/espd/espd/sa"
 	"github.com/espd/espd/tun"
 )
@@ -36,31 +35,24 @@ type TUN interface {
 	Close() error
 }
 
-// Router installs routes into the TUN, and the rules that send the
-// packets of a source prefix to them; *routing.Router implements it.
-type Router interface {
-	AddRoute(src, dst netip.Prefix, k routing.Kind) error
-	RemoveRoute(src, dst netip.Prefix, k routing.Kind) error
-	// PathMTU is the MTU of the route to an outer destination. It is
-	// called off the packet path (the refresher), and by a TUN reader on
-	// its first packet to a peer.
-	PathMTU(dst netip.Addr) (int, error)
-	Close() error
-}
-
-// IO is what a Device runs on: the kernel's (Start) or fakes (StartWith).
-// The Device owns it from StartWith on and closes it in Close.
+// IO is what a Device runs on, from the caller: the TUN device and the
+// outer sockets (which the Device owns from Start on and closes in
+// Close), and the callbacks into the rest of espd.
 type IO struct {
-	TUN TUN
-	// Bind is the outer sockets (*conn.Sockets in Start).
+	TUN  TUN
 	Bind conn.Bind
-	// Router is optional: without it InstallPolicyRoute fails and the
-	// outer MTU is Config.OuterMTU or DefaultOuterMTU.
-	Router Router
+	// PathMTU, if set, is the MTU of the route to an outer destination,
+	// asked off the packet path (the refresher) and by a TUN reader on
+	// its first packet to a peer. Without it the outer MTU is
+	// Config.OuterMTU or DefaultOuterMTU.
+	PathMTU func(dst netip.Addr) (int, error)
+	// DeliverIKE, if set, takes the non-ESP datagrams that arrive on the
+	// encapsulation port (the IKE hand-off); p.Data is only borrowed.
+	DeliverIKE func(p conn.IKEPacket)
 }
 
-// Device is the data plane: a TUN device, outer sockets, routes, and the
-// pipeline between them, driven by the states and policies of an sa.DB.
+// Device is the data plane: the pipeline between a TUN device and the
+// outer sockets, driven by the states and policies of an sa.DB.
 type Device struct {
 	cfg Config
 	db  *sa.DB
@@ -83,7 +75,7 @@ type Device struct {
 	inGauge         handOffGauge
 	handOffWake     chan struct{} // the gauges' changes, for reportHandOff
 	stats           counters
-	live            atomic.Pointer[IO] // io, once started, for Stats and Bind
+	live            atomic.Pointer[IO] // io, once started, for Stats
 	main            *iface             // io.TUN, interface ID 0
 	ifaces          atomic.Pointer[ifaceMap]
 	closing         atomic.Bool
@@ -92,7 +84,7 @@ type Device struct {
 	pmtu            pathMTUs // the outer path MTU of each peer
 	wg              sync.WaitGroup
 
-	mu        sync.Mutex // serializes Start/StartWith/Close and route changes
+	mu        sync.Mutex // serializes Start and Close
 	closed    bool
 	closeErr  error
 	logLimits [numLogLimits]conn.LogLimit // once a second per kind
@@ -123,70 +115,9 @@ func New(cfg Config, db *sa.DB, log *slog.Logger) (*Device, error) {
 // Config returns the configuration with defaults filled in.
 func (d *Device) Config() Config { return d.cfg }
 
-// Start creates the TUN device, the routing rules and the outer sockets in
-// the calling thread's network namespace and starts the pipeline.
-func (d *Device) Start() (err error) {
-	var io IO
-	defer func() {
-		if err != nil {
-			closeIO(io)
-		}
-	}()
-	dev, err := tun.Create(d.cfg.TUN)
-	if err != nil {
-		return err
-	}
-	io.TUN = dev
-	d.cfg.TUN.Name = dev.Name()
-	if err := dev.URingErr(); err != nil && !errors.Is(err, tun.ErrURingOff) {
-		d.log.Warn("TUN writes without io_uring: one writev(2) per packet the TUN cannot coalesce (under systemd, SystemCallFilter must allow io_uring_setup and io_uring_enter)", "err", err)
-	}
-	r, err := routing.New(routing.Config{
-		LinkIndex: dev.Index(), LinkName: dev.Name(),
-		Table: d.cfg.Table, Mark: d.cfg.Mark, Priority: d.cfg.RulePriority, NoIPv6: d.cfg.NoIPv6,
-		HoldFile: d.cfg.HoldFile,
-		HoldFileError: func(err error) {
-			d.log.Error("cannot record the held prefixes for the next boot; they stay held now", "err", err)
-		},
-	})
-	if err != nil {
-		return err
-	}
-	io.Router = r
-	d.cfg.Table = r.Table()
-	if n := r.Adopted(); n > 0 {
-		d.log.Info("kept the routes a previous espd left: the prefixes it held stay closed and its bypasses open until a policy claims them (espd --cleanup removes them for good)",
-			"prefixes", n, "table", d.cfg.Table)
-	}
-	socks, err := conn.OpenSockets(conn.SocketConfig{
-		Mark: d.cfg.Mark, EncapPort: d.cfg.EncapPort, NoIPv6: d.cfg.NoIPv6,
-		Batch: d.cfg.Batch, RecvBuffer: d.cfg.RecvBuffer, NoGSO: d.cfg.NoGSO,
-	})
-	if err != nil {
-		return err
-	}
-	io.Bind = socks
-	return d.StartWith(io)
-}
-
-// closeIO closes what Start opened, routes first so that traffic stops
-// entering the TUN (held prefixes stay held, see Close).
-func closeIO(io IO) error {
-	var errs []error
-	if io.Router != nil {
-		errs = append(errs, io.Router.Close())
-	}
-	if io.TUN != nil {
-		errs = append(errs, io.TUN.Close())
-	}
-	if io.Bind != nil {
-		errs = append(errs, io.Bind.Close())
-	}
-	return errors.Join(errs...)
-}
-
-// StartWith starts the pipeline on io.
-func (d *Device) StartWith(io IO) error {
+// Start starts the pipeline on io, which the Device owns from then on; if
+// Start fails, io is still the caller's.
+func (d *Device) Start(io IO) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.started || d.closed {
@@ -207,7 +138,7 @@ func (d *Device) StartWith(io IO) error {
 	d.out = newQueues(d.shards, perShard, d.pool)
 	d.in = newQueues(d.shards, perShard, d.pool)
 
-	d.pmtu.init(d.cfg.OuterMTU, io.Router)
+	d.pmtu.init(d.cfg.OuterMTU, io.PathMTU)
 	if d.pmtu.routed() {
 		d.wg.Add(1)
 		go d.refresher()
@@ -250,13 +181,10 @@ func (d *Device) StartWith(io IO) error {
 // headroom and trailer of the largest ESP framing.
 const MaxFraming = esp.MaxHeadroom + esp.MaxTrailer
 
-// Close stops the pipeline, closes the router (routing.Router.Close: the
-// routes into the TUN go, but while a protect or drop policy's prefix is
-// held its blackhole route, the bypasses' throw routes and the rules stay,
-// so that nothing it protected leaves in clear while espd is away), and
-// closes the TUN device and the sockets. Packets in flight are sent or
-// written before the sockets close. Removing a policy's protection is its
-// owner's job (RemovePolicyRoute), never Close's.
+// Close stops the pipeline and closes the TUN device and the sockets.
+// Packets in flight are sent or written before the sockets close. The
+// caller closes its routes into the TUN first (daemon), so that traffic
+// stops entering it.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -270,9 +198,6 @@ func (d *Device) Close() error {
 	d.closing.Store(true)
 	close(d.stop)
 	var errs []error
-	if d.io.Router != nil {
-		errs = append(errs, d.io.Router.Close())
-	}
 	errs = append(errs, d.io.TUN.Close())
 	errs = append(errs, d.closeInterfaces()...)
 	for _, r := range d.io.Bind.Receivers() {
@@ -309,16 +234,6 @@ func (d *Device) Stats() Stats {
 }
 
 // Bind returns the outer sockets the device runs on (after Start), for
-// the IKE hand-off (conn.IKE); nil before.
-func (d *Device) Bind() conn.Bind {
-	if io := d.live.Load(); io != nil {
-		return io.Bind
-	}
-	return nil
-}
-
-// TUNName returns the name of the TUN interface (after Start).
-func (d *Device) TUNName() string { return d.cfg.TUN.Name }
 
 type logLimit int
 

@@ -48,12 +48,12 @@ func newHarnessWith(t testing.TB, cfg Config, loop bool, rx conn.Receiver) *harn
 // newHarnessLog is newHarnessWith with the device logging to log.
 func newHarnessLog(t testing.TB, cfg Config, loop bool, rx conn.Receiver, log *slog.Logger) *harness {
 	t.Helper()
-	return newHarnessRouter(t, cfg, loop, rx, log, nil)
+	return newHarnessPathMTU(t, cfg, loop, rx, log, nil)
 }
 
-// newHarnessRouter is newHarnessLog with router, if not nil, as the
-// device's Router.
-func newHarnessRouter(t testing.TB, cfg Config, loop bool, rx conn.Receiver, log *slog.Logger, router Router) *harness {
+// newHarnessPathMTU is newHarnessLog with pathMTU, if not nil, as the
+// device's IO.PathMTU.
+func newHarnessPathMTU(t testing.TB, cfg Config, loop bool, rx conn.Receiver, log *slog.Logger, pathMTU func(netip.Addr) (int, error)) *harness {
 	t.Helper()
 	h := &harness{t: t, db: sa.NewDB(sa.Options{Loopback: true}), tun: newFakeTUN(64, 1400), wire: newWire(1024)}
 	h.tx = &fakeSender{record: true}
@@ -71,7 +71,7 @@ func newHarnessRouter(t testing.TB, cfg Config, loop bool, rx conn.Receiver, log
 	h.d = d
 	statsHook = d.Stats
 	h.tx.recv = []conn.Receiver{rx}
-	if err := d.StartWith(IO{TUN: h.tun, Bind: h.tx, Router: router}); err != nil {
+	if err := d.Start(IO{TUN: h.tun, Bind: h.tx, PathMTU: pathMTU, DeliverIKE: h.tx.DeliverIKE}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })

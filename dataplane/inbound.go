@@ -87,7 +87,7 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 				continue
 			case esp.UDPIKE:
 				l[cIKE]++
-				d.io.Bind.DeliverIKE(conn.IKEPacket{Src: m.Src, Dst: m.Dst, Data: p}) // the IKE hand-off, if it runs
+				d.deliverIKE(conn.IKEPacket{Src: m.Src, Dst: m.Dst, Data: p})
 				continue
 			default:
 				l[cMalformed]++
@@ -309,5 +309,13 @@ func (d *Device) worker() {
 			b.crypto.Done()
 			d.in.unref(b)
 		}
+	}
+}
+
+// deliverIKE hands an IKE datagram from the encapsulation port to
+// IO.DeliverIKE, if the caller gave one (the IKE hand-off).
+func (d *Device) deliverIKE(p conn.IKEPacket) {
+	if d.io.DeliverIKE != nil {
+		d.io.DeliverIKE(p)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/espd/espd/conn"
 	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/routing"
 	"github.com/espd/espd/sa"
 	"github.com/espd/espd/testbed"
 	"github.com/espd/espd/tun"
@@ -26,6 +27,7 @@ type gateway struct {
 	ns       *testbed.Node
 	db       *sa.DB
 	d        *Device
+	router   *routing.Router
 	outer4   netip.Addr
 	outer6   netip.Addr
 	inner4   netip.Addr // on lo, in the protected network
@@ -42,15 +44,45 @@ func newGateway(t *testing.T, ns *testbed.Node, tunName string, outer4, outer6, 
 	}
 	ns.MustIP(t, "addr", "add", inner4+"/32", "dev", "lo")
 	ns.MustIP(t, "-6", "addr", "add", inner6+"/128", "dev", "lo", "nodad")
-	d, err := New(Config{TUN: tun.Config{Name: tunName}, Workers: 2, Table: 0xe5d3}, g.db, nil)
+	d, err := New(Config{Workers: 2}, g.db, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ns.Do(d.Start); err != nil {
+	// The kernel I/O as daemon.openIO makes it: TUN, router, sockets.
+	var io IO
+	err = ns.Do(func() error {
+		dev, err := tun.Create(tun.Config{Name: tunName})
+		if err != nil {
+			return err
+		}
+		io.TUN = dev
+		if g.router, err = routing.New(routing.Config{LinkIndex: dev.Index(), LinkName: dev.Name(), Table: 0xe5d3}); err != nil {
+			dev.Close()
+			return err
+		}
+		socks, err := conn.OpenSockets(conn.SocketConfig{Mark: routing.DefaultMark})
+		if err != nil {
+			g.router.Close()
+			dev.Close()
+			return err
+		}
+		io.Bind, io.PathMTU = socks, g.router.PathMTU
+		if err := d.Start(io); err != nil {
+			g.router.Close()
+			dev.Close()
+			socks.Close()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	g.d = d
 	t.Cleanup(func() {
+		if err := g.router.Close(); err != nil {
+			t.Errorf("router Close: %v", err)
+		}
 		if err := d.Close(); err != nil {
 			t.Errorf("Close: %v", err)
 		}
@@ -68,7 +100,7 @@ func (g *gateway) protect(t *testing.T, src, dst string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := g.d.InstallPolicyRoute(p); err != nil {
+	if err := g.router.AddRoute(p.Src, p.Dst, routing.Tunnel); err != nil {
 		t.Fatal(err)
 	}
 	g.policies = append(g.policies, p)
@@ -264,7 +296,7 @@ func TestTwoNamespaces(t *testing.T) {
 	// Removing the policies' routes leaves the table empty.
 	for _, g := range []*gateway{a, b} {
 		for _, p := range g.policies {
-			if err := g.d.RemovePolicyRoute(p); err != nil {
+			if err := g.router.RemoveRoute(p.Src, p.Dst, routing.Tunnel); err != nil {
 				t.Error(err)
 			}
 		}

@@ -11,15 +11,12 @@ import (
 	"github.com/espd/espd/packet"
 )
 
-// mtuRouter is a Router whose PathMTU answers mtu and counts its calls.
+// mtuRouter's PathMTU answers mtu and counts its calls.
 type mtuRouter struct {
 	mtu   atomic.Int32
 	calls atomic.Uint64
 }
 
-func (r *mtuRouter) AddRoute(netip.Prefix, netip.Prefix, routingKind) error    { return nil }
-func (r *mtuRouter) RemoveRoute(netip.Prefix, netip.Prefix, routingKind) error { return nil }
-func (r *mtuRouter) Close() error                                              { return nil }
 func (r *mtuRouter) PathMTU(netip.Addr) (int, error) {
 	r.calls.Add(1)
 	return int(r.mtu.Load()), nil
@@ -31,7 +28,7 @@ func (r *mtuRouter) PathMTU(netip.Addr) (int, error) {
 func TestPathMTUOffPacketPath(t *testing.T) {
 	r := &mtuRouter{}
 	r.mtu.Store(1400)
-	h := newHarnessRouter(t, Config{ICMPRate: 1000}, false, nil, nil, r)
+	h := newHarnessPathMTU(t, Config{ICMPRate: 1000}, false, nil, nil, r.PathMTU)
 	out, _ := h.add(tunnel{reqid: 1, spi: 0x100, dst: netip.MustParsePrefix("198.19.1.0/24")})
 	dst := netip.MustParseAddr("198.19.1.1")
 
@@ -91,7 +88,7 @@ func TestPathMTUOffPacketPath(t *testing.T) {
 // TestPathMTUGetAllocs: a known peer's MTU is read without allocating.
 func TestPathMTUGetAllocs(t *testing.T) {
 	var tab pathMTUs
-	tab.init(0, &mtuRouter{})
+	tab.init(0, new(mtuRouter).PathMTU)
 	var c pmtuCache
 	c.init(&tab)
 	dst := netip.MustParseAddr("198.18.0.2")
@@ -107,7 +104,7 @@ func TestPathMTUConcurrentRefresh(t *testing.T) {
 	r := &mtuRouter{}
 	r.mtu.Store(1400)
 	var tab pathMTUs
-	tab.init(0, r)
+	tab.init(0, r.PathMTU)
 	peers := make([]netip.Addr, 64)
 	for i := range peers {
 		peers[i] = netip.AddrFrom4([4]byte{198, 18, 1, byte(i)})
@@ -161,7 +158,7 @@ func BenchmarkPathMTU10kPeers(b *testing.B) {
 	r := &mtuRouter{}
 	r.mtu.Store(1400)
 	var tab pathMTUs
-	tab.init(0, r)
+	tab.init(0, r.PathMTU)
 	var c pmtuCache
 	c.init(&tab)
 	peers := make([]netip.Addr, npeers)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"net/netip"
 	"os"
 	"sync"
@@ -15,11 +14,8 @@ import (
 	"github.com/espd/espd/conn"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/packet"
-	"github.com/espd/espd/routing"
 	"github.com/espd/espd/sa"
 )
-
-type routingKind = routing.Kind
 
 var innerSrc4, innerSrc6 = netip.MustParseAddr("198.19.100.1"), netip.MustParseAddr("2001:db8:100::1")
 
@@ -472,92 +468,11 @@ func TestKeepaliveTimer(t *testing.T) {
 	waitFor(t, "two timed keepalives", func() bool { return h.d.Stats().KeepalivesTx >= 2 })
 }
 
-// fakeRouter records route references.
-type fakeRouter struct {
-	refs   map[string]int
-	closed bool
-}
-
-func (r *fakeRouter) AddRoute(src, dst netip.Prefix, k routingKind) error {
-	r.refs[fmt.Sprint(src, " ", dst, " ", k)]++
-	return nil
-}
-
-func (r *fakeRouter) RemoveRoute(src, dst netip.Prefix, k routingKind) error {
-	key := fmt.Sprint(src, " ", dst, " ", k)
-	if r.refs[key] == 0 {
-		return fmt.Errorf("no %s", key)
-	}
-	r.refs[key]--
-	return nil
-}
-func (r *fakeRouter) PathMTU(netip.Addr) (int, error) { return 1300, nil }
-func (r *fakeRouter) Close() error                    { r.closed = true; return nil }
-
-func TestPolicyRoutes(t *testing.T) {
-	db := sa.NewDB(sa.Options{})
-	d, err := New(Config{}, db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &fakeRouter{refs: map[string]int{}}
-	if err := d.StartWith(IO{TUN: newFakeTUN(8, 1400), Bind: &fakeSender{}, Router: r}); err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	pols := []sa.Policy{
-		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.7/16")}, Dir: sa.DirOut, Action: sa.ActionProtect},
-		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16"), Proto: 6}, Dir: sa.DirOut, Action: sa.ActionDrop},
-		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.5.0/24")}, Dir: sa.DirOut, Action: sa.ActionBypass},
-		{Selector: sa.Selector{}, Dir: sa.DirOut, Action: sa.ActionProtect},
-		{Selector: sa.Selector{Src: netip.MustParsePrefix("2001:db8::/32")}, Dir: sa.DirOut, Action: sa.ActionProtect},
-		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16")}, Dir: sa.DirIn, Action: sa.ActionProtect},
-		// Issue 26: a full tunnel for a LAN, and bypass-lan's pass policy.
-		{Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.1.7/24"), Dst: netip.MustParsePrefix("0.0.0.0/0")}, Dir: sa.DirOut, Action: sa.ActionProtect},
-		{Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.18.1.0/24")}, Dir: sa.DirOut, Action: sa.ActionBypass},
-	}
-	for _, p := range pols {
-		if err := d.InstallPolicyRoute(p); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want := map[string]int{
-		"0.0.0.0/0 198.19.0.0/16 tunnel": 2, "0.0.0.0/0 198.19.5.0/24 throw": 1, "0.0.0.0/0 0.0.0.0/0 tunnel": 1,
-		"::/0 ::/0 tunnel": 1, "2001:db8::/32 ::/0 tunnel": 1,
-		"198.18.1.0/24 0.0.0.0/0 tunnel": 1, "198.18.1.0/24 198.18.1.0/24 throw": 1,
-	}
-	if len(r.refs) != len(want) {
-		t.Errorf("references %v, want %v", r.refs, want)
-	}
-	for k, v := range want {
-		if r.refs[k] != v {
-			t.Errorf("%s: %d references, want %d (all: %v)", k, r.refs[k], v, r.refs)
-		}
-	}
-	for _, p := range pols {
-		if err := d.RemovePolicyRoute(p); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for k, v := range r.refs {
-		if v != 0 {
-			t.Errorf("%s: %d references left", k, v)
-		}
-	}
-	d.Close()
-	if !r.closed {
-		t.Error("Close did not close the router")
-	}
-	if err := d.InstallPolicyRoute(pols[0]); err == nil {
-		t.Error("InstallPolicyRoute after Close succeeded")
-	}
-}
-
-// TestIKEOnEncapPortGoesToBind: a non-ESP-marked datagram that arrives on
-// the encapsulation port is handed to the Bind's IKE hand-off (conn.IKE)
-// and counted; a NAT keepalive is counted and dropped; neither reaches
-// the TUN.
-func TestIKEOnEncapPortGoesToBind(t *testing.T) {
+// TestIKEOnEncapPortGoesToHandOff: a non-ESP-marked datagram that arrives
+// on the encapsulation port is handed to IO.DeliverIKE (here the fake's
+// IKE hand-off) and counted; a NAT keepalive is counted and dropped;
+// neither reaches the TUN.
+func TestIKEOnEncapPortGoesToHandOff(t *testing.T) {
 	h := newHarness(t, Config{}, false)
 	got := make(chan conn.IKEPacket, 1)
 	if err := h.tx.StartIKE(500, func(p conn.IKEPacket) {

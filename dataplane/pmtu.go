@@ -19,30 +19,30 @@ const (
 // sends to it; refresh (the refresher goroutine) looks the known peers up
 // again, so that the packet path reads an atomic and makes no netlink call.
 type pathMTUs struct {
-	fixed  int    // Config.OuterMTU, or DefaultOuterMTU without a Router; 0: routed
-	router Router // nil when fixed
+	fixed   int                           // Config.OuterMTU, or DefaultOuterMTU without pathMTU; 0: routed
+	pathMTU func(netip.Addr) (int, error) // IO.PathMTU; nil when fixed
 
 	mu    sync.Mutex
-	peers map[netip.Addr]*pathMTU
+	peers map[netip.Addr]*peerMTU
 	gen   atomic.Uint64 // bumped when peers are forgotten
 
 	readerLookups atomic.Uint64 // lookups made on the packet path
 }
 
-// pathMTU is one peer's entry.
-type pathMTU struct {
+// peerMTU is one peer's entry.
+type peerMTU struct {
 	mtu  atomic.Int32
 	used atomic.Bool // read since the last refresh
 	gone atomic.Bool // forgotten by the table: look the peer up again
 	idle int         // refreshes without use; the refresher's only
 }
 
-func (t *pathMTUs) init(fixed int, router Router) {
-	t.fixed, t.router = fixed, router
-	if fixed == 0 && router == nil {
+func (t *pathMTUs) init(fixed int, pathMTU func(netip.Addr) (int, error)) {
+	t.fixed, t.pathMTU = fixed, pathMTU
+	if fixed == 0 && pathMTU == nil {
 		t.fixed = DefaultOuterMTU
 	}
-	t.peers = make(map[netip.Addr]*pathMTU)
+	t.peers = make(map[netip.Addr]*peerMTU)
 }
 
 // routed reports whether the MTUs come from the routing table (and so a
@@ -51,7 +51,7 @@ func (t *pathMTUs) routed() bool { return t.fixed == 0 }
 
 // lookup asks the routing table for dst's path MTU.
 func (t *pathMTUs) lookup(dst netip.Addr) int32 {
-	mtu, err := t.router.PathMTU(dst)
+	mtu, err := t.pathMTU(dst)
 	if err != nil || mtu < 576 || mtu > 65535 {
 		return DefaultOuterMTU
 	}
@@ -60,7 +60,7 @@ func (t *pathMTUs) lookup(dst netip.Addr) int32 {
 
 // entry returns dst's entry, making it (with one lookup) if no reader has
 // sent to dst since it was last forgotten.
-func (t *pathMTUs) entry(dst netip.Addr) *pathMTU {
+func (t *pathMTUs) entry(dst netip.Addr) *peerMTU {
 	t.mu.Lock()
 	e := t.peers[dst]
 	t.mu.Unlock()
@@ -72,7 +72,7 @@ func (t *pathMTUs) entry(dst netip.Addr) *pathMTU {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e = t.peers[dst]; e == nil {
-		e = new(pathMTU)
+		e = new(peerMTU)
 		e.mtu.Store(mtu)
 		t.peers[dst] = e
 	}
@@ -84,7 +84,7 @@ func (t *pathMTUs) entry(dst netip.Addr) *pathMTU {
 func (t *pathMTUs) refresh() {
 	t.mu.Lock()
 	dsts := make([]netip.Addr, 0, len(t.peers))
-	es := make([]*pathMTU, 0, len(t.peers))
+	es := make([]*peerMTU, 0, len(t.peers))
 	for dst, e := range t.peers {
 		dsts, es = append(dsts, dst), append(es, e)
 	}
@@ -127,13 +127,13 @@ func (d *Device) refresher() {
 // entries it has used, so that a lookup takes no lock.
 type pmtuCache struct {
 	t   *pathMTUs
-	m   map[netip.Addr]*pathMTU
+	m   map[netip.Addr]*peerMTU
 	gen uint64
 }
 
 func (c *pmtuCache) init(t *pathMTUs) {
 	c.t = t
-	c.m = make(map[netip.Addr]*pathMTU)
+	c.m = make(map[netip.Addr]*peerMTU)
 }
 
 // get returns the outer MTU towards dst.

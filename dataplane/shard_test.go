@@ -125,7 +125,7 @@ func startOn(t *testing.T, cfg Config, tun TUN, bind conn.Bind) (*Device, *sa.DB
 		t.Fatal(err)
 	}
 	statsHook = d.Stats
-	if err := d.StartWith(IO{TUN: tun, Bind: bind}); err != nil {
+	if err := d.Start(IO{TUN: tun, Bind: bind}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })

@@ -6,12 +6,19 @@ package docs
 
 import (
 	"bufio"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/espd/espd/conn"
 )
 
 const module = "github.com/espd/espd"
@@ -151,6 +158,50 @@ func TestLevels(t *testing.T) {
 			case d > n:
 				t.Errorf("architecture.md: %s (level %d) may import %s (level %d): imports only go down", pkg, n, dep, d)
 			}
+		}
+	}
+}
+
+// TestDataplaneTakesItsIO holds the data plane to "the pipeline only": its
+// non-test files import neither routing nor netlink, call no constructor of
+// tun or conn (Create*, Open*), and conn.Bind, what it sends and receives
+// through, has no IKE relay in it.
+func TestDataplaneTakesItsIO(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("../dataplane/*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("dataplane's files: %v %v", files, err)
+	}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			if path == module+"/routing" || strings.Contains(path, "netlink") {
+				t.Errorf("%s imports %s: the caller owns the routes", name, path)
+			}
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			if pkg, ok := sel.X.(*ast.Ident); ok && (pkg.Name == "tun" || pkg.Name == "conn") &&
+				(strings.HasPrefix(sel.Sel.Name, "Create") || strings.HasPrefix(sel.Sel.Name, "Open")) {
+				t.Errorf("%s: %s.%s: the caller creates the data plane's devices and sockets", fset.Position(sel.Pos()), pkg.Name, sel.Sel.Name)
+			}
+			return true
+		})
+	}
+	bind := reflect.TypeOf((*conn.Bind)(nil)).Elem()
+	for i := range bind.NumMethod() {
+		if m := bind.Method(i).Name; strings.Contains(m, "IKE") {
+			t.Errorf("conn.Bind has %s: the IKE relay is conn.IKE, the daemon's", m)
 		}
 	}
 }

@@ -35,9 +35,9 @@ import (
 // its rules: one table per espd, and --cleanup with the flags of the espd
 // it cleans up after.
 func runCleanup(opts daemon.Options, w io.Writer) error {
-	dp := opts.Dataplane
+	kio := opts.IO
 	cfg := routingConfig(opts)
-	if err := espdRunning(opts.Control.Path, dp.TUN.Name, cfg); err != nil {
+	if err := espdRunning(opts.Control.Path, kio.TUN.Name, cfg); err != nil {
 		return fmt.Errorf("--cleanup: %w", err)
 	}
 	removed, err := routing.Cleanup(cfg)
@@ -50,7 +50,7 @@ func runCleanup(opts daemon.Options, w io.Writer) error {
 	if err := removeInterfaces(opts, w); err != nil {
 		return fmt.Errorf("--cleanup: %w", err)
 	}
-	table := dp.Table
+	table := kio.Table
 	if table == 0 {
 		table = routing.DefaultTable
 	}
@@ -73,8 +73,8 @@ func runCleanup(opts daemon.Options, w io.Writer) error {
 
 // routingConfig is the routing the daemon with opts uses, without its TUN.
 func routingConfig(opts daemon.Options) routing.Config {
-	dp := opts.Dataplane
-	cfg := routing.Config{Table: dp.Table, Mark: dp.Mark, Priority: dp.RulePriority, NoIPv6: dp.NoIPv6}
+	kio := opts.IO
+	cfg := routing.Config{Table: kio.Table, Mark: kio.Mark, Priority: kio.RulePriority, NoIPv6: kio.NoIPv6}
 	if opts.StateDir != "" {
 		cfg.HoldFile = daemon.HoldFile(opts.StateDir)
 	}
@@ -155,7 +155,7 @@ func restoreInterfaces(opts daemon.Options, w io.Writer) (int, error) {
 		if _, err := net.InterfaceByName(s.Name); err == nil {
 			continue // there already: an espd or an earlier run made it
 		}
-		cfg := opts.Dataplane.TUN
+		cfg := opts.IO.TUN
 		cfg.Name, cfg.Persist, cfg.NoURing = s.Name, true, true // it only creates it
 		if s.MTU != 0 {
 			cfg.MTU = s.MTU

@@ -36,6 +36,7 @@ func run(args []string) error {
 	var (
 		opts      daemon.Options
 		dp        = &opts.Dataplane
+		kio       = &opts.IO
 		udpPort   uint
 		mark      uint
 		logFormat string
@@ -44,19 +45,19 @@ func run(args []string) error {
 		pprofAddr string
 		procs     int
 	)
-	fs.StringVar(&dp.TUN.Name, "tun", tun.DefaultName, "name of the cleartext TUN device")
-	fs.IntVar(&dp.TUN.MTU, "mtu", tun.DefaultMTU, "MTU of the TUN device")
-	fs.BoolVar(&dp.TUN.NoURing, "tun-no-uring", false, "write the TUN with writev(2), not io_uring")
-	fs.IntVar(&dp.TUN.TxQueueLen, "tun-txqueuelen", tun.DefaultTxQueueLen, "length of the TUN's transmit queue, in packets")
+	fs.StringVar(&kio.TUN.Name, "tun", tun.DefaultName, "name of the cleartext TUN device")
+	fs.IntVar(&kio.TUN.MTU, "mtu", tun.DefaultMTU, "MTU of the TUN device")
+	fs.BoolVar(&kio.TUN.NoURing, "tun-no-uring", false, "write the TUN with writev(2), not io_uring")
+	fs.IntVar(&kio.TUN.TxQueueLen, "tun-txqueuelen", tun.DefaultTxQueueLen, "length of the TUN's transmit queue, in packets")
 	fs.IntVar(&dp.OuterMTU, "outer-mtu", 0, "MTU of the path to the peers (0: the route's MTU)")
 	fs.IntVar(&dp.Workers, "workers", runtime.GOMAXPROCS(0), "crypto worker goroutines (0: readers run their batches to completion)")
 	fs.IntVar(&dp.HandOffBelow, "hand-off-below", dataplane.DefaultHandOffBelow, "MB/s: hand batches to the workers while a direction's crypto is slower (0: always)")
 	fs.IntVar(&procs, "procs", 0, "GOMAXPROCS (0: $GOMAXPROCS, else chosen by how batches run)")
 	fs.UintVar(&udpPort, "udp-port", uint(conn.DefaultEncapPort), "ESP-in-UDP port (RFC 3948)")
 	fs.UintVar(&mark, "mark", 0, "SO_MARK of espd's outer packets (0: default)")
-	fs.IntVar(&dp.Table, "table", 0, "routing table of the routes into the TUN (0: default)")
-	fs.IntVar(&dp.RecvBuffer, "recv-buffer", dataplane.DefaultRecvBuffer, "forced SO_RCVBUF of the outer sockets, bytes (negative: kernel default)")
-	fs.BoolVar(&dp.NoIPv6, "no-ipv6", false, "open no IPv6 sockets and install no IPv6 rule")
+	fs.IntVar(&kio.Table, "table", 0, "routing table of the routes into the TUN (0: default)")
+	fs.IntVar(&kio.RecvBuffer, "recv-buffer", daemon.DefaultRecvBuffer, "forced SO_RCVBUF of the outer sockets, bytes (negative: kernel default)")
+	fs.BoolVar(&kio.NoIPv6, "no-ipv6", false, "open no IPv6 sockets and install no IPv6 rule")
 	fs.DurationVar(&dp.Keepalive, "keepalive", dataplane.DefaultKeepalive, "NAT keepalive interval for UDP-encapsulated SAs (negative: off)")
 	fs.StringVar(&opts.Control.Path, "socket", control.DefaultSocketPath, "control socket path")
 	fs.StringVar(&opts.Control.Group, "socket-group", "", "group (name or gid) that may use the control socket too")
@@ -87,7 +88,7 @@ func run(args []string) error {
 	if udpPort == 0 || udpPort > 65535 {
 		return fmt.Errorf("--udp-port %d out of range 1-65535", udpPort)
 	}
-	dp.EncapPort = uint16(udpPort)
+	kio.EncapPort = uint16(udpPort)
 	if ikePort == 0 || ikePort > 65535 || ikePort == udpPort {
 		return fmt.Errorf("--ike-port %d: out of range 1-65535 or the --udp-port", ikePort)
 	}
@@ -95,7 +96,7 @@ func run(args []string) error {
 	if mark > 0xffffffff {
 		return fmt.Errorf("--mark %d out of range", mark)
 	}
-	dp.Mark = uint32(mark)
+	kio.Mark = uint32(mark)
 	if *cleanup {
 		return runCleanup(opts, os.Stdout)
 	}

@@ -1,34 +1,55 @@
-package dataplane
+package daemon
 
 import (
 	"errors"
 	"net/netip"
+	"sync"
 
 	"github.com/espd/espd/routing"
 	"github.com/espd/espd/sa"
 )
 
 var (
-	errNoRouter = errors.New("dataplane: no router (device not started with one)")
+	errNoRouter = errors.New("daemon: no router (data plane not started)")
 	any4        = netip.MustParsePrefix("0.0.0.0/0")
 	any6        = netip.MustParsePrefix("::/0")
 )
+
+// routeTable is what policyRoutes needs of *routing.Router.
+type routeTable interface {
+	AddRoute(src, dst netip.Prefix, k routing.Kind) error
+	RemoveRoute(src, dst netip.Prefix, k routing.Kind) error
+}
+
+// policyRoutes routes the traffic of outbound policies into the TUN (or,
+// for bypass policies, back to the main table) through a routing.Router.
+type policyRoutes struct {
+	mu     sync.Mutex
+	r      routeTable // nil until the router exists, and after it closed
+	noIPv6 bool
+}
+
+// setRouter sets (or, with nil, clears) the router the routes go to.
+func (pr *policyRoutes) setRouter(r routeTable) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	pr.r = r
+}
 
 // policyRoute is one route reference of a policy: the destination prefix
 // and the source prefix whose packets it is for.
 type policyRoute struct{ src, dst netip.Prefix }
 
-// policyRoutes returns the routes an outbound policy needs: its
-// destination prefix (both default routes for a selector that matches any
-// address of either family) with its source prefix (the default route of
-// the destination's family for a selector without one), and the kind,
-// tunnel for protect and drop, throw for bypass. The router sends to the
-// TUN only packets from the sources of protect and drop policies, as the
-// kernel's XFRM applies a policy only to packets from its source (issue
-// 26). Policies of other directions need none, and neither do those of a
-// route-based interface (IfID): the administrator's routes into the
-// interface decide what they see.
-func (d *Device) policyRoutes(p sa.Policy) ([]policyRoute, routing.Kind) {
+// routesOf returns the routes an outbound policy needs: its destination
+// prefix (both default routes for a selector that matches any address of
+// either family) with its source prefix (the default route of the
+// destination's family for a selector without one), and the kind, tunnel
+// for protect and drop, throw for bypass. The router sends to the TUN only
+// packets from the sources of protect and drop policies, as the kernel's
+// XFRM applies a policy only to packets from its source. Policies of other
+// directions need none, and neither do those of a route-based interface
+// (IfID): the administrator's routes into the interface decide.
+func (pr *policyRoutes) routesOf(p sa.Policy) ([]policyRoute, routing.Kind) {
 	if p.Dir != sa.DirOut || p.IfID != 0 {
 		return nil, 0
 	}
@@ -50,7 +71,7 @@ func (d *Device) policyRoutes(p sa.Policy) ([]policyRoute, routing.Kind) {
 		return []policyRoute{{anyOf(dst), dst}}, kind
 	case p.Src.IsValid():
 		return []policyRoute{{src, anyOf(src)}}, kind
-	case d.cfg.NoIPv6:
+	case pr.noIPv6:
 		return []policyRoute{{any4, any4}}, kind
 	}
 	return []policyRoute{{any4, any4}, {any6, any6}}, kind
@@ -60,26 +81,26 @@ func (d *Device) policyRoutes(p sa.Policy) ([]policyRoute, routing.Kind) {
 // TUN for protect and drop policies, back to the main table (throw) for
 // bypass policies. Routes are reference-counted per prefix, and the rules
 // of protect and drop policies per source prefix, so policies that share
-// a destination or a source each install and remove their own reference.
-// Policies of other directions need no route and are ignored.
+// a destination or a source each take their own reference. Policies of
+// other directions need no route and are ignored.
 //
 // A protect or drop policy's prefix is also held (routing's package doc):
 // if espd dies or stops, its traffic is dropped, not routed in clear,
 // until the policy's owner removes it with RemovePolicyRoute.
-func (d *Device) InstallPolicyRoute(p sa.Policy) error {
-	routes, kind := d.policyRoutes(p)
+func (pr *policyRoutes) InstallPolicyRoute(p sa.Policy) error {
+	routes, kind := pr.routesOf(p)
 	if len(routes) == 0 {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.io.Router == nil || d.closed {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.r == nil {
 		return errNoRouter
 	}
 	for i, rt := range routes {
-		if err := d.io.Router.AddRoute(rt.src, rt.dst, kind); err != nil {
+		if err := pr.r.AddRoute(rt.src, rt.dst, kind); err != nil {
 			for _, done := range routes[:i] {
-				d.io.Router.RemoveRoute(done.src, done.dst, kind)
+				pr.r.RemoveRoute(done.src, done.dst, kind)
 			}
 			return err
 		}
@@ -92,19 +113,19 @@ func (d *Device) InstallPolicyRoute(p sa.Policy) error {
 // of a source its rule. Only the policy's owner removing it (espctl, the
 // configuration file, the IKE daemon) calls it: a shutdown does not, so
 // its protection outlives espd.
-func (d *Device) RemovePolicyRoute(p sa.Policy) error {
-	routes, kind := d.policyRoutes(p)
+func (pr *policyRoutes) RemovePolicyRoute(p sa.Policy) error {
+	routes, kind := pr.routesOf(p)
 	if len(routes) == 0 {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.io.Router == nil || d.closed {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.r == nil {
 		return errNoRouter
 	}
 	var errs []error
 	for _, rt := range routes {
-		errs = append(errs, d.io.Router.RemoveRoute(rt.src, rt.dst, kind))
+		errs = append(errs, pr.r.RemoveRoute(rt.src, rt.dst, kind))
 	}
 	return errors.Join(errs...)
 }

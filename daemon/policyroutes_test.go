@@ -1,0 +1,95 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/espd/espd/routing"
+	"github.com/espd/espd/sa"
+)
+
+// fakeRouteTable records route references.
+type fakeRouteTable struct{ refs map[string]int }
+
+func (r *fakeRouteTable) AddRoute(src, dst netip.Prefix, k routing.Kind) error {
+	r.refs[fmt.Sprint(src, " ", dst, " ", k)]++
+	return nil
+}
+
+func (r *fakeRouteTable) RemoveRoute(src, dst netip.Prefix, k routing.Kind) error {
+	key := fmt.Sprint(src, " ", dst, " ", k)
+	if r.refs[key] == 0 {
+		return fmt.Errorf("no %s", key)
+	}
+	r.refs[key]--
+	return nil
+}
+
+// TestPolicyRoutes: the route references each kind of policy takes, their
+// release, and the refusal once the router is gone.
+func TestPolicyRoutes(t *testing.T) {
+	r := &fakeRouteTable{refs: map[string]int{}}
+	var pr policyRoutes
+	pr.setRouter(r)
+	pols := []sa.Policy{
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.7/16")}, Dir: sa.DirOut, Action: sa.ActionProtect},
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16"), Proto: 6}, Dir: sa.DirOut, Action: sa.ActionDrop},
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.5.0/24")}, Dir: sa.DirOut, Action: sa.ActionBypass},
+		{Selector: sa.Selector{}, Dir: sa.DirOut, Action: sa.ActionProtect},
+		{Selector: sa.Selector{Src: netip.MustParsePrefix("2001:db8::/32")}, Dir: sa.DirOut, Action: sa.ActionProtect},
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16")}, Dir: sa.DirIn, Action: sa.ActionProtect},
+		// A full tunnel for a LAN, and bypass-lan's pass policy.
+		{Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.1.7/24"), Dst: netip.MustParsePrefix("0.0.0.0/0")}, Dir: sa.DirOut, Action: sa.ActionProtect},
+		{Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.18.1.0/24")}, Dir: sa.DirOut, Action: sa.ActionBypass},
+		// A route-based interface's policy: no route.
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.9.0/24")}, Dir: sa.DirOut, Action: sa.ActionProtect, IfID: 7},
+	}
+	for _, p := range pols {
+		if err := pr.InstallPolicyRoute(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string]int{
+		"0.0.0.0/0 198.19.0.0/16 tunnel": 2, "0.0.0.0/0 198.19.5.0/24 throw": 1, "0.0.0.0/0 0.0.0.0/0 tunnel": 1,
+		"::/0 ::/0 tunnel": 1, "2001:db8::/32 ::/0 tunnel": 1,
+		"198.18.1.0/24 0.0.0.0/0 tunnel": 1, "198.18.1.0/24 198.18.1.0/24 throw": 1,
+	}
+	if len(r.refs) != len(want) {
+		t.Errorf("references %v, want %v", r.refs, want)
+	}
+	for k, v := range want {
+		if r.refs[k] != v {
+			t.Errorf("%s: %d references, want %d (all: %v)", k, r.refs[k], v, r.refs)
+		}
+	}
+	for _, p := range pols {
+		if err := pr.RemovePolicyRoute(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, v := range r.refs {
+		if v != 0 {
+			t.Errorf("%s: %d references left", k, v)
+		}
+	}
+	pr.setRouter(nil)
+	if err := pr.InstallPolicyRoute(pols[0]); !errors.Is(err, errNoRouter) {
+		t.Errorf("InstallPolicyRoute without a router: %v, want errNoRouter", err)
+	}
+}
+
+// TestPolicyRoutesNoIPv6: without IPv6 a selector of any address takes the
+// IPv4 default route only.
+func TestPolicyRoutesNoIPv6(t *testing.T) {
+	r := &fakeRouteTable{refs: map[string]int{}}
+	pr := policyRoutes{noIPv6: true}
+	pr.setRouter(r)
+	if err := pr.InstallPolicyRoute(sa.Policy{Dir: sa.DirOut, Action: sa.ActionProtect}); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.refs) != 1 || r.refs["0.0.0.0/0 0.0.0.0/0 tunnel"] != 1 {
+		t.Errorf("references %v, want the IPv4 default route only", r.refs)
+	}
+}
