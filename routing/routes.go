@@ -1,0 +1,136 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// ip6DefaultMetric is the metric the kernel gives an IPv6 route added
+// without one (IP6_RT_PRIO_USER).
+const ip6DefaultMetric = 1024
+
+// entry is one prefix: its references and what the kernel has for it.
+type entry struct {
+	tunnel, throw int // references by kind
+	// adoptedHold and adoptedThrow: a blackhole or throw route of a
+	// previous instance that no AddRoute of its kind has claimed yet. It
+	// counts as one reference of its kind that only Cleanup removes.
+	adoptedHold, adoptedThrow bool
+
+	installed   Kind // the TUN or throw route in the kernel; 0: none
+	throwMetric int  // metric of the installed throw route
+	held        bool // the blackhole route is in the kernel
+}
+
+// wantHold reports whether the prefix must be held.
+func (e *entry) wantHold() bool { return e.tunnel > 0 || e.adoptedHold }
+
+// want is the TUN or throw route the kernel should have. A hold without a
+// tunnel reference (adopted) keeps the prefix closed: a throw route would
+// win over the blackhole and open it.
+func (e *entry) want() Kind {
+	switch {
+	case e.tunnel > 0:
+		return Tunnel
+	case e.wantHold():
+		return 0
+	case e.throw > 0 || e.adoptedThrow:
+		return Throw
+	}
+	return 0
+}
+
+func (e *entry) empty() bool {
+	return e.tunnel == 0 && e.throw == 0 && !e.adoptedHold && !e.adoptedThrow && e.installed == 0 && !e.held
+}
+
+func familyOf(p netip.Prefix) int {
+	if p.Addr().Is6() {
+		return unix.AF_INET6
+	}
+	return unix.AF_INET
+}
+
+func dst(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// mainRoute is the TUN or throw route of p. metric 0 is the kernel's
+// default; deleting an IPv6 route needs it explicit, or the blackhole of
+// the same prefix could be taken instead.
+func (r *Router) mainRoute(p netip.Prefix, k Kind, metric int) *netlink.Route {
+	rt := &netlink.Route{Dst: dst(p), Table: r.cfg.Table, Protocol: Protocol, Family: familyOf(p), Priority: metric}
+	switch k {
+	case Tunnel:
+		rt.LinkIndex = r.cfg.LinkIndex
+		rt.Scope = netlink.SCOPE_LINK
+	case Throw:
+		rt.Type = unix.RTN_THROW
+	}
+	return rt
+}
+
+// delMetric is the metric to delete p's TUN or throw route with.
+func delMetric(p netip.Prefix, metric int) int {
+	if metric == 0 && p.Addr().Is6() {
+		return ip6DefaultMetric
+	}
+	return metric
+}
+
+// holdRoute is the blackhole route that holds p.
+func (r *Router) holdRoute(p netip.Prefix) *netlink.Route {
+	return &netlink.Route{Dst: dst(p), Table: r.cfg.Table, Protocol: Protocol, Family: familyOf(p),
+		Type: unix.RTN_BLACKHOLE, Priority: HoldMetric}
+}
+
+// sync makes the kernel's routes for p match e's references, in an order
+// that never leaves a prefix that should be held or routed into the TUN
+// without one of the two: the hold goes in first and comes out last.
+func (r *Router) sync(p netip.Prefix, e *entry) error {
+	wantHold, want := e.wantHold(), e.want()
+	if wantHold && !e.held {
+		if err := r.h.RouteReplace(r.holdRoute(p)); err != nil {
+			return fmt.Errorf("routing: hold %s with a blackhole route in table %d: %w", p, r.cfg.Table, err)
+		}
+		e.held = true
+	}
+	if want != e.installed {
+		if e.installed != 0 {
+			if err := r.delMain(p, e); err != nil {
+				return err
+			}
+		}
+		if want != 0 {
+			if err := r.h.RouteReplace(r.mainRoute(p, want, 0)); err != nil {
+				return fmt.Errorf("routing: add %s route %s table %d: %w", want, p, r.cfg.Table, err)
+			}
+			e.installed, e.throwMetric = want, 0
+		}
+	}
+	if !wantHold && e.held {
+		if err := r.h.RouteDel(r.holdRoute(p)); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("routing: remove the hold of %s: %w", p, err)
+		}
+		e.held = false
+	}
+	return nil
+}
+
+// delMain removes p's TUN or throw route.
+func (r *Router) delMain(p netip.Prefix, e *entry) error {
+	metric := 0
+	if e.installed == Throw {
+		metric = e.throwMetric
+	}
+	if err := r.h.RouteDel(r.mainRoute(p, e.installed, delMetric(p, metric))); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("routing: remove %s route %s: %w", e.installed, p, err)
+	}
+	e.installed, e.throwMetric = 0, 0
+	return nil
+}
