@@ -11,7 +11,7 @@ import (
 
 // A minimal io_uring, through which Write hands the kernel the packets of
 // one call with one io_uring_enter instead of one writev each (writeURing
-// in device.go). golang.org/x/sys/unix has the system call numbers but not
+// in write.go). golang.org/x/sys/unix has the system call numbers but not
 // the uapi structs (include/uapi/linux/io_uring.h), so those are written
 // out here with the kernel's layout, as far as a write needs them. The
 // ring takes no flags that a Linux 5.1 kernel lacks; IORING_SETUP_
@@ -234,7 +234,7 @@ func (r *ring) submit(res []int32) (enters int, err error) {
 	// the write to a worker thread), and the completions are posted before
 	// it returns. So the call that submits does not wait for them, and
 	// needs no GETEVENTS; it is raw, as the writev it replaces (rawRead in
-	// device.go says why). Were a completion to be late, the wait below
+	// read.go says why). Were a completion to be late, the wait below
 	// is an ordinary, blocking system call.
 	submitted := uint32(0)
 	for submitted < n {
