@@ -30,16 +30,10 @@ const (
 // Config configures a Device. The zero value is usable: every field has a
 // default.
 type Config struct {
-	// Workers is the number of crypto goroutines. 0 (the zero value) means
-	// none: each reader encrypts or decrypts its own batches and sends or
-	// writes them itself (run to completion), saving the two goroutine
-	// handoffs, and the thread wakeups they cost, of every batch; it is
-	// the faster choice where system calls, not crypto, are the limit
-	// (docs/benchmarks-history.md, "Workers or run to completion"). n > 0
-	// hands the batches to n workers and to n in-order stages per
-	// direction, each serving the states of one shard, spreading one
-	// flow's crypto over n cores and different states' I/O over the stages
-	// (see the package documentation).
+	// Workers is the number of crypto goroutines. 0 means none: each
+	// reader encrypts or decrypts its own batches and sends or writes them
+	// itself (run to completion). n > 0 hands the batches to n workers and
+	// n in-order stages per direction (docs/dataplane.md).
 	Workers int
 	// HandOffBelow, with workers, is a crypto rate in MB/s: while the
 	// crypto of a direction's batches runs slower than this (as measured
@@ -52,8 +46,7 @@ type Config struct {
 	// false when neither does any more: from a goroutine of its own, never
 	// the data path, never concurrently, at most every 500 ms (a change
 	// back within that time is reported late or not at all). cmd/espd
-	// uses it to run on half the CPUs while the readers run the batches to
-	// completion and on all of them while the workers take them.
+	// uses it to set GOMAXPROCS.
 	OnHandOff func(handOff bool)
 	// OuterMTU is the MTU of the path to the peers. 0 means the MTU of
 	// the route to each peer (IO.PathMTU, refreshed every 30 s), or
