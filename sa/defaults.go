@@ -9,24 +9,10 @@ import "github.com/espd/espd/esp"
 // (a key absent). DefaultConfig returns them as a Config.
 const (
 	// DefaultReplayWindow is the anti-replay window, in packets, of an
-	// inbound state that does not set one: 128.
-	//
-	// RFC 4303 section 3.4.3 requires at least 32 and prefers 64 as the
-	// default; strongSwan's charon uses 32 (charon.replay_window) and sends
-	// it explicitly, so SAs that charon negotiates keep charon's value.
-	// espd picks twice the RFC's preference because reordering between
-	// two gateways is often deeper than 64 packets: senders that spread an SA's packets over several CPUs or transmit queues
-	// (the kernel with pcrypt, RSS on multi-queue NICs) and bursts of
-	// batched sends (espd's own batches are up to 128 packets) can deliver
-	// a packet more than 64 sequence numbers after a later one, and a
-	// window that is too small drops it as a replay. The window is a ring
-	// of 64-bit words (RFC 6479), rounded up to a multiple of 64 packets:
-	// 128 costs four words per inbound state. It can be raised per state
-	// up to esp.MaxReplayWindow.
-	//
-	// An explicit window of 0 (replay_window = 0, --replay-window 0, a
-	// REPLAY_WINDOW attribute of 0) turns anti-replay checking off, as
-	// strongSwan's replay_window = 0 does; it is never a default.
+	// inbound state that does not set one (docs/safety.md, "Secure defaults,
+	// the same on every path", says why 128). It can be raised up to
+	// esp.MaxReplayWindow; an explicit 0 turns anti-replay checking off
+	// and is never a default.
 	DefaultReplayWindow = 128
 
 	// DefaultECN is RFC 6040 normal-mode ECN: the outer header of an

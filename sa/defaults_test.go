@@ -1,24 +1,33 @@
 package sa
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/espd/espd/esp"
 )
 
+// TestDefaultConfig holds DefaultConfig to its contract rather than to its
+// values: it is the per-state defaults and nothing else, a state made from
+// it with an identity and keys is valid in either direction, and the
+// replay window meets RFC 4303's floor (at least 32, 64 preferred).
 func TestDefaultConfig(t *testing.T) {
 	d := DefaultConfig()
-	want := Config{ReplayWindow: 128, ECN: true, CopyDSCP: true, DF: esp.DFCopy}
-	if d.String() != want.String() || d.ReplayWindow != want.ReplayWindow || d.ECN != want.ECN ||
-		d.CopyDSCP != want.CopyDSCP || d.DF != want.DF || d.TTL != 0 || d.DSCP != 0 || d.TFCPadTo != 0 ||
-		d.ReqID != 0 || d.EncapSrcPort != 0 || d.EncapDstPort != 0 || d.Selectors != nil ||
-		d.Soft != (Lifetime{}) || d.Hard != (Lifetime{}) || d.Suite.ESN {
-		t.Fatalf("DefaultConfig() = %+v", d)
+	want := Config{ReplayWindow: DefaultReplayWindow, ECN: DefaultECN, CopyDSCP: DefaultCopyDSCP, DF: DefaultDF}
+	if !reflect.DeepEqual(d, want) {
+		t.Errorf("DefaultConfig() = %+v, want the per-state defaults only: %+v", d, want)
 	}
-	// At least strongSwan's 32 and RFC 4303's preferred 64.
 	if DefaultReplayWindow < 64 || DefaultReplayWindow > esp.MaxReplayWindow {
-		t.Fatalf("DefaultReplayWindow %d", DefaultReplayWindow)
+		t.Errorf("DefaultReplayWindow %d outside 64..%d", DefaultReplayWindow, esp.MaxReplayWindow)
+	}
+	for _, dir := range []Direction{DirIn, DirOut} {
+		c := DefaultConfig()
+		id := testConfig(0x4000, dir, 1)
+		c.SPI, c.Dir, c.Src, c.Dst, c.Suite, c.EncKey = id.SPI, id.Dir, id.Src, id.Dst, id.Suite, id.EncKey
+		if err := c.Validate(); err != nil {
+			t.Errorf("%v state from DefaultConfig: %v", dir, err)
+		}
 	}
 }
 
