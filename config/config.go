@@ -59,7 +59,11 @@ type Error struct {
 	Path string
 	Line int
 	Msg  string
+	Err  error // the error Msg tells of, if any (Unwrap)
 }
+
+// Unwrap returns the underlying error, for errors.Is and errors.As.
+func (e *Error) Unwrap() error { return e.Err }
 
 // Error implements error.
 func (e *Error) Error() string {
@@ -90,7 +94,7 @@ func Parse(path string, data []byte) (*File, error) {
 			}
 			return nil, &Error{Path: path, Line: pe.Position.Line, Msg: msg}
 		}
-		return nil, &Error{Path: path, Msg: err.Error()}
+		return nil, &Error{Path: path, Msg: err.Error(), Err: err}
 	}
 	if und := md.Undecoded(); len(und) > 0 {
 		keys := make([]string, len(und))
@@ -110,7 +114,7 @@ func Parse(path string, data []byte) (*File, error) {
 			clear(c.EncKey)
 			clear(c.IntegKey)
 			f.Wipe()
-			return nil, &Error{Path: path, Line: at(saLines, i), Msg: fmt.Sprintf("sa #%d: %v", i+1, err)}
+			return nil, &Error{Path: path, Line: at(saLines, i), Msg: fmt.Sprintf("sa #%d: %v", i+1, err), Err: err}
 		}
 		f.SAs = append(f.SAs, c)
 	}
@@ -118,7 +122,7 @@ func Parse(path string, data []byte) (*File, error) {
 		p, err := doc.Policy[i].policy()
 		if err != nil {
 			f.Wipe()
-			return nil, &Error{Path: path, Line: at(polLines, i), Msg: fmt.Sprintf("policy #%d: %v", i+1, err)}
+			return nil, &Error{Path: path, Line: at(polLines, i), Msg: fmt.Sprintf("policy #%d: %v", i+1, err), Err: err}
 		}
 		f.Policies = append(f.Policies, p)
 	}
@@ -126,7 +130,7 @@ func Parse(path string, data []byte) (*File, error) {
 		ifc, err := doc.Interface[i].iface()
 		if err != nil {
 			f.Wipe()
-			return nil, &Error{Path: path, Line: at(ifLines, i), Msg: fmt.Sprintf("interface #%d: %v", i+1, err)}
+			return nil, &Error{Path: path, Line: at(ifLines, i), Msg: fmt.Sprintf("interface #%d: %v", i+1, err), Err: err}
 		}
 		f.Interfaces = append(f.Interfaces, ifc)
 	}

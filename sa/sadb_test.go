@@ -113,7 +113,7 @@ func TestAddSAValidation(t *testing.T) {
 func TestAddSADuplicates(t *testing.T) {
 	db, _ := newTestDB(t)
 	mustAdd(t, db, testConfig(0x3000, DirIn, 1))
-	if _, err := db.AddSA(testConfig(0x3000, DirIn, 2)); err == nil || !strings.Contains(err.Error(), "already exists") {
+	if _, err := db.AddSA(testConfig(0x3000, DirIn, 2)); !errors.Is(err, ErrStateExists) {
 		t.Errorf("same SPI and dst: %v", err)
 	}
 	other := testConfig(0x3000, DirIn, 2)

@@ -122,7 +122,7 @@ func TestUpdateSARefusals(t *testing.T) {
 	o := testConfig(0x1200, DirOut, 4)
 	mustAdd(t, db, o)
 	o.Dst = local
-	if err := db.UpdateSA(o); err == nil || !strings.Contains(err.Error(), "already exists") {
+	if err := db.UpdateSA(o); !errors.Is(err, ErrStateExists) {
 		t.Errorf("update onto another state's SPI and destination: %v", err)
 	}
 }
