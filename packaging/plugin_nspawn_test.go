@@ -1,19 +1,15 @@
 package packaging
 
 import (
-	"bufio"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/espd/espd/internal/docblock"
 	"github.com/espd/espd/testbed"
 )
 
@@ -308,124 +304,6 @@ func (bed *packageBed) section6(t *testing.T) deployBlock {
 	return blocks[last]
 }
 
-// onePackage returns the base name of the one package name_*_GOARCH.deb
-// in dir.
-func onePackage(t *testing.T, dir, name string) string {
-	t.Helper()
-	m, _ := filepath.Glob(filepath.Join(dir, name+"_*_"+runtime.GOARCH+".deb"))
-	if len(m) != 1 {
-		t.Fatalf("packaging/build.sh made %q, want one %s package", m, name)
-	}
-	return filepath.Base(m[0])
-}
-
-// aptMirror makes dir a flat apt repository with every package that
-// installing the packages debs (in dir's parent) on rootfs would take from
-// Debian, in the version the machine's apt picks, which for strongSwan is
-// the one the plugin is pinned to.
-func aptMirror(t *testing.T, rootfs, dir, release string, debs ...string) {
-	t.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	var lists []string // apt options for the release's package lists
-	if release != "12" {
-		lists = releaseLists(t, rootfs)
-	}
-	argv := append([]string{"install", "-s", "-o", "Dir::State::status=" + filepath.Join(rootfs, "var/lib/dpkg/status"),
-		"-o", "APT::Install-Recommends=true"}, lists...)
-	for _, d := range debs {
-		argv = append(argv, "./"+d)
-	}
-	sim := exec.Command("apt-get", argv...)
-	sim.Dir = filepath.Dir(dir)
-	out, err := sim.CombinedOutput()
-	if err != nil {
-		t.Fatalf("apt-get %s: %v\n%s", strings.Join(argv, " "), err, out)
-	}
-	var want []string
-	inst := regexp.MustCompile(`^Inst (\S+) (?:\[\S+\] )?\((\S+) (\S+)`)
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		if m := inst.FindStringSubmatch(sc.Text()); m != nil && m[3] != "local-deb" {
-			want = append(want, m[1]+"="+m[2])
-		}
-	}
-	if len(want) == 0 {
-		t.Fatalf("apt-get %s installs nothing from Debian:\n%s", strings.Join(argv, " "), out)
-	}
-	dl := exec.Command("apt-get", append(append([]string{"download", "-qq"}, lists...), want...)...)
-	dl.Dir = dir
-	if out, err := dl.CombinedOutput(); err != nil {
-		t.Fatalf("apt-get download %s: %v\n%s", strings.Join(want, " "), err, out)
-	}
-	scan := exec.Command("dpkg-scanpackages", "--multiversion", ".")
-	scan.Dir = dir
-	idx, err := scan.Output()
-	if err != nil {
-		t.Fatalf("dpkg-scanpackages in %s: %v", dir, err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "Packages"), idx, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("the containers' apt mirror: %s", strings.Join(want, " "))
-}
-
-// aptGet runs an apt-get command line in the container, in dir, and fails
-// the test if it fails.
-func aptGet(t *testing.T, c *container, dir, line string) {
-	t.Helper()
-	out, err := c.run(nil, "env", "DEBIAN_FRONTEND=noninteractive", "sh", "-ec", "cd "+dir+" && "+line)
-	if err != nil {
-		t.Fatalf("in the container, in %s: %s: %v\n%s", dir, line, err, out)
-	}
-}
-
-// releaseLists fetches the package lists of the root file system's apt
-// sources (its /etc/apt/sources.list) into a directory of the test's and
-// returns the apt-get options that use them instead of the machine's.
-func releaseLists(t *testing.T, rootfs string) []string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, d := range []string{"lists/partial", "cache/archives/partial"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	opts := []string{
-		"-o", "Dir::Etc::SourceList=" + filepath.Join(rootfs, "etc/apt/sources.list"),
-		"-o", "Dir::Etc::SourceParts=" + filepath.Join(dir, "none"),
-		"-o", "Dir::State::Lists=" + filepath.Join(dir, "lists"),
-		"-o", "Dir::Cache=" + filepath.Join(dir, "cache"),
-	}
-	if out, err := exec.Command("apt-get", append([]string{"update", "-qq"}, opts...)...).CombinedOutput(); err != nil {
-		t.Fatalf("apt-get update with %s's sources: %v\n%s", rootfs, err, out)
-	}
-	return opts
-}
-
-// markedBlock returns the text of the one fenced block of file whose info
-// string is lang and marker (internal/docblock), and fails the test if
-// there is not exactly one.
-func markedBlock(t *testing.T, file, lang, marker string) string {
-	t.Helper()
-	text, err := docblock.One(file, lang, marker)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return text
-}
-
-// sudoLess is a shell block with "sudo " taken off the start of each line,
-// for a root shell without sudo.
-func sudoLess(block string) string {
-	lines := strings.Split(block, "\n")
-	for i, l := range lines {
-		lines[i] = strings.TrimPrefix(l, "sudo ")
-	}
-	return strings.Join(lines, "\n")
-}
-
 // loadedPlugins returns the "loaded plugins:" line of swanctl --stats.
 func loadedPlugins(t *testing.T, c *container) string {
 	t.Helper()
@@ -453,106 +331,5 @@ func checkOneCharon(t *testing.T, name string, c *container) {
 	main := c.show(t, "strongswan.service", "MainPID")["MainPID"]
 	if len(charons) != 1 || strings.Fields(charons[0])[0] != main || strings.Fields(charons[0])[1] != "charon-systemd" {
 		t.Errorf("gateway %s: charon processes %q, want only strongswan.service's charon-systemd (MainPID %s)", name, charons, main)
-	}
-}
-
-// deployBlock is a fenced block of docs/deploy.md that names the gateways
-// it runs on.
-type deployBlock struct {
-	gateways []string // "A", "B"
-	text     string
-}
-
-// deployBlocks returns the blocks of docs/deploy.md between the headings
-// that begin with from and to whose info string is `sh gateway A`, `sh
-// gateway B` or `sh both gateways` (what docs/deploy_test.go runs).
-func deployBlocks(t *testing.T, from, to string) []deployBlock {
-	t.Helper()
-	b, err := os.ReadFile("../docs/deploy.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var blocks []deployBlock
-	var cur *deployBlock
-	in := false
-	for _, l := range strings.Split(string(b), "\n") {
-		switch {
-		case cur != nil:
-			if l == "```" {
-				blocks = append(blocks, *cur)
-				cur = nil
-			} else {
-				cur.text += l + "\n"
-			}
-		case strings.HasPrefix(l, "## "):
-			in = strings.HasPrefix(l, from) || (in && !strings.HasPrefix(l, to))
-		case in && strings.HasPrefix(l, "```sh "):
-			switch strings.TrimPrefix(l, "```sh ") {
-			case "gateway A":
-				cur = &deployBlock{gateways: []string{"A"}}
-			case "gateway B":
-				cur = &deployBlock{gateways: []string{"B"}}
-			case "both gateways":
-				cur = &deployBlock{gateways: []string{"A", "B"}}
-			}
-		}
-	}
-	if len(blocks) == 0 {
-		t.Fatalf("docs/deploy.md has no gateway block between %q and %q", from, to)
-	}
-	return blocks
-}
-
-// runDeployBlock runs the block on its gateways, in the container, with
-// sh -e; two kinds of line are carried out by the test, because the
-// containers have neither SSH nor ping: `scp -p FILES root@ADDRESS:DIR`
-// copies the files with their mode to the gateway with that address, and
-// `ping` runs the machine's ping in the gateway's network namespace.
-func runDeployBlock(t *testing.T, gw map[string]*container, top *testbed.Topology, b deployBlock) {
-	t.Helper()
-	nodes := map[string]*testbed.Node{"A": top.GwA, "B": top.GwB}
-	byAddr := map[string]string{testbed.GwATransitV4.Addr().String(): "A", testbed.GwBTransitV4.Addr().String(): "B"}
-	for _, name := range b.gateways {
-		c := gw[name]
-		var script strings.Builder
-		flush := func() {
-			if script.Len() == 0 {
-				return
-			}
-			if out, err := c.run([]byte(script.String()), "sh", "-e"); err != nil {
-				t.Fatalf("gateway %s: docs/deploy.md's block failed: %v\n%s\n%s", name, err, script.String(), out)
-			}
-			script.Reset()
-		}
-		for _, l := range strings.Split(strings.TrimSuffix(b.text, "\n"), "\n") {
-			switch {
-			case strings.HasPrefix(l, "scp -p "):
-				flush()
-				f := strings.Fields(l)[2:]
-				dest, dir, ok := strings.Cut(f[len(f)-1], ":")
-				to := gw[byAddr[strings.TrimPrefix(dest, "root@")]]
-				if !ok || to == nil {
-					t.Fatalf("gateway %s: %q: no gateway %s", name, l, dest)
-				}
-				for _, file := range f[:len(f)-1] {
-					content := c.must(t, "cat", file)
-					mode := strings.TrimSpace(c.must(t, "stat", "-c", "%a", file))
-					if out, err := to.run([]byte(content), "install", "-m", mode, "/dev/stdin", filepath.Join(dir, filepath.Base(file))); err != nil {
-						t.Fatalf("gateway %s: %q: %v\n%s", name, l, err, out)
-					}
-				}
-			case strings.HasPrefix(l, "ping "):
-				flush()
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				out, err := nodes[name].Run(ctx, strings.Fields(l)...)
-				cancel()
-				if err != nil {
-					t.Fatalf("gateway %s: %s: %v\n%s", name, l, err, out)
-				}
-			default:
-				fmt.Fprintln(&script, l)
-			}
-		}
-		flush()
 	}
 }

@@ -1,0 +1,140 @@
+package packaging
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/testbed"
+)
+
+// waitPassing waits up to timeout until every pinger has had an answer to
+// a request sent after since.
+func waitPassing(pingers []*pinger, since time.Time, timeout time.Duration) bool {
+	return testbed.Poll(timeout, 100*time.Millisecond, func() bool {
+		for _, p := range pingers {
+			if p.update(); p.repliesSince(since) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// pinger is a ping that runs in the background for the whole test, 20
+// requests a second (at most 15 minutes), and the times of its requests
+// that were answered, from its output.
+type pinger struct {
+	name string
+	log  string
+	off  int
+	// sent holds the send times of the answered requests (reply time less
+	// the round trip); last is the latest time ping said it sent one.
+	sent []time.Time
+	last time.Time
+}
+
+// startPinger starts pinging dst from n.
+func startPinger(t *testing.T, n *testbed.Node, dir string, dst netip.Addr) *pinger {
+	t.Helper()
+	p := &pinger{name: n.Role + "->" + dst.String(), log: filepath.Join(dir, fmt.Sprintf("ping-%s-%s.log", n.Role, dst))}
+	fam := "-4"
+	if dst.Is6() {
+		fam = "-6"
+	}
+	// -D: a time stamp on each line; -O: a line for each request not
+	// answered before the next one is sent.
+	proc, err := n.Start(p.log, "ping", fam, "-n", "-D", "-O", "-i", "0.05", "-c", "18000", "-w", "900", dst.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proc.Stop(5 * time.Second) })
+	return p
+}
+
+// update reads what ping wrote since the last call.
+func (p *pinger) update() {
+	b, err := os.ReadFile(p.log)
+	if err != nil || len(b) <= p.off {
+		return
+	}
+	b = b[p.off:]
+	n := bytes.LastIndexByte(b, '\n') + 1
+	p.off += n
+	for _, l := range strings.Split(string(b[:n]), "\n") {
+		if m := pingReply.FindStringSubmatch(l); m != nil {
+			rtt, _ := strconv.ParseFloat(m[3], 64)
+			at := stamp(m[1], m[2]).Add(-time.Duration(rtt * float64(time.Millisecond)))
+			p.sent = append(p.sent, at)
+			p.seen(at)
+		} else if m := pingNoReply.FindStringSubmatch(l); m != nil {
+			p.seen(stamp(m[1], m[2]))
+		}
+	}
+}
+
+// seen records that ping sent a request at.
+func (p *pinger) seen(at time.Time) {
+	if at.After(p.last) {
+		p.last = at
+	}
+}
+
+// stamp is ping -D's time stamp, seconds and microseconds.
+func stamp(sec, usec string) time.Time {
+	s, _ := strconv.ParseInt(sec, 10, 64)
+	u, _ := strconv.ParseInt((usec + "000000")[:6], 10, 64)
+	return time.Unix(s, u*1000)
+}
+
+// repliesSince returns how many requests sent after since were answered.
+func (p *pinger) repliesSince(since time.Time) int {
+	n := 0
+	for _, s := range p.sent {
+		if s.After(since) {
+			n++
+		}
+	}
+	return n
+}
+
+// lastReply returns the send time of the last answered request.
+func (p *pinger) lastReply() time.Time {
+	var last time.Time
+	for _, s := range p.sent {
+		if s.After(last) {
+			last = s
+		}
+	}
+	return last
+}
+
+// sentAfter reports whether ping has sent a request after at (answered or
+// not, as far as its output says).
+func (p *pinger) sentAfter(at time.Time) bool { return p.last.After(at) }
+
+// longestSilence returns the longest time within [from, to) in which no
+// request that was answered was sent.
+func (p *pinger) longestSilence(from, to time.Time) time.Duration {
+	p.update()
+	var in []time.Time
+	for _, s := range p.sent {
+		if !s.Before(from) && s.Before(to) {
+			in = append(in, s)
+		}
+	}
+	slices.SortFunc(in, func(a, b time.Time) int { return a.Compare(b) })
+	prev, gap := from, time.Duration(0)
+	for _, s := range append(in, to) {
+		gap = max(gap, s.Sub(prev))
+		prev = s
+	}
+	return gap
+}
