@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/sa"
 )
 
@@ -12,8 +13,8 @@ import (
 // implements it over sa.DB (plus routes); its methods may be called from
 // many connections at once and must not block for long.
 //
-// The code of an ERROR reply comes from the error returned: the Errno of an
-// *Error or a syscall.Errno in its chain; else ENOENT for sa.ErrNotFound,
+// The code of an ERROR reply comes from the error returned: the Errno of a
+// *wire.Error or a syscall.Errno in its chain; else ENOENT for sa.ErrNotFound,
 // EEXIST for sa.ErrPolicyExists and sa.ErrStateExists, ENOSPC for
 // sa.ErrNoSPI, ETIMEDOUT for context.DeadlineExceeded,
 // and EINVAL for anything else (sa reports invalid configurations as plain
@@ -30,9 +31,9 @@ type Backend interface {
 	// outer destination (SA_DEL).
 	DeleteSA(spi uint32, dst netip.Addr) error
 	// GetSA returns a state without its keys (SA_GET).
-	GetSA(spi uint32, dst netip.Addr) (SAInfo, error)
+	GetSA(spi uint32, dst netip.Addr) (wire.SAInfo, error)
 	// ListSAs returns every state and SPI reservation (SA_LIST, STATS).
-	ListSAs() ([]SAInfo, error)
+	ListSAs() ([]wire.SAInfo, error)
 	// FlushSAs removes every state (SA_FLUSH).
 	FlushSAs() error
 	// AddPolicy installs a policy and returns it with its index
@@ -53,23 +54,23 @@ type Backend interface {
 	AllocSPI(lo, hi uint32) (uint32, error)
 	// Stats returns the global counters (STATS): the SA database's and
 	// the data path's.
-	Stats() (GlobalStats, error)
+	Stats() (wire.GlobalStats, error)
 	// Subscribe starts an event stream buffering up to buffer events
 	// (SUBSCRIBE). SubscribeDB adapts sa.DB.Subscribe.
 	Subscribe(buffer int) (Subscription, error)
 }
 
 // backendErrno classifies the errors of the sa package and of contexts.
-func backendErrno(err error) Errno {
+func backendErrno(err error) wire.Errno {
 	switch {
 	case errors.Is(err, sa.ErrNotFound):
-		return ENOENT
+		return wire.ENOENT
 	case errors.Is(err, sa.ErrPolicyExists), errors.Is(err, sa.ErrStateExists):
-		return EEXIST
+		return wire.EEXIST
 	case errors.Is(err, sa.ErrNoSPI):
-		return ENOSPC
+		return wire.ENOSPC
 	case errors.Is(err, context.DeadlineExceeded):
-		return ETIMEDOUT
+		return wire.ETIMEDOUT
 	}
-	return EINVAL
+	return wire.EINVAL
 }

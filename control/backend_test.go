@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/sa"
 )
 
@@ -21,18 +22,18 @@ func (b dbBackend) UpdateSA(c sa.Config) error { return b.db.UpdateSA(c) }
 
 func (b dbBackend) DeleteSA(spi uint32, dst netip.Addr) error { return b.db.DeleteSA(spi, dst) }
 
-func (b dbBackend) GetSA(spi uint32, dst netip.Addr) (SAInfo, error) {
+func (b dbBackend) GetSA(spi uint32, dst netip.Addr) (wire.SAInfo, error) {
 	s, ok := b.db.GetSA(spi, dst)
 	if !ok {
-		return SAInfo{}, fmt.Errorf("state spi 0x%08x dst %v: %w", spi, dst, sa.ErrNotFound)
+		return wire.SAInfo{}, fmt.Errorf("state spi 0x%08x dst %v: %w", spi, dst, sa.ErrNotFound)
 	}
-	return InfoOf(s), nil
+	return wire.InfoOf(s), nil
 }
 
-func (b dbBackend) ListSAs() ([]SAInfo, error) {
-	var out []SAInfo
+func (b dbBackend) ListSAs() ([]wire.SAInfo, error) {
+	var out []wire.SAInfo
 	for _, s := range b.db.SAs() {
-		out = append(out, InfoOf(s))
+		out = append(out, wire.InfoOf(s))
 	}
 	return out, nil
 }
@@ -61,6 +62,8 @@ func (b dbBackend) FlushPolicies() error { b.db.FlushPolicies(); return nil }
 
 func (b dbBackend) AllocSPI(lo, hi uint32) (uint32, error) { return b.db.AllocSPI(lo, hi) }
 
-func (b dbBackend) Stats() (GlobalStats, error) { return GlobalStats{GlobalStats: b.db.Stats()}, nil }
+func (b dbBackend) Stats() (wire.GlobalStats, error) {
+	return wire.GlobalStats{GlobalStats: b.db.Stats()}, nil
+}
 
 func (b dbBackend) Subscribe(buffer int) (Subscription, error) { return SubscribeDB(b.db, buffer), nil }

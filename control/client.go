@@ -7,6 +7,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/espd/espd/control/wire"
 )
 
 // ErrClosed is returned by requests on a closed Client.
@@ -28,19 +30,19 @@ type Client struct {
 	mu      sync.Mutex
 	seq     uint32
 	pending map[uint32]*call
-	err     error      // why the connection ended
-	refusal *Error     // an unsolicited ERROR (sequence 0): why the server hung up
-	events  chan Event // nil until Subscribe
-	lost    uint64     // events dropped since the last one delivered
+	err     error           // why the connection ended
+	refusal *wire.Error     // an unsolicited ERROR (sequence 0): why the server hung up
+	events  chan wire.Event // nil until Subscribe
+	lost    uint64          // events dropped since the last one delivered
 	done    chan struct{}
 
 	// Server is what the server said in its HELLO reply.
-	Server HelloInfo
+	Server wire.HelloInfo
 }
 
 // call is one request waiting for its reply.
 type call struct {
-	parts []*Message
+	parts []*wire.Message
 	err   error
 	done  chan struct{}
 }
@@ -60,7 +62,7 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	go c.readLoop()
 	h, err := c.Hello(ctx)
 	if err != nil {
-		var e *Error
+		var e *wire.Error
 		if !errors.As(err, &e) {
 			// A server that refuses us (EACCES, EAGAIN) says why, then
 			// hangs up, maybe before our HELLO is written: prefer its
@@ -101,7 +103,7 @@ func (c *Client) readLoop() {
 	defer close(c.done)
 	var err error
 	for {
-		var m *Message
+		var m *wire.Message
 		m, _, _, err = ReadMessage(c.nc, nil)
 		if err != nil {
 			break
@@ -129,14 +131,14 @@ func (c *Client) readLoop() {
 	c.nc.Close()
 }
 
-func (c *Client) dispatch(m *Message) {
+func (c *Client) dispatch(m *wire.Message) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if m.Type == MsgEvent && m.Flags&FlagReply == 0 {
+	if m.Type == wire.MsgEvent && m.Flags&wire.FlagReply == 0 {
 		if c.events == nil {
 			return
 		}
-		e, err := readEvent(m.Attrs)
+		e, err := wire.ReadEvent(m.Attrs)
 		if err != nil {
 			c.lost++
 			return
@@ -152,25 +154,25 @@ func (c *Client) dispatch(m *Message) {
 	}
 	cl := c.pending[m.Seq]
 	if cl == nil {
-		if m.Type == MsgError {
-			if e, err := readError(m.Attrs); err == nil {
+		if m.Type == wire.MsgError {
+			if e, err := wire.ReadError(m.Attrs); err == nil {
 				c.refusal = e
 			}
 		}
 		return
 	}
 	switch {
-	case m.Type == MsgError:
-		e, err := readError(m.Attrs)
+	case m.Type == wire.MsgError:
+		e, err := wire.ReadError(m.Attrs)
 		if err != nil {
 			cl.err = fmt.Errorf("control: malformed ERROR reply: %w", err)
 		} else {
 			cl.err = e
 		}
-	case m.Flags&FlagMulti != 0:
+	case m.Flags&wire.FlagMulti != 0:
 		cl.parts = append(cl.parts, m)
 		return
-	case m.Type == MsgDone:
+	case m.Type == wire.MsgDone:
 	default:
 		cl.parts = append(cl.parts, m)
 	}
@@ -180,7 +182,7 @@ func (c *Client) dispatch(m *Message) {
 
 // do sends a request built by fill and returns its reply messages: one for
 // a single reply, the parts (without DONE) for a multi-part one.
-func (c *Client) do(ctx context.Context, t MsgType, fill func(*Builder)) ([]*Message, error) {
+func (c *Client) do(ctx context.Context, t wire.MsgType, fill func(*wire.Builder)) ([]*wire.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -199,7 +201,7 @@ func (c *Client) do(ctx context.Context, t MsgType, fill func(*Builder)) ([]*Mes
 	c.pending[seq] = cl
 	c.mu.Unlock()
 
-	b := NewBuilder(Version, t, 0, seq)
+	b := wire.NewBuilder(wire.Version, t, 0, seq)
 	if fill != nil {
 		fill(b)
 	}
@@ -207,7 +209,7 @@ func (c *Client) do(ctx context.Context, t MsgType, fill func(*Builder)) ([]*Mes
 	if err == nil {
 		err = c.send(ctx, msg)
 	}
-	clear(b.buf) // keys do not linger
+	b.Clear() // keys do not linger
 	if err != nil {
 		c.forget(seq)
 		return nil, err
@@ -258,7 +260,7 @@ func (c *Client) send(ctx context.Context, msg []byte) error {
 }
 
 // single returns the attributes of a single reply.
-func single(parts []*Message, err error) ([]Attr, error) {
+func single(parts []*wire.Message, err error) ([]wire.Attr, error) {
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/packet"
 	"github.com/espd/espd/sa"
 )
@@ -69,9 +70,9 @@ func dial(t *testing.T, path string) *Client {
 	return c
 }
 
-func wantCode(t *testing.T, err error, code Errno) {
+func wantCode(t *testing.T, err error, code wire.Errno) {
 	t.Helper()
-	var e *Error
+	var e *wire.Error
 	if !errors.As(err, &e) || e.Code != code {
 		t.Fatalf("error %v, want %v", err, code)
 	}
@@ -81,7 +82,7 @@ func TestClientSARoundTrips(t *testing.T) {
 	ts := startServer(t, ServerConfig{})
 	c := dial(t, ts.path)
 	ctx := testCtx(t)
-	if c.Server.Version != Version || c.Server.Software != Software || c.Server.MaxMessageSize != MaxMessageSize {
+	if c.Server.Version != wire.Version || c.Server.Software != Software || c.Server.MaxMessageSize != wire.MaxMessageSize {
 		t.Fatalf("hello: %+v", c.Server)
 	}
 
@@ -89,11 +90,11 @@ func TestClientSARoundTrips(t *testing.T) {
 	if err != nil || spi < 0x1000 || spi > 0x1003 {
 		t.Fatalf("AllocSPI: %x %v", spi, err)
 	}
-	if spi2, err := c.AllocSPI(ctx, 0, 0); err != nil || spi2 < DefaultSPIMin || spi2 > DefaultSPIMax {
+	if spi2, err := c.AllocSPI(ctx, 0, 0); err != nil || spi2 < wire.DefaultSPIMin || spi2 > wire.DefaultSPIMax {
 		t.Fatalf("AllocSPI default range: %x %v", spi2, err)
 	}
 	_, err = c.AllocSPI(ctx, 5, 4)
-	wantCode(t, err, EINVAL)
+	wantCode(t, err, wire.EINVAL)
 
 	in := gcmConfig(t, spi)
 	in.Selectors = []sa.Selector{{Src: netip.MustParsePrefix("2001:db8:a::/48"), Dst: netip.MustParsePrefix("2001:db8:b::/48")}}
@@ -103,7 +104,7 @@ func TestClientSARoundTrips(t *testing.T) {
 	if err := c.AddSA(ctx, in); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, c.AddSA(ctx, in), EEXIST)
+	wantCode(t, c.AddSA(ctx, in), wire.EEXIST)
 	out := fullConfig(t)
 	if err := c.AddSA(ctx, out); err != nil {
 		t.Fatal(err)
@@ -122,7 +123,7 @@ func TestClientSARoundTrips(t *testing.T) {
 		t.Fatalf("GetSA stats: %+v", got.Stats)
 	}
 	_, err = c.GetSA(ctx, 0x999, in.Dst)
-	wantCode(t, err, ENOENT)
+	wantCode(t, err, wire.ENOENT)
 	if !errors.Is(err, syscall.ENOENT) {
 		t.Fatal("errors.Is(err, syscall.ENOENT)")
 	}
@@ -149,7 +150,7 @@ func TestClientSARoundTrips(t *testing.T) {
 	newDst := netip.MustParseAddr("198.18.0.9")
 	upd := out
 	upd.Dst, upd.EncapSrcPort, upd.EncapDstPort = newDst, 0, 0
-	if err := c.UpdateSA(ctx, SAUpdate{SPI: out.SPI, Dst: out.Dst, Config: upd, Fields: FieldDst | FieldEncap}); err != nil {
+	if err := c.UpdateSA(ctx, wire.SAUpdate{SPI: out.SPI, Dst: out.Dst, Config: upd, Fields: wire.FieldDst | wire.FieldEncap}); err != nil {
 		t.Fatal(err)
 	}
 	got, err = c.GetSA(ctx, out.SPI, newDst)
@@ -164,10 +165,10 @@ func TestClientSARoundTrips(t *testing.T) {
 	// Immutable fields are refused by the database, not silently kept.
 	bad := upd
 	bad.ReqID = 99
-	err = c.UpdateSA(ctx, SAUpdate{SPI: out.SPI, Dst: newDst, Config: bad, Fields: FieldReqID})
-	wantCode(t, err, EINVAL)
-	err = c.UpdateSA(ctx, SAUpdate{SPI: 0x4242, Dst: newDst, Config: bad, Fields: FieldTTL})
-	wantCode(t, err, ENOENT)
+	err = c.UpdateSA(ctx, wire.SAUpdate{SPI: out.SPI, Dst: newDst, Config: bad, Fields: wire.FieldReqID})
+	wantCode(t, err, wire.EINVAL)
+	err = c.UpdateSA(ctx, wire.SAUpdate{SPI: 0x4242, Dst: newDst, Config: bad, Fields: wire.FieldTTL})
+	wantCode(t, err, wire.ENOENT)
 
 	st, err := c.Stats(ctx)
 	if err != nil || st.Global.States != 2 || st.Global.Larval != 1 || len(st.SAs) != 3 || st.Global.Packets != 3 {
@@ -183,8 +184,8 @@ func TestClientSARoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.GetSA(ctx, in.SPI, in.Dst)
-	wantCode(t, err, ENOENT)
-	wantCode(t, c.DeleteSA(ctx, in.SPI, in.Dst), ENOENT)
+	wantCode(t, err, wire.ENOENT)
+	wantCode(t, c.DeleteSA(ctx, in.SPI, in.Dst), wire.ENOENT)
 	if err := c.FlushSAs(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func TestClientSARoundTrips(t *testing.T) {
 	short := gcmConfig(t, 0x777)
 	short.EncKey = short.EncKey[:5]
 	err = c.AddSA(ctx, short)
-	wantCode(t, err, EINVAL)
+	wantCode(t, err, wire.EINVAL)
 	t.Logf("short key: %v", err)
 }
 
@@ -216,7 +217,7 @@ func TestClientPolicyRoundTrips(t *testing.T) {
 		t.Fatalf("AddPolicy:\n got %v\nwant %v", got, p)
 	}
 	_, err = c.AddPolicy(ctx, p)
-	wantCode(t, err, EEXIST)
+	wantCode(t, err, wire.EEXIST)
 	if g, err := c.GetPolicy(ctx, p.ID()); err != nil || g != p {
 		t.Fatalf("GetPolicy: %v %v", g, err)
 	}
@@ -237,8 +238,8 @@ func TestClientPolicyRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.GetPolicy(ctx, p.ID())
-	wantCode(t, err, ENOENT)
-	wantCode(t, c.DeletePolicy(ctx, p.ID()), ENOENT)
+	wantCode(t, err, wire.ENOENT)
+	wantCode(t, c.DeletePolicy(ctx, p.ID()), wire.ENOENT)
 	if err := c.FlushPolicies(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -256,10 +257,10 @@ func TestClientEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.Subscribe(ctx)
-	wantCode(t, err, EALREADY)
+	wantCode(t, err, wire.EALREADY)
 	// A filtered subscriber on another connection.
 	c2 := dial(t, ts.path)
-	expOnly, err := c2.Subscribe(ctx, EventSoftExpire, EventHardExpire)
+	expOnly, err := c2.Subscribe(ctx, wire.EventSoftExpire, wire.EventHardExpire)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +284,7 @@ func TestClientEvents(t *testing.T) {
 	s.Account(2, 200)
 	s.Account(2, 200)
 
-	next := func(ch <-chan Event) Event {
+	next := func(ch <-chan wire.Event) wire.Event {
 		t.Helper()
 		select {
 		case e, ok := <-ch:
@@ -294,24 +295,24 @@ func TestClientEvents(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("no event")
 		}
-		return Event{}
+		return wire.Event{}
 	}
 	e := next(events)
-	if e.Kind != EventAcquire || e.ReqID != 5 || e.Flow != flow || e.Policy != pol || e.Time.IsZero() {
+	if e.Kind != wire.EventAcquire || e.ReqID != 5 || e.Flow != flow || e.Policy != pol || e.Time.IsZero() {
 		t.Fatalf("acquire: %+v", e)
 	}
 	e = next(events)
-	if e.Kind != EventSoftExpire || e.SPI != cfg.SPI || e.Dst != cfg.Dst || e.Reason != sa.ExpirePackets || e.ReqID != cfg.ReqID || e.Dir != sa.DirOut {
+	if e.Kind != wire.EventSoftExpire || e.SPI != cfg.SPI || e.Dst != cfg.Dst || e.Reason != sa.ExpirePackets || e.ReqID != cfg.ReqID || e.Dir != sa.DirOut {
 		t.Fatalf("soft expire: %+v", e)
 	}
 	e = next(events)
-	if e.Kind != EventHardExpire || e.SPI != cfg.SPI || e.Reason != sa.ExpirePackets {
+	if e.Kind != wire.EventHardExpire || e.SPI != cfg.SPI || e.Reason != sa.ExpirePackets {
 		t.Fatalf("hard expire: %+v", e)
 	}
-	if e := next(expOnly); e.Kind != EventSoftExpire {
+	if e := next(expOnly); e.Kind != wire.EventSoftExpire {
 		t.Fatalf("filtered subscriber got %v first", e)
 	}
-	if e := next(expOnly); e.Kind != EventHardExpire {
+	if e := next(expOnly); e.Kind != wire.EventHardExpire {
 		t.Fatalf("filtered subscriber got %v second", e)
 	}
 	// The subscribed connection still answers requests.
@@ -350,7 +351,7 @@ type slowBackend struct {
 	release chan struct{}
 }
 
-func (b slowBackend) ListSAs() ([]SAInfo, error) {
+func (b slowBackend) ListSAs() ([]wire.SAInfo, error) {
 	<-b.release
 	return b.dbBackend.ListSAs()
 }

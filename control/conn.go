@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 )
 
@@ -76,12 +77,12 @@ func (c *conn) writeFinal(msg []byte) error {
 }
 
 // sendError sends an ERROR in reply to the message with this header.
-func (c *conn) sendError(version uint8, seq uint32, t MsgType, e *Error) error {
+func (c *conn) sendError(version uint8, seq uint32, t wire.MsgType, e *wire.Error) error {
 	if e.Type == 0 {
 		e.Type = t
 	}
-	b := NewBuilder(replyVersion(version), MsgError, FlagReply, seq)
-	putError(b, e)
+	b := wire.NewBuilder(replyVersion(version), wire.MsgError, wire.FlagReply, seq)
+	wire.PutError(b, e)
 	msg, err := b.Bytes()
 	if err != nil {
 		return err
@@ -89,19 +90,8 @@ func (c *conn) sendError(version uint8, seq uint32, t MsgType, e *Error) error {
 	return c.writeFinal(msg)
 }
 
-// replyVersion is the version a reply carries: the request's if supported,
-// else ours.
-func replyVersion(v uint8) uint8 {
-	for _, s := range SupportedVersions {
-		if s == v {
-			return v
-		}
-	}
-	return Version
-}
-
 // initialReadBuffer is the read buffer a connection starts with; a larger
-// message grows it to MaxMessageSize.
+// message grows it to wire.MaxMessageSize.
 const initialReadBuffer = 4096
 
 // serve reads and answers messages until the peer leaves, the framing is
@@ -126,12 +116,12 @@ func (c *conn) serve() {
 			return
 		}
 		if h.Oversized() {
-			e := Errorf(EMSGSIZE, "message of %d bytes exceeds the maximum of %d", h.Length, MaxMessageSize)
+			e := wire.Errorf(wire.EMSGSIZE, "message of %d bytes exceeds the maximum of %d", h.Length, wire.MaxMessageSize)
 			if h.Length > maxSkip {
 				c.sendError(h.Version, h.Seq, h.Type, e)
 				return
 			}
-			if err := c.skip(buf, int64(h.Length)-HeaderLen); err != nil {
+			if err := c.skip(buf, int64(h.Length)-wire.HeaderLen); err != nil {
 				c.readFailed(h, err)
 				return
 			}
@@ -142,8 +132,8 @@ func (c *conn) serve() {
 		}
 		if cap(buf) < int(h.Length) {
 			// The header read so far is in the old buffer: carry it over.
-			nb := make([]byte, MaxMessageSize)
-			copy(nb, buf[:HeaderLen])
+			nb := make([]byte, wire.MaxMessageSize)
+			copy(nb, buf[:wire.HeaderLen])
 			clear(buf)
 			buf = nb
 		}
@@ -162,23 +152,23 @@ func (c *conn) serve() {
 // every tunnel, down: it is logged with its stack, the client gets an EIO
 // error, and its connection is closed, since what the handler left half
 // done is unknown. The data path and the other connections go on.
-func (c *conn) serveOne(h Header, msg []byte) (ok bool) {
+func (c *conn) serveOne(h wire.Header, msg []byte) (ok bool) {
 	crypto.DoSecret(func() {
 		defer clear(msg) // keys do not linger in the buffer
-		if _, err := io.ReadFull(c.nc, msg[HeaderLen:]); err != nil {
+		if _, err := io.ReadFull(c.nc, msg[wire.HeaderLen:]); err != nil {
 			c.readFailed(h, err)
 			return
 		}
 		defer func() {
 			if r := recover(); r != nil {
 				c.s.cfg.Logf("control: internal error handling a %v message (connection closed): %v\n%s", h.Type, r, debug.Stack())
-				c.sendError(h.Version, h.Seq, h.Type, Errorf(EIO, "internal error in espd; the request may be partly applied: check its state"))
+				c.sendError(h.Version, h.Seq, h.Type, wire.Errorf(wire.EIO, "internal error in espd; the request may be partly applied: check its state"))
 				ok = false
 			}
 		}()
-		m, err := Decode(msg)
+		m, err := wire.Decode(msg)
 		if err != nil {
-			err = c.sendError(h.Version, h.Seq, h.Type, &Error{Code: EBADMSG, Msg: err.Error()})
+			err = c.sendError(h.Version, h.Seq, h.Type, &wire.Error{Code: wire.EBADMSG, Msg: err.Error()})
 		} else {
 			err = c.handle(m)
 		}
@@ -212,7 +202,7 @@ func (c *conn) skip(buf []byte, n int64) error {
 // retry on a new connection (charon's plugin does); a request that arrived
 // before is already queued and is still answered. Only then does the
 // connection get its ETIMEDOUT ERROR and close.
-func (c *conn) readHeader(buf []byte) (Header, error) {
+func (c *conn) readHeader(buf []byte) (wire.Header, error) {
 	var idle time.Time
 	if c.s.cfg.IdleTimeout > 0 && !c.pinned() && !c.idleClosing {
 		idle = time.Now().Add(c.s.cfg.IdleTimeout)
@@ -235,14 +225,14 @@ func (c *conn) readHeader(buf []byte) (Header, error) {
 	}
 	c.waiting.Store(false)
 	if err != nil {
-		return Header{}, errIdle{err}
+		return wire.Header{}, errIdle{err}
 	}
 	c.lastActive.Store(time.Now().UnixNano())
 	c.nc.SetReadDeadline(time.Now().Add(c.s.cfg.MessageTimeout))
-	if _, err := io.ReadFull(c.nc, buf[1:HeaderLen]); err != nil {
-		return Header{}, err
+	if _, err := io.ReadFull(c.nc, buf[1:wire.HeaderLen]); err != nil {
+		return wire.Header{}, err
 	}
-	return ParseHeader(buf[:HeaderLen])
+	return wire.ParseHeader(buf[:wire.HeaderLen])
 }
 
 // errIdle marks an error while waiting for a message to start.
@@ -259,24 +249,24 @@ func (e errIdle) Unwrap() error { return e.error }
 
 // readFailed answers what can be answered about a failed read before the
 // connection closes: framing errors and timeouts get an ERROR.
-func (c *conn) readFailed(h Header, err error) {
+func (c *conn) readFailed(h wire.Header, err error) {
 	var idle errIdle
 	switch {
 	case c.evicted.Load():
 		// The server shut the read side to make room (evict.go).
-		c.sendError(Version, 0, 0, Errorf(EAGAIN, "closed to admit a new connection: the limit of %d connections was reached, and uid %d holds the most", c.s.cfg.MaxConns, c.cred.Uid))
+		c.sendError(wire.Version, 0, 0, wire.Errorf(wire.EAGAIN, "closed to admit a new connection: the limit of %d connections was reached, and uid %d holds the most", c.s.cfg.MaxConns, c.cred.Uid))
 	case errors.Is(err, errIdleTimeout):
 		c.s.cfg.Logf("control: closing the connection of pid %d (uid %d): idle for %v (a client reconnects when it next needs espd)", c.cred.Pid, c.cred.Uid, c.s.cfg.IdleTimeout)
-		c.sendError(Version, 0, 0, Errorf(ETIMEDOUT, "idle for %v; closing", c.s.cfg.IdleTimeout))
+		c.sendError(wire.Version, 0, 0, wire.Errorf(wire.ETIMEDOUT, "idle for %v; closing", c.s.cfg.IdleTimeout))
 	case errors.As(err, &idle):
 		// The client left, or, after an idle timeout, the request that
 		// crossed it was answered.
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		c.sendError(h.Version, h.Seq, h.Type, Errorf(ETIMEDOUT, "message not received within %v; closing", c.s.cfg.MessageTimeout))
+		c.sendError(h.Version, h.Seq, h.Type, wire.Errorf(wire.ETIMEDOUT, "message not received within %v; closing", c.s.cfg.MessageTimeout))
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
-	case errors.Is(err, ErrBadMagic), errors.Is(err, ErrFraming):
+	case errors.Is(err, wire.ErrBadMagic), errors.Is(err, wire.ErrFraming):
 		c.s.cfg.Logf("control: closing connection: %v", err)
-		c.sendError(Version, 0, 0, &Error{Code: EBADMSG, Msg: err.Error() + "; framing lost, closing"})
+		c.sendError(wire.Version, 0, 0, &wire.Error{Code: wire.EBADMSG, Msg: err.Error() + "; framing lost, closing"})
 	default:
 		c.s.cfg.Logf("control: closing connection: %v", err)
 	}
@@ -292,7 +282,7 @@ func (c *conn) close() {
 
 // subscribe starts the event goroutine. Events of kinds outside mask are
 // consumed and not sent.
-func (c *conn) subscribe(sub Subscription, version uint8, seq uint32, mask EventMask) {
+func (c *conn) subscribe(sub Subscription, version uint8, seq uint32, mask wire.EventMask) {
 	c.sub = sub
 	c.subscribed.Store(true)
 	c.subDone = make(chan struct{})
@@ -305,8 +295,8 @@ func (c *conn) subscribe(sub Subscription, version uint8, seq uint32, mask Event
 			}
 			d := sub.Dropped()
 			e.Lost, reported = d-reported, d
-			b := NewBuilder(version, MsgEvent, 0, seq)
-			putEvent(b, e)
+			b := wire.NewBuilder(version, wire.MsgEvent, 0, seq)
+			wire.PutEvent(b, e)
 			msg, err := b.Bytes()
 			if err != nil {
 				c.s.cfg.Logf("control: encoding event: %v", err)

@@ -1,9 +1,8 @@
-// Package control implements espd's control socket: the binary protocol of
-// docs/control-protocol.md (codec), a Server that carries requests out over
-// a Backend, and the Client that espctl, the benchmark harness and the
-// tests use.
-//
-// Every message is a 16-byte header (magic, version, flags, type, length,
-// sequence number) followed by netlink-like TLV attributes in network byte
-// order, 4-byte aligned. Keys go in with SA_ADD and never come back out.
+// Package control serves espd's control socket and speaks to it: a Server
+// that carries the requests of docs/control-protocol.md out over a
+// Backend, and the Client that espctl, the benchmark harness and the tests
+// use. The protocol's codec, which turns its bytes into values and back
+// with no I/O, is package control/wire; this package does the I/O: the
+// Unix socket, its peers' credentials, framing a stream into messages,
+// timeouts, eviction, event and IKE hand-off streams.
 package control

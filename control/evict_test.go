@@ -17,6 +17,7 @@ import (
 	"time"
 
 	sockets "github.com/espd/espd/conn"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/sa"
 )
 
@@ -56,7 +57,7 @@ func (r *rawConn) hello(seq uint32) { r.wantUsable(seq) }
 // connection, then EOF.
 func (r *rawConn) wantEvicted() {
 	r.t.Helper()
-	e := r.wantError(0, EAGAIN)
+	e := r.wantError(0, wire.EAGAIN)
 	if !strings.Contains(e.Msg, "closed to admit a new connection") {
 		r.t.Fatalf("eviction error %q", e.Msg)
 	}
@@ -146,8 +147,8 @@ func TestEvictionOrder(t *testing.T) {
 	busy.hello(1)
 	idle := rawDial(t, path)
 	idle.hello(1)
-	msg := encode(t, MsgSAList, 0, 7, nil)
-	busy.send(msg[:HeaderLen/2])
+	msg := encode(t, wire.MsgSAList, 0, 7, nil)
+	busy.send(msg[:wire.HeaderLen/2])
 	waitFor(t, "4 connections", func() bool { return s.Stats().Active == 4 })
 	time.Sleep(50 * time.Millisecond) // the half message has arrived
 
@@ -159,8 +160,8 @@ func TestEvictionOrder(t *testing.T) {
 	n2.hello(1)
 	n1.wantEvicted() // the only one left that is not pinned nor busy
 
-	busy.send(msg[HeaderLen/2:]) // still served
-	if m, err := busy.read(); err != nil || m.Type != MsgDone || m.Seq != 7 {
+	busy.send(msg[wire.HeaderLen/2:]) // still served
+	if m, err := busy.read(); err != nil || m.Type != wire.MsgDone || m.Seq != 7 {
 		t.Fatalf("the busy connection's request: %v %v", m, err)
 	}
 	// Once the server waits for its next message (it may still be on its
@@ -234,7 +235,7 @@ func TestIdleTimeoutDefaults(t *testing.T) {
 	register(t, reg, 1)
 	plain := rawDial(t, path)
 	plain.hello(1)
-	if e := plain.wantError(0, ETIMEDOUT); !strings.Contains(e.Msg, "idle") {
+	if e := plain.wantError(0, wire.ETIMEDOUT); !strings.Contains(e.Msg, "idle") {
 		t.Fatalf("idle: %q", e.Msg)
 	}
 	plain.wantEOF()
@@ -276,11 +277,11 @@ func floodChild(spec string) int {
 		}
 		held = append(held, nc)
 		nc.SetDeadline(time.Now().Add(10 * time.Second))
-		b := NewBuilder(Version, MsgHello, 0, uint32(i+1))
-		b.U32(AttrVersion, uint32(Version))
+		b := wire.NewBuilder(wire.Version, wire.MsgHello, 0, uint32(i+1))
+		b.U32(wire.AttrVersion, uint32(wire.Version))
 		msg, _ := b.Bytes()
 		nc.Write(msg)
-		if m, _, _, err := ReadMessage(nc, nil); err == nil && m.Type == MsgHello {
+		if m, _, _, err := ReadMessage(nc, nil); err == nil && m.Type == wire.MsgHello {
 			ok++
 		}
 	}
@@ -362,10 +363,10 @@ func TestIdleTimeoutRace(t *testing.T) {
 	// Just before the server shuts the read side.
 	before := rawDial(t, ts.path)
 	setHook(func(shut func()) {
-		before.send(encode(t, MsgHello, 0, 5, nil))
+		before.send(encode(t, wire.MsgHello, 0, 5, nil))
 		shut()
 	})
-	if m, err := before.read(); err != nil || m.Type != MsgHello || m.Seq != 5 {
+	if m, err := before.read(); err != nil || m.Type != wire.MsgHello || m.Seq != 5 {
 		t.Fatalf("request that crossed the idle timeout: %v %v, want its HELLO reply", m, err)
 	}
 	before.wantEOF()
@@ -376,12 +377,12 @@ func TestIdleTimeoutRace(t *testing.T) {
 	setHook(func(shut func()) {
 		shut()
 		after.nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		_, err := after.nc.Write(encode(t, MsgHello, 0, 6, nil))
+		_, err := after.nc.Write(encode(t, wire.MsgHello, 0, 6, nil))
 		wrote <- err
 	})
 	if err := <-wrote; !errors.Is(err, syscall.EPIPE) {
 		t.Fatalf("request after the read side was shut: write error %v, want EPIPE", err)
 	}
-	after.wantError(0, ETIMEDOUT)
+	after.wantError(0, wire.ETIMEDOUT)
 	after.wantEOF()
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/sa"
 )
 
@@ -30,24 +31,24 @@ func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
 func be64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
 // rawAttr encodes one attribute with its padding, for nested values.
-func rawAttr(t AttrType, v []byte) []byte {
-	b := binary.BigEndian.AppendUint16(nil, uint16(AttrHeaderLen+len(v)))
+func rawAttr(t wire.AttrType, v []byte) []byte {
+	b := binary.BigEndian.AppendUint16(nil, uint16(wire.AttrHeaderLen+len(v)))
 	b = binary.BigEndian.AppendUint16(b, uint16(t))
 	b = append(b, v...)
-	return append(b, make([]byte, align4(len(b))-len(b))...)
+	return append(b, make([]byte, (len(b)+3)&^3-len(b))...)
 }
 
 // extremeCase replaces the top-level attributes of set's types in a
 // request with set.
 type extremeCase struct {
 	name string
-	set  []Attr
+	set  []wire.Attr
 }
 
 // u32Values returns an attribute's extreme u32 values and 2^64-1 as 8
 // bytes.
-func u32Values(v func([]byte) []Attr) [][]Attr {
-	var out [][]Attr
+func u32Values(v func([]byte) []wire.Attr) [][]wire.Attr {
+	var out [][]wire.Attr
 	for _, x := range extremeU32 {
 		out = append(out, v(be32(x)))
 	}
@@ -56,8 +57,8 @@ func u32Values(v func([]byte) []Attr) [][]Attr {
 
 // u64Values returns an attribute's extreme u64 values and 2^32-1 as 4
 // bytes.
-func u64Values(v func([]byte) []Attr) [][]Attr {
-	var out [][]Attr
+func u64Values(v func([]byte) []wire.Attr) [][]wire.Attr {
+	var out [][]wire.Attr
 	for _, x := range extremeU64 {
 		out = append(out, v(be64(x)))
 	}
@@ -70,39 +71,39 @@ func u64Values(v func([]byte) []Attr) [][]Attr {
 // of 128 and past the largest window, with REPLAY_SEQ at the wrap points.
 func extremeCases() []extremeCase {
 	var cs []extremeCase
-	add := func(name string, vals [][]Attr) {
+	add := func(name string, vals [][]wire.Attr) {
 		for _, set := range vals {
 			cs = append(cs, extremeCase{fmt.Sprintf("%s=%x", name, set[len(set)-1].Value), set})
 		}
 	}
-	top := func(t AttrType) func([]byte) []Attr {
-		return func(v []byte) []Attr { return []Attr{{Type: t, Value: v}} }
+	top := func(t wire.AttrType) func([]byte) []wire.Attr {
+		return func(v []byte) []wire.Attr { return []wire.Attr{{Type: t, Value: v}} }
 	}
-	nest := func(t, inner AttrType) func([]byte) []Attr {
-		return func(v []byte) []Attr { return []Attr{{Type: t, Value: rawAttr(inner, v)}} }
+	nest := func(t, inner wire.AttrType) func([]byte) []wire.Attr {
+		return func(v []byte) []wire.Attr { return []wire.Attr{{Type: t, Value: rawAttr(inner, v)}} }
 	}
-	for _, t := range []AttrType{AttrSPI, AttrDir, AttrProto, AttrMode, AttrReqID, AttrEncAlg, AttrEncKeyLen,
-		AttrIntegAlg, AttrESN, AttrReplayWindow, AttrEncap, AttrTTL, AttrDSCP, AttrCopyDSCP, AttrECN, AttrDF,
-		AttrTFCPad, AttrNegotiated} {
-		add(attrName(spaceTop, t), u32Values(top(t)))
+	for _, t := range []wire.AttrType{wire.AttrSPI, wire.AttrDir, wire.AttrProto, wire.AttrMode, wire.AttrReqID, wire.AttrEncAlg, wire.AttrEncKeyLen,
+		wire.AttrIntegAlg, wire.AttrESN, wire.AttrReplayWindow, wire.AttrEncap, wire.AttrTTL, wire.AttrDSCP, wire.AttrCopyDSCP, wire.AttrECN, wire.AttrDF,
+		wire.AttrTFCPad, wire.AttrNegotiated} {
+		add(wire.AttrName(0, t), u32Values(top(t)))
 	}
-	for _, t := range []AttrType{AttrOSeq, AttrReplaySeq} {
-		add(attrName(spaceTop, t), u64Values(top(t)))
+	for _, t := range []wire.AttrType{wire.AttrOSeq, wire.AttrReplaySeq} {
+		add(wire.AttrName(0, t), u64Values(top(t)))
 	}
-	for _, lt := range []AttrType{AttrLifeSoft, AttrLifeHard} {
-		for _, t := range []AttrType{LtBytes, LtPackets, LtAddTime, LtUseTime} {
-			add(attrName(spaceTop, lt)+"/"+attrName(spaceLifetime, t), u64Values(nest(lt, t)))
+	for _, lt := range []wire.AttrType{wire.AttrLifeSoft, wire.AttrLifeHard} {
+		for _, t := range []wire.AttrType{wire.LtBytes, wire.LtPackets, wire.LtAddTime, wire.LtUseTime} {
+			add(wire.AttrName(0, lt)+"/"+wire.AttrName(lt, t), u64Values(nest(lt, t)))
 		}
 	}
-	for _, t := range []AttrType{SelProto, SelSrcPorts, SelDstPorts} {
-		add("SELECTOR/"+attrName(spaceSelector, t), u32Values(nest(AttrSelector, t)))
+	for _, t := range []wire.AttrType{wire.SelProto, wire.SelSrcPorts, wire.SelDstPorts} {
+		add("SELECTOR/"+wire.AttrName(wire.AttrSelector, t), u32Values(nest(wire.AttrSelector, t)))
 	}
-	withSeq := func(seq uint64, window uint32, bm []byte) []Attr {
-		set := []Attr{{Type: AttrReplaySeq, Value: be64(seq)}}
+	withSeq := func(seq uint64, window uint32, bm []byte) []wire.Attr {
+		set := []wire.Attr{{Type: wire.AttrReplaySeq, Value: be64(seq)}}
 		if window != 0 {
-			set = append(set, Attr{Type: AttrReplayWindow, Value: be32(window)})
+			set = append(set, wire.Attr{Type: wire.AttrReplayWindow, Value: be32(window)})
 		}
-		return append(set, Attr{Type: AttrReplayBitmap, Value: bm})
+		return append(set, wire.Attr{Type: wire.AttrReplayBitmap, Value: bm})
 	}
 	for n := range 128/8 + 2 {
 		for _, fill := range []byte{0, 0xff} {
@@ -110,9 +111,9 @@ func extremeCases() []extremeCase {
 			for i := range bm {
 				bm[i] = fill
 			}
-			add("REPLAY_BITMAP alone", [][]Attr{{{Type: AttrReplayBitmap, Value: bm}}})
+			add("REPLAY_BITMAP alone", [][]wire.Attr{{{Type: wire.AttrReplayBitmap, Value: bm}}})
 			for _, seq := range []uint64{1, 1<<32 - 1, 1<<64 - 1} {
-				add(fmt.Sprintf("REPLAY_SEQ=%#x REPLAY_BITMAP", seq), [][]Attr{withSeq(seq, 0, bm)})
+				add(fmt.Sprintf("REPLAY_SEQ=%#x REPLAY_BITMAP", seq), [][]wire.Attr{withSeq(seq, 0, bm)})
 			}
 		}
 	}
@@ -122,7 +123,7 @@ func extremeCases() []extremeCase {
 			bm[i] = 0xa5
 		}
 		for _, seq := range []uint64{1, 1<<32 - 1, 1 << 32, 1<<64 - 1} {
-			add(fmt.Sprintf("REPLAY_WINDOW=65536 REPLAY_SEQ=%#x REPLAY_BITMAP[%d]", seq, n), [][]Attr{withSeq(seq, 65536, bm)})
+			add(fmt.Sprintf("REPLAY_WINDOW=65536 REPLAY_SEQ=%#x REPLAY_BITMAP[%d]", seq, n), [][]wire.Attr{withSeq(seq, 65536, bm)})
 		}
 	}
 	return cs
@@ -144,10 +145,10 @@ func extremeBases(t *testing.T) []sa.Config {
 
 // request builds a message of type typ from base with the attributes of
 // set in place of base's of the same types.
-func request(t *testing.T, typ MsgType, seq uint32, base []Attr, set []Attr) []byte {
+func request(t *testing.T, typ wire.MsgType, seq uint32, base []wire.Attr, set []wire.Attr) []byte {
 	t.Helper()
-	b := NewBuilder(Version, typ, 0, seq)
-	replaced := map[AttrType]bool{}
+	b := wire.NewBuilder(wire.Version, typ, 0, seq)
+	replaced := map[wire.AttrType]bool{}
 	for _, a := range set {
 		replaced[a.Type] = true
 	}
@@ -252,32 +253,32 @@ func startServerChild(t *testing.T) string {
 // exchange sends msg and returns the reply to it, failing the test if none
 // comes within replyBound or the reply is not OK or a clear error (a
 // known code other than EIO, which is a panic, and a message).
-func exchange(t *testing.T, rc *rawConn, what string, msg []byte) *Error {
+func exchange(t *testing.T, rc *rawConn, what string, msg []byte) *wire.Error {
 	t.Helper()
 	seq := binary.BigEndian.Uint32(msg[12:])
 	rc.send(msg)
 	rc.nc.SetReadDeadline(time.Now().Add(replyBound))
-	var m *Message
+	var m *wire.Message
 	for {
 		var err error
 		if m, _, _, err = ReadMessage(rc.nc, nil); err != nil {
 			t.Fatalf("%s: no reply within %v: %v", what, replyBound, err)
 		}
-		if m.Seq != seq || m.Flags&FlagReply == 0 {
+		if m.Seq != seq || m.Flags&wire.FlagReply == 0 {
 			t.Fatalf("%s: got %v flags %d seq %d, want the reply to seq %d", what, m.Type, m.Flags, m.Seq, seq)
 		}
-		if m.Flags&FlagMulti == 0 { // a single reply, DONE or ERROR
+		if m.Flags&wire.FlagMulti == 0 { // a single reply, DONE or ERROR
 			break
 		}
 	}
-	if m.Type != MsgError {
+	if m.Type != wire.MsgError {
 		return nil
 	}
-	e, err := readError(m.Attrs)
+	e, err := wire.ReadError(m.Attrs)
 	if err != nil {
 		t.Fatalf("%s: unreadable ERROR: %v", what, err)
 	}
-	if e.Code == EIO || e.Msg == "" || e.Code.String() == fmt.Sprintf("errno %d", uint32(e.Code)) {
+	if e.Code == wire.EIO || e.Msg == "" || e.Code.String() == fmt.Sprintf("errno %d", uint32(e.Code)) {
 		t.Fatalf("%s: ERROR %v is not a clear error", what, e)
 	}
 	return e
@@ -297,31 +298,28 @@ func TestSAAttrsExtremes(t *testing.T) {
 	cases := extremeCases()
 	for bi, base := range extremeBases(t) {
 		for ci, c := range cases {
-			for _, typ := range []MsgType{MsgSAAdd, MsgSAUpdate} {
+			for _, typ := range []wire.MsgType{wire.MsgSAAdd, wire.MsgSAUpdate} {
 				what := fmt.Sprintf("%v of %v with %s", typ, base, c.name)
 				// A key of its own for each state: an outbound key's
 				// sequence numbers are remembered after its state.
 				cfg := base
 				binary.BigEndian.PutUint32(cfg.EncKey, uint32(bi<<24|ci<<1)|uint32(typ&1))
-				exchange(t, rc, what+": SA_FLUSH", encode(t, MsgSAFlush, 0, next(), nil))
-				add := decodeOK(t, encode(t, MsgSAAdd, 0, 0, func(b *Builder) { putSAConfig(b, cfg, true) })).Attrs
-				if typ == MsgSAAdd {
-					exchange(t, rc, what, request(t, MsgSAAdd, next(), add, c.set))
+				exchange(t, rc, what+": SA_FLUSH", encode(t, wire.MsgSAFlush, 0, next(), nil))
+				add := decodeOK(t, encode(t, wire.MsgSAAdd, 0, 0, func(b *wire.Builder) { wire.PutSAAdd(b, cfg) })).Attrs
+				if typ == wire.MsgSAAdd {
+					exchange(t, rc, what, request(t, wire.MsgSAAdd, next(), add, c.set))
 				} else {
-					if e := exchange(t, rc, what+": adding the state", request(t, MsgSAAdd, next(), add, nil)); e != nil {
+					if e := exchange(t, rc, what+": adding the state", request(t, wire.MsgSAAdd, next(), add, nil)); e != nil {
 						t.Fatalf("%s: adding the state: %v", what, e)
 					}
-					id := decodeOK(t, encode(t, MsgSAUpdate, 0, 0, func(b *Builder) {
-						b.U32(AttrSPI, cfg.SPI)
-						b.Addr(AttrDst, cfg.Dst)
-					})).Attrs
-					exchange(t, rc, what, request(t, MsgSAUpdate, next(), id, c.set))
+					id := decodeOK(t, encode(t, wire.MsgSAUpdate, 0, 0, func(b *wire.Builder) { wire.PutSAID(b, cfg.SPI, cfg.Dst) })).Attrs
+					exchange(t, rc, what, request(t, wire.MsgSAUpdate, next(), id, c.set))
 				}
-				exchange(t, rc, what+": SA_GET", encode(t, MsgSAGet, 0, next(), func(b *Builder) {
-					b.U32(AttrSPI, cfg.SPI)
-					b.Addr(AttrDst, cfg.Dst)
+				exchange(t, rc, what+": SA_GET", encode(t, wire.MsgSAGet, 0, next(), func(b *wire.Builder) {
+					b.U32(wire.AttrSPI, cfg.SPI)
+					b.Addr(wire.AttrDst, cfg.Dst)
 				}))
-				exchange(t, rc, what+": STATS", encode(t, MsgStats, 0, next(), nil))
+				exchange(t, rc, what+": STATS", encode(t, wire.MsgStats, 0, next(), nil))
 			}
 		}
 	}
@@ -331,10 +329,10 @@ func TestSAAttrsExtremes(t *testing.T) {
 func TestSPIAllocExtremes(t *testing.T) {
 	rc := rawDial(t, startServerChild(t))
 	seq := uint32(0)
-	for _, lo := range u32Values(func(v []byte) []Attr { return []Attr{{Type: AttrSPIMin, Value: v}} }) {
-		for _, hi := range u32Values(func(v []byte) []Attr { return []Attr{{Type: AttrSPIMax, Value: v}} }) {
+	for _, lo := range u32Values(func(v []byte) []wire.Attr { return []wire.Attr{{Type: wire.AttrSPIMin, Value: v}} }) {
+		for _, hi := range u32Values(func(v []byte) []wire.Attr { return []wire.Attr{{Type: wire.AttrSPIMax, Value: v}} }) {
 			seq++
-			exchange(t, rc, fmt.Sprintf("SPI_ALLOC %x-%x", lo[0].Value, hi[0].Value), request(t, MsgSPIAlloc, seq, nil, append(lo, hi...)))
+			exchange(t, rc, fmt.Sprintf("SPI_ALLOC %x-%x", lo[0].Value, hi[0].Value), request(t, wire.MsgSPIAlloc, seq, nil, append(lo, hi...)))
 		}
 	}
 }

@@ -1,37 +1,37 @@
 package control
 
 import (
-	"fmt"
 	"slices"
 
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/sa"
 )
 
 // handle answers one decoded message. It returns an error only when the
 // connection must close (a write failed).
-func (c *conn) handle(m *Message) error {
+func (c *conn) handle(m *wire.Message) error {
 	fail := func(err error) error {
-		e, ok := err.(*Error)
+		e, ok := err.(*wire.Error)
 		if !ok {
-			e = &Error{Code: errnoFromError(err), Msg: err.Error(), Attr: attrFromError(err, m.Attrs)}
+			e = &wire.Error{Code: errnoFromError(err), Msg: err.Error(), Attr: attrFromError(err, m.Attrs)}
 		}
 		return c.sendError(m.Version, m.Seq, m.Type, e)
 	}
-	if m.Flags&FlagReply != 0 {
-		return fail(Errorf(EPROTO, "%v with the reply flag: clients send requests only", m.Type))
+	if m.Flags&wire.FlagReply != 0 {
+		return fail(wire.Errorf(wire.EPROTO, "%v with the reply flag: clients send requests only", m.Type))
 	}
-	if m.Type != MsgHello && !slices.Contains(SupportedVersions, m.Version) {
+	if m.Type != wire.MsgHello && !slices.Contains(wire.SupportedVersions, m.Version) {
 		return fail(versionError([]uint8{m.Version}))
 	}
 	h, ok := handlers[m.Type]
 	if !ok {
 		switch {
 		case m.Type.Reserved():
-			return fail(Errorf(EOPNOTSUPP, "%v: message type reserved for IKE packet hand-off, not implemented", m.Type))
-		case m.Type == MsgError || m.Type == MsgDone || m.Type == MsgEvent:
-			return fail(Errorf(EPROTO, "%v is sent by the server only", m.Type))
+			return fail(wire.Errorf(wire.EOPNOTSUPP, "%v: message type reserved for IKE packet hand-off, not implemented", m.Type))
+		case m.Type == wire.MsgError || m.Type == wire.MsgDone || m.Type == wire.MsgEvent:
+			return fail(wire.Errorf(wire.EPROTO, "%v is sent by the server only", m.Type))
 		}
-		return fail(Errorf(EOPNOTSUPP, "unknown message type 0x%04x", uint16(m.Type)))
+		return fail(wire.Errorf(wire.EOPNOTSUPP, "unknown message type 0x%04x", uint16(m.Type)))
 	}
 	rep := &replier{c: c, m: m}
 	if err := h(c, m, rep); err != nil {
@@ -47,26 +47,26 @@ func (c *conn) handle(m *Message) error {
 // replier writes the replies to one request.
 type replier struct {
 	c      *conn
-	m      *Message
+	m      *wire.Message
 	failed bool // a write failed: the connection is closing
 	err    error
 }
 
 // reply sends the single reply, built by fill.
-func (r *replier) reply(fill func(*Builder)) error {
-	return r.send(r.m.Type, FlagReply, fill)
+func (r *replier) reply(fill func(*wire.Builder)) error {
+	return r.send(r.m.Type, wire.FlagReply, fill)
 }
 
 // part sends one part of a multi-part reply.
-func (r *replier) part(fill func(*Builder)) error {
-	return r.send(r.m.Type, FlagReply|FlagMulti, fill)
+func (r *replier) part(fill func(*wire.Builder)) error {
+	return r.send(r.m.Type, wire.FlagReply|wire.FlagMulti, fill)
 }
 
 // done ends a multi-part reply.
-func (r *replier) done() error { return r.send(MsgDone, FlagReply, nil) }
+func (r *replier) done() error { return r.send(wire.MsgDone, wire.FlagReply, nil) }
 
-func (r *replier) send(t MsgType, f Flags, fill func(*Builder)) error {
-	b := NewBuilder(r.m.Version, t, f, r.m.Seq)
+func (r *replier) send(t wire.MsgType, f wire.Flags, fill func(*wire.Builder)) error {
+	b := wire.NewBuilder(r.m.Version, t, f, r.m.Seq)
 	if fill != nil {
 		fill(b)
 	}
@@ -75,7 +75,7 @@ func (r *replier) send(t MsgType, f Flags, fill func(*Builder)) error {
 		return err
 	}
 	write := r.c.write
-	if f&FlagMulti == 0 {
+	if f&wire.FlagMulti == 0 {
 		write = r.c.writeFinal
 	}
 	if err := write(msg); err != nil {
@@ -87,38 +87,38 @@ func (r *replier) send(t MsgType, f Flags, fill func(*Builder)) error {
 
 // handler carries out one request type and sends its reply; a returned
 // error becomes an ERROR reply.
-type handler func(c *conn, m *Message, r *replier) error
+type handler func(c *conn, m *wire.Message, r *replier) error
 
-var handlers map[MsgType]handler
+var handlers map[wire.MsgType]handler
 
 func init() {
-	handlers = map[MsgType]handler{
-		MsgHello:        handleHello,
-		MsgSAAdd:        handleSAAdd,
-		MsgSAUpdate:     handleSAUpdate,
-		MsgSADel:        handleSADel,
-		MsgSAGet:        handleSAGet,
-		MsgSAList:       handleSAList,
-		MsgSAFlush:      handleSAFlush,
-		MsgSPIAlloc:     handleSPIAlloc,
-		MsgPolicyAdd:    handlePolicyAdd,
-		MsgPolicyUpdate: handlePolicyUpdate,
-		MsgPolicyDel:    handlePolicyDel,
-		MsgPolicyGet:    handlePolicyGet,
-		MsgPolicyList:   handlePolicyList,
-		MsgPolicyFlush:  handlePolicyFlush,
-		MsgStats:        handleStats,
-		MsgSubscribe:    handleSubscribe,
-		MsgUnsubscribe:  handleUnsubscribe,
+	handlers = map[wire.MsgType]handler{
+		wire.MsgHello:        handleHello,
+		wire.MsgSAAdd:        handleSAAdd,
+		wire.MsgSAUpdate:     handleSAUpdate,
+		wire.MsgSADel:        handleSADel,
+		wire.MsgSAGet:        handleSAGet,
+		wire.MsgSAList:       handleSAList,
+		wire.MsgSAFlush:      handleSAFlush,
+		wire.MsgSPIAlloc:     handleSPIAlloc,
+		wire.MsgPolicyAdd:    handlePolicyAdd,
+		wire.MsgPolicyUpdate: handlePolicyUpdate,
+		wire.MsgPolicyDel:    handlePolicyDel,
+		wire.MsgPolicyGet:    handlePolicyGet,
+		wire.MsgPolicyList:   handlePolicyList,
+		wire.MsgPolicyFlush:  handlePolicyFlush,
+		wire.MsgStats:        handleStats,
+		wire.MsgSubscribe:    handleSubscribe,
+		wire.MsgUnsubscribe:  handleUnsubscribe,
 		// IKE hand-off (ike.go)
-		MsgIKERegister:   handleIKERegister,
-		MsgIKEPacket:     handleIKEPacket,
-		MsgIKEUnregister: handleIKEUnregister,
+		wire.MsgIKERegister:   handleIKERegister,
+		wire.MsgIKEPacket:     handleIKEPacket,
+		wire.MsgIKEUnregister: handleIKEUnregister,
 	}
 }
 
-func handleHello(c *conn, m *Message, r *replier) error {
-	offered, err := readHelloVersions(m)
+func handleHello(c *conn, m *wire.Message, r *replier) error {
+	offered, err := wire.ReadHello(m)
 	if err != nil {
 		return err
 	}
@@ -127,13 +127,13 @@ func handleHello(c *conn, m *Message, r *replier) error {
 		return versionError(offered)
 	}
 	r.m.Version = v
-	return r.reply(func(b *Builder) {
-		putHelloReply(b, HelloInfo{Version: v, Software: Software, MaxMessageSize: MaxMessageSize})
+	return r.reply(func(b *wire.Builder) {
+		wire.PutHelloReply(b, wire.HelloInfo{Version: v, Software: Software, MaxMessageSize: wire.MaxMessageSize})
 	})
 }
 
-func handleSAAdd(c *conn, m *Message, r *replier) error {
-	cfg, err := readSAAdd(m.Attrs)
+func handleSAAdd(c *conn, m *wire.Message, r *replier) error {
+	cfg, err := wire.ReadSAAdd(m.Attrs)
 	defer zeroKeys(&cfg)
 	if err != nil {
 		return err
@@ -149,8 +149,8 @@ func zeroKeys(c *sa.Config) {
 	clear(c.IntegKey)
 }
 
-func handleSAUpdate(c *conn, m *Message, r *replier) error {
-	u, err := readSAUpdate(m.Attrs)
+func handleSAUpdate(c *conn, m *wire.Message, r *replier) error {
+	u, err := wire.ReadSAUpdate(m.Attrs)
 	defer zeroKeys(&u.Config)
 	if err != nil {
 		return err
@@ -160,7 +160,7 @@ func handleSAUpdate(c *conn, m *Message, r *replier) error {
 		return err
 	}
 	if cur.Stats.State == sa.StateLarval {
-		return Errorf(EINVAL, "spi 0x%08x is an SPI reservation, not a state: install it with SA_ADD", u.SPI)
+		return wire.Errorf(wire.EINVAL, "spi 0x%08x is an SPI reservation, not a state: install it with SA_ADD", u.SPI)
 	}
 	if err := c.s.backend.UpdateSA(u.Apply(cur.Config)); err != nil {
 		return err
@@ -168,10 +168,9 @@ func handleSAUpdate(c *conn, m *Message, r *replier) error {
 	return r.reply(nil)
 }
 
-func handleSADel(c *conn, m *Message, r *replier) error {
-	rd := newReader(m.Attrs)
-	spi, dst := readSAID(rd)
-	if err := rd.error(); err != nil {
+func handleSADel(c *conn, m *wire.Message, r *replier) error {
+	spi, dst, err := wire.ReadSAID(m.Attrs)
+	if err != nil {
 		return err
 	}
 	if err := c.s.backend.DeleteSA(spi, dst); err != nil {
@@ -180,64 +179,52 @@ func handleSADel(c *conn, m *Message, r *replier) error {
 	return r.reply(nil)
 }
 
-func handleSAGet(c *conn, m *Message, r *replier) error {
-	rd := newReader(m.Attrs)
-	spi, dst := readSAID(rd)
-	if err := rd.error(); err != nil {
+func handleSAGet(c *conn, m *wire.Message, r *replier) error {
+	spi, dst, err := wire.ReadSAID(m.Attrs)
+	if err != nil {
 		return err
 	}
 	in, err := c.s.backend.GetSA(spi, dst)
 	if err != nil {
 		return err
 	}
-	return r.reply(func(b *Builder) { putSAInfo(b, in) })
+	return r.reply(func(b *wire.Builder) { wire.PutSAInfo(b, in) })
 }
 
-func handleSAList(c *conn, m *Message, r *replier) error {
+func handleSAList(c *conn, m *wire.Message, r *replier) error {
 	list, err := c.s.backend.ListSAs()
 	if err != nil {
 		return err
 	}
 	for _, in := range list {
-		if err := r.part(func(b *Builder) { putSAInfo(b, in) }); err != nil {
+		if err := r.part(func(b *wire.Builder) { wire.PutSAInfo(b, in) }); err != nil {
 			return err
 		}
 	}
 	return r.done()
 }
 
-func handleSAFlush(c *conn, m *Message, r *replier) error {
+func handleSAFlush(c *conn, m *wire.Message, r *replier) error {
 	if err := c.s.backend.FlushSAs(); err != nil {
 		return err
 	}
 	return r.reply(nil)
 }
 
-func handleSPIAlloc(c *conn, m *Message, r *replier) error {
-	rd := newReader(m.Attrs)
-	lo, ok := rd.u32(AttrSPIMin)
-	if !ok {
-		lo = DefaultSPIMin
-	}
-	hi, ok := rd.u32(AttrSPIMax)
-	if !ok {
-		hi = DefaultSPIMax
-	}
-	if err := rd.error(); err != nil {
+func handleSPIAlloc(c *conn, m *wire.Message, r *replier) error {
+	lo, hi, err := wire.ReadSPIRange(m.Attrs)
+	if err != nil {
 		return err
-	}
-	if lo > hi {
-		return &Error{Code: EINVAL, Msg: fmt.Sprintf("SPI range 0x%08x-0x%08x is empty", lo, hi), Attr: AttrSPIMin}
 	}
 	spi, err := c.s.backend.AllocSPI(lo, hi)
 	if err != nil {
 		return err
 	}
-	return r.reply(func(b *Builder) { b.U32(AttrSPI, spi) })
+	return r.reply(func(b *wire.Builder) { wire.PutSPI(b, spi) })
 }
 
-func handlePolicyAdd(c *conn, m *Message, r *replier) error {
-	p, err := readPolicy(m.Attrs)
+func handlePolicyAdd(c *conn, m *wire.Message, r *replier) error {
+	p, err := wire.ReadPolicy(m.Attrs)
 	if err != nil {
 		return err
 	}
@@ -245,11 +232,11 @@ func handlePolicyAdd(c *conn, m *Message, r *replier) error {
 	if err != nil {
 		return err
 	}
-	return r.reply(func(b *Builder) { putPolicy(b, p) })
+	return r.reply(func(b *wire.Builder) { wire.PutPolicy(b, p) })
 }
 
-func handlePolicyUpdate(c *conn, m *Message, r *replier) error {
-	p, err := readPolicy(m.Attrs)
+func handlePolicyUpdate(c *conn, m *wire.Message, r *replier) error {
+	p, err := wire.ReadPolicy(m.Attrs)
 	if err != nil {
 		return err
 	}
@@ -257,11 +244,11 @@ func handlePolicyUpdate(c *conn, m *Message, r *replier) error {
 	if err != nil {
 		return err
 	}
-	return r.reply(func(b *Builder) { putPolicy(b, p) })
+	return r.reply(func(b *wire.Builder) { wire.PutPolicy(b, p) })
 }
 
-func handlePolicyDel(c *conn, m *Message, r *replier) error {
-	id, err := readPolicyID(m.Attrs)
+func handlePolicyDel(c *conn, m *wire.Message, r *replier) error {
+	id, err := wire.ReadPolicyID(m.Attrs)
 	if err != nil {
 		return err
 	}
@@ -271,8 +258,8 @@ func handlePolicyDel(c *conn, m *Message, r *replier) error {
 	return r.reply(nil)
 }
 
-func handlePolicyGet(c *conn, m *Message, r *replier) error {
-	id, err := readPolicyID(m.Attrs)
+func handlePolicyGet(c *conn, m *wire.Message, r *replier) error {
+	id, err := wire.ReadPolicyID(m.Attrs)
 	if err != nil {
 		return err
 	}
@@ -280,87 +267,65 @@ func handlePolicyGet(c *conn, m *Message, r *replier) error {
 	if err != nil {
 		return err
 	}
-	return r.reply(func(b *Builder) { putPolicy(b, p) })
+	return r.reply(func(b *wire.Builder) { wire.PutPolicy(b, p) })
 }
 
-func handlePolicyList(c *conn, m *Message, r *replier) error {
+func handlePolicyList(c *conn, m *wire.Message, r *replier) error {
 	list, err := c.s.backend.ListPolicies()
 	if err != nil {
 		return err
 	}
 	for _, p := range list {
-		if err := r.part(func(b *Builder) { putPolicy(b, p) }); err != nil {
+		if err := r.part(func(b *wire.Builder) { wire.PutPolicy(b, p) }); err != nil {
 			return err
 		}
 	}
 	return r.done()
 }
 
-func handlePolicyFlush(c *conn, m *Message, r *replier) error {
+func handlePolicyFlush(c *conn, m *wire.Message, r *replier) error {
 	if err := c.s.backend.FlushPolicies(); err != nil {
 		return err
 	}
 	return r.reply(nil)
 }
 
-func handleStats(c *conn, m *Message, r *replier) error {
-	rd := newReader(m.Attrs)
-	spi, hasSPI := rd.u32(AttrSPI)
-	dst, hasDst := rd.addr(AttrDst)
-	if err := rd.error(); err != nil {
+func handleStats(c *conn, m *wire.Message, r *replier) error {
+	spi, dst, one, err := wire.ReadStatsRequest(m.Attrs)
+	if err != nil {
 		return err
-	}
-	if hasSPI != hasDst {
-		return &Error{Code: EINVAL, Msg: "STATS names one state with both SPI and DST, or none", Attr: AttrSPI}
 	}
 	g, err := c.s.backend.Stats()
 	if err != nil {
 		return err
 	}
-	var list []SAInfo
-	if hasSPI {
+	var list []wire.SAInfo
+	if one {
 		in, err := c.s.backend.GetSA(spi, dst)
 		if err != nil {
 			return err
 		}
-		list = []SAInfo{in}
+		list = []wire.SAInfo{in}
 	} else if list, err = c.s.backend.ListSAs(); err != nil {
 		return err
 	}
-	if err := r.part(func(b *Builder) { putGlobalStats(b, g) }); err != nil {
+	if err := r.part(func(b *wire.Builder) { wire.PutGlobalStats(b, g) }); err != nil {
 		return err
 	}
 	for _, in := range list {
-		if err := r.part(func(b *Builder) { putSAStatsPart(b, in) }); err != nil {
+		if err := r.part(func(b *wire.Builder) { wire.PutSAStats(b, in) }); err != nil {
 			return err
 		}
 	}
 	return r.done()
 }
 
-// putSAStatsPart appends one per-state part of a STATS reply.
-func putSAStatsPart(b *Builder, in SAInfo) {
-	b.U32(AttrSPI, in.Config.SPI)
-	b.Addr(AttrSrc, in.Config.Src)
-	b.Addr(AttrDst, in.Config.Dst)
-	b.U32(AttrDir, dirToWire[in.Config.Dir])
-	b.U32(AttrReqID, in.Config.ReqID)
-	if in.Config.IfID != 0 {
-		b.U32(AttrIfID, in.Config.IfID)
-	}
-	putSAStats(b, in.Stats, in.ReplayTop, in.ReplayBitmap)
-}
-
-func handleSubscribe(c *conn, m *Message, r *replier) error {
+func handleSubscribe(c *conn, m *wire.Message, r *replier) error {
 	if c.sub != nil {
-		return Errorf(EALREADY, "already subscribed")
+		return wire.Errorf(wire.EALREADY, "already subscribed")
 	}
-	rd := newReader(m.Attrs)
-	mask := AllEvents
-	if v, ok := rd.u32(AttrEventMask); ok {
-		mask = EventMask(v)
-	}
-	if err := rd.error(); err != nil {
+	mask, err := wire.ReadSubscribe(m.Attrs)
+	if err != nil {
 		return err
 	}
 	sub, err := c.s.backend.Subscribe(c.s.cfg.EventQueue)
@@ -375,9 +340,9 @@ func handleSubscribe(c *conn, m *Message, r *replier) error {
 	return nil
 }
 
-func handleUnsubscribe(c *conn, m *Message, r *replier) error {
+func handleUnsubscribe(c *conn, m *wire.Message, r *replier) error {
 	if c.sub == nil {
-		return Errorf(ENOENT, "not subscribed")
+		return wire.Errorf(wire.ENOENT, "not subscribed")
 	}
 	c.unsubscribe()
 	return r.reply(nil)

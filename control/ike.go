@@ -1,21 +1,8 @@
 package control
 
 import (
-	"bytes"
-	"net/netip"
-
 	sockets "github.com/espd/espd/conn"
-)
-
-// IKE hand-off attributes (docs/control-protocol.md, section 9).
-const (
-	// AttrIKEPorts is a pair: in IKE_PACKET the datagram's source and
-	// destination UDP ports; in the IKE_REGISTER reply the IKE port and
-	// the NAT-T (ESP-in-UDP) port espd serves.
-	AttrIKEPorts AttrType = 80
-	// AttrIKEData is the UDP payload as on the wire: on the NAT-T port
-	// with its non-ESP marker.
-	AttrIKEData AttrType = 81
+	"github.com/espd/espd/control/wire"
 )
 
 // IKEBackend is implemented by a Backend that owns the IKE ports (espd
@@ -70,23 +57,23 @@ func (c *conn) ikeClose() {
 	<-reg.done
 }
 
-func handleIKERegister(c *conn, m *Message, r *replier) error {
+func handleIKERegister(c *conn, m *wire.Message, r *replier) error {
 	ib, ok := c.s.backend.(IKEBackend)
 	if !ok {
-		return Errorf(EOPNOTSUPP, "IKE hand-off is off: espd owns no IKE ports (start it with --ike-handoff)")
+		return wire.Errorf(wire.EOPNOTSUPP, "IKE hand-off is off: espd owns no IKE ports (start it with --ike-handoff)")
 	}
 	c.ikeMu.Lock()
 	dup := c.ikeReg != nil
 	c.ikeMu.Unlock()
 	if dup {
-		return Errorf(EALREADY, "this connection is already registered for IKE packets")
+		return wire.Errorf(wire.EALREADY, "this connection is already registered for IKE packets")
 	}
 	sess, err := ib.RegisterIKE(c.s.cfg.EventQueue)
 	if err != nil {
 		return err
 	}
 	ike, natt := sess.Ports()
-	if err := r.reply(func(b *Builder) { b.U16Pair(AttrIKEPorts, ike, natt) }); err != nil {
+	if err := r.reply(func(b *wire.Builder) { wire.PutIKEPorts(b, ike, natt) }); err != nil {
 		sess.Close()
 		return err
 	}
@@ -113,14 +100,14 @@ func (c *conn) forwardIKE(reg *ikeReg, version uint8, seq uint32) {
 		}
 		c.ikeMu.Unlock()
 		if mine {
-			if msg, err := NewBuilder(version, MsgIKEUnregister, 0, seq).Bytes(); err == nil {
+			if msg, err := wire.NewBuilder(version, wire.MsgIKEUnregister, 0, seq).Bytes(); err == nil {
 				c.write(msg)
 			}
 		}
 	}()
 	for p := range reg.sess.Packets() {
-		b := NewBuilder(version, MsgIKEPacket, 0, seq)
-		putIKEPacket(b, p)
+		b := wire.NewBuilder(version, wire.MsgIKEPacket, 0, seq)
+		wire.PutIKEPacket(b, p.Src, p.Dst, p.Data)
 		msg, err := b.Bytes()
 		if err != nil {
 			c.s.cfg.Logf("control: IKE packet from %v not forwarded: %v", p.Src, err)
@@ -140,67 +127,28 @@ func (c *conn) forwardIKE(reg *ikeReg, version uint8, seq uint32) {
 	}
 }
 
-// putIKEPacket appends an IKE_PACKET's attributes.
-func putIKEPacket(b *Builder, p sockets.IKEPacket) {
-	if p.Src.Addr().IsValid() {
-		b.Addr(AttrSrc, p.Src.Addr().Unmap())
-	}
-	b.Addr(AttrDst, p.Dst.Addr().Unmap())
-	b.U16Pair(AttrIKEPorts, p.Src.Port(), p.Dst.Port())
-	b.Raw(AttrIKEData, p.Data)
-}
-
-// readIKEPacket reads an IKE_PACKET's attributes: DST, IKE_PORTS and
-// IKE_DATA are required, SRC is optional.
-func readIKEPacket(attrs []Attr) (sockets.IKEPacket, error) {
-	rd := newReader(attrs)
-	src, hasSrc := rd.addr(AttrSrc)
-	dst, hasDst := rd.addr(AttrDst)
-	sport, dport, hasPorts := rd.pair(AttrIKEPorts)
-	data, hasData := rd.bytes(AttrIKEData)
-	rd.require(AttrDst, hasDst)
-	rd.require(AttrIKEPorts, hasPorts)
-	rd.require(AttrIKEData, hasData)
-	if err := rd.error(); err != nil {
-		return sockets.IKEPacket{}, err
-	}
-	if hasSrc && src.Is4() != dst.Is4() {
-		return sockets.IKEPacket{}, &Error{Code: EINVAL, Msg: "SRC and DST of an IKE packet must be of one family", Attr: AttrSrc}
-	}
-	if dport == 0 {
-		return sockets.IKEPacket{}, &Error{Code: EINVAL, Msg: "IKE packet to port 0", Attr: AttrIKEPorts}
-	}
-	p := sockets.IKEPacket{Dst: netip.AddrPortFrom(dst, dport), Data: bytes.Clone(data)}
-	if hasSrc {
-		p.Src = netip.AddrPortFrom(src, sport)
-	} else {
-		p.Src = netip.AddrPortFrom(netip.Addr{}, sport)
-	}
-	return p, nil
-}
-
 // handleIKEPacket sends a datagram for the client. Like a datagram it gets
 // no reply when it was sent, only an ERROR when it was not.
-func handleIKEPacket(c *conn, m *Message, r *replier) error {
+func handleIKEPacket(c *conn, m *wire.Message, r *replier) error {
 	c.ikeMu.Lock()
 	reg := c.ikeReg
 	c.ikeMu.Unlock()
 	if reg == nil {
-		return Errorf(EPROTO, "IKE_PACKET before IKE_REGISTER on this connection")
+		return wire.Errorf(wire.EPROTO, "IKE_PACKET before IKE_REGISTER on this connection")
 	}
-	p, err := readIKEPacket(m.Attrs)
+	src, dst, data, err := wire.ReadIKEPacket(m.Attrs)
 	if err != nil {
 		return err
 	}
-	return reg.sess.Send(p)
+	return reg.sess.Send(sockets.IKEPacket{Src: src, Dst: dst, Data: data})
 }
 
-func handleIKEUnregister(c *conn, m *Message, r *replier) error {
+func handleIKEUnregister(c *conn, m *wire.Message, r *replier) error {
 	c.ikeMu.Lock()
 	ok := c.ikeReg != nil
 	c.ikeMu.Unlock()
 	if !ok {
-		return Errorf(ENOENT, "not registered for IKE packets")
+		return wire.Errorf(wire.ENOENT, "not registered for IKE packets")
 	}
 	c.ikeClose()
 	return r.reply(nil)

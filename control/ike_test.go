@@ -9,6 +9,7 @@ import (
 	"time"
 
 	sockets "github.com/espd/espd/conn"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/sa"
 )
 
@@ -52,7 +53,7 @@ func (s *fakeIKESession) Packets() <-chan sockets.IKEPacket { return s.ch }
 func (s *fakeIKESession) Ports() (uint16, uint16)           { return 500, 4500 }
 func (s *fakeIKESession) Send(p sockets.IKEPacket) error {
 	if p.Dst.Port() == 9 {
-		return Errorf(EINVAL, "refused: discard port")
+		return wire.Errorf(wire.EINVAL, "refused: discard port")
 	}
 	s.sent <- p
 	return nil
@@ -90,17 +91,17 @@ func startIKEServer(t *testing.T) (*ikeBackend, string) {
 
 func register(t *testing.T, r *rawConn, seq uint32) {
 	t.Helper()
-	r.send(encode(t, MsgIKERegister, 0, seq, nil))
+	r.send(encode(t, wire.MsgIKERegister, 0, seq, nil))
 	m, err := r.read()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Type != MsgIKERegister || m.Flags != FlagReply || m.Seq != seq {
+	if m.Type != wire.MsgIKERegister || m.Flags != wire.FlagReply || m.Seq != seq {
 		t.Fatalf("IKE_REGISTER reply: %v flags %d seq %d", m.Type, m.Flags, m.Seq)
 	}
-	ike, natt, ok := newReader(m.Attrs).pair(AttrIKEPorts)
-	if !ok || ike != 500 || natt != 4500 {
-		t.Fatalf("IKE_REGISTER reply ports %d %d (%v), want 500 4500", ike, natt, ok)
+	ike, natt, err := wire.ReadIKEPorts(m.Attrs)
+	if err != nil || ike != 500 || natt != 4500 {
+		t.Fatalf("IKE_REGISTER reply ports %d %d (%v), want 500 4500", ike, natt, err)
 	}
 }
 
@@ -112,8 +113,8 @@ var (
 func TestIKERegisterWithoutHandoff(t *testing.T) {
 	ts := startServer(t, ServerConfig{})
 	r := rawDial(t, ts.path)
-	r.send(encode(t, MsgIKERegister, 0, 3, nil))
-	e := r.wantError(3, EOPNOTSUPP)
+	r.send(encode(t, wire.MsgIKERegister, 0, 3, nil))
+	e := r.wantError(3, wire.EOPNOTSUPP)
 	if !bytes.Contains([]byte(e.Msg), []byte("--ike-handoff")) {
 		t.Errorf("error %q does not say how to turn the hand-off on", e.Msg)
 	}
@@ -125,14 +126,14 @@ func TestIKEHandoff(t *testing.T) {
 	r := rawDial(t, path)
 
 	// Before registering, IKE_PACKET is refused.
-	r.send(encode(t, MsgIKEPacket, 0, 1, func(b *Builder) {
-		putIKEPacket(b, sockets.IKEPacket{Src: ikeLocal, Dst: ikePeer, Data: []byte{0, 0, 0, 0, 1}})
+	r.send(encode(t, wire.MsgIKEPacket, 0, 1, func(b *wire.Builder) {
+		putIKE(b, sockets.IKEPacket{Src: ikeLocal, Dst: ikePeer, Data: []byte{0, 0, 0, 0, 1}})
 	}))
-	r.wantError(1, EPROTO)
+	r.wantError(1, wire.EPROTO)
 
 	register(t, r, 7)
-	r.send(encode(t, MsgIKERegister, 0, 8, nil))
-	r.wantError(8, EALREADY)
+	r.send(encode(t, wire.MsgIKERegister, 0, 8, nil))
+	r.wantError(8, wire.EALREADY)
 
 	// espd -> client: an IKE_PACKET with the registration's sequence
 	// number and flags 0, payload as received.
@@ -142,10 +143,10 @@ func TestIKEHandoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Type != MsgIKEPacket || m.Flags != 0 || m.Seq != 7 {
+	if m.Type != wire.MsgIKEPacket || m.Flags != 0 || m.Seq != 7 {
 		t.Fatalf("got %v flags %d seq %d, want IKE_PACKET flags 0 seq 7", m.Type, m.Flags, m.Seq)
 	}
-	got, err := readIKEPacket(m.Attrs)
+	got, err := readIKE(m.Attrs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestIKEHandoff(t *testing.T) {
 		{Src: netip.AddrPortFrom(netip.Addr{}, 500), Dst: netip.MustParseAddrPort("[2001:db8::2]:500"), Data: []byte{0xbb}},
 	}
 	for i, p := range out {
-		r.send(encode(t, MsgIKEPacket, 0, uint32(20+i), func(b *Builder) { putIKEPacket(b, p) }))
+		r.send(encode(t, wire.MsgIKEPacket, 0, uint32(20+i), func(b *wire.Builder) { putIKE(b, p) }))
 	}
 	for _, want := range out {
 		select {
@@ -176,31 +177,31 @@ func TestIKEHandoff(t *testing.T) {
 
 	// A packet the backend refuses, and malformed ones, get an ERROR with
 	// their sequence number.
-	r.send(encode(t, MsgIKEPacket, 0, 31, func(b *Builder) {
-		putIKEPacket(b, sockets.IKEPacket{Src: ikeLocal, Dst: netip.MustParseAddrPort("198.18.0.2:9"), Data: []byte{1}})
+	r.send(encode(t, wire.MsgIKEPacket, 0, 31, func(b *wire.Builder) {
+		putIKE(b, sockets.IKEPacket{Src: ikeLocal, Dst: netip.MustParseAddrPort("198.18.0.2:9"), Data: []byte{1}})
 	}))
-	r.wantError(31, EINVAL)
-	r.send(encode(t, MsgIKEPacket, 0, 32, func(b *Builder) { b.Raw(AttrIKEData, []byte{1}) }))
-	r.wantError(32, EINVAL)
-	r.send(encode(t, MsgIKEPacket, 0, 33, func(b *Builder) {
-		b.Addr(AttrSrc, ikeLocal.Addr())
-		b.Addr(AttrDst, netip.MustParseAddr("2001:db8::2"))
-		b.U16Pair(AttrIKEPorts, 500, 500)
-		b.Raw(AttrIKEData, []byte{1})
+	r.wantError(31, wire.EINVAL)
+	r.send(encode(t, wire.MsgIKEPacket, 0, 32, func(b *wire.Builder) { b.Raw(wire.AttrIKEData, []byte{1}) }))
+	r.wantError(32, wire.EINVAL)
+	r.send(encode(t, wire.MsgIKEPacket, 0, 33, func(b *wire.Builder) {
+		b.Addr(wire.AttrSrc, ikeLocal.Addr())
+		b.Addr(wire.AttrDst, netip.MustParseAddr("2001:db8::2"))
+		b.U16Pair(wire.AttrIKEPorts, 500, 500)
+		b.Raw(wire.AttrIKEData, []byte{1})
 	}))
-	r.wantError(33, EINVAL)
+	r.wantError(33, wire.EINVAL)
 
 	// IKE_UNREGISTER ends the session; a second one finds nothing.
 	s := b.current()
-	r.send(encode(t, MsgIKEUnregister, 0, 40, nil))
-	if m, err := r.read(); err != nil || m.Type != MsgIKEUnregister || m.Flags != FlagReply || m.Seq != 40 {
+	r.send(encode(t, wire.MsgIKEUnregister, 0, 40, nil))
+	if m, err := r.read(); err != nil || m.Type != wire.MsgIKEUnregister || m.Flags != wire.FlagReply || m.Seq != 40 {
 		t.Fatalf("IKE_UNREGISTER reply: %v %v", m, err)
 	}
 	if !s.isClosed() {
 		t.Fatal("session not closed by IKE_UNREGISTER")
 	}
-	r.send(encode(t, MsgIKEUnregister, 0, 41, nil))
-	r.wantError(41, ENOENT)
+	r.send(encode(t, wire.MsgIKEUnregister, 0, 41, nil))
+	r.wantError(41, wire.ENOENT)
 }
 
 // TestIKEHandoffTakeover: a newer registration takes over; the older
@@ -221,14 +222,14 @@ func TestIKEHandoffTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Type != MsgIKEUnregister || m.Flags != 0 || m.Seq != 5 {
+	if m.Type != wire.MsgIKEUnregister || m.Flags != 0 || m.Seq != 5 {
 		t.Fatalf("first client got %v flags %d seq %d, want IKE_UNREGISTER flags 0 seq 5", m.Type, m.Flags, m.Seq)
 	}
 	// The first connection may register again.
-	r1.send(encode(t, MsgIKEPacket, 0, 9, func(b *Builder) {
-		putIKEPacket(b, sockets.IKEPacket{Src: ikeLocal, Dst: ikePeer, Data: []byte{0, 0, 0, 0}})
+	r1.send(encode(t, wire.MsgIKEPacket, 0, 9, func(b *wire.Builder) {
+		putIKE(b, sockets.IKEPacket{Src: ikeLocal, Dst: ikePeer, Data: []byte{0, 0, 0, 0}})
 	}))
-	r1.wantError(9, EPROTO)
+	r1.wantError(9, wire.EPROTO)
 
 	second := b.current()
 	r2.nc.Close()
@@ -239,4 +240,13 @@ func TestIKEHandoffTakeover(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// putIKE appends the attributes of an IKE_PACKET carrying p.
+func putIKE(b *wire.Builder, p sockets.IKEPacket) { wire.PutIKEPacket(b, p.Src, p.Dst, p.Data) }
+
+// readIKE reads an IKE_PACKET.
+func readIKE(attrs []wire.Attr) (sockets.IKEPacket, error) {
+	src, dst, data, err := wire.ReadIKEPacket(attrs)
+	return sockets.IKEPacket{Src: src, Dst: dst, Data: data}, err
 }

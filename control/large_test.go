@@ -9,6 +9,7 @@ import (
 	"time"
 
 	sockets "github.com/espd/espd/conn"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/sa"
 )
@@ -18,12 +19,12 @@ import (
 func ikePacketOfSize(t *testing.T, seq uint32, size int) ([]byte, sockets.IKEPacket) {
 	t.Helper()
 	p := sockets.IKEPacket{Src: ikeLocal, Dst: ikePeer}
-	overhead := len(encode(t, MsgIKEPacket, 0, seq, func(b *Builder) { putIKEPacket(b, p) }))
+	overhead := len(encode(t, wire.MsgIKEPacket, 0, seq, func(b *wire.Builder) { putIKE(b, p) }))
 	p.Data = make([]byte, size-overhead)
 	for i := range p.Data {
 		p.Data[i] = byte(int(seq) + i)
 	}
-	msg := encode(t, MsgIKEPacket, 0, seq, func(b *Builder) { putIKEPacket(b, p) })
+	msg := encode(t, wire.MsgIKEPacket, 0, seq, func(b *wire.Builder) { putIKE(b, p) })
 	if len(msg) != size {
 		t.Fatalf("IKE_PACKET of %d bytes, want %d", len(msg), size)
 	}
@@ -36,12 +37,12 @@ func ikePacketOfSize(t *testing.T, seq uint32, size int) ([]byte, sockets.IKEPac
 // the fix the first large one failed with "bad magic 0x0000").
 func TestLargeMessages(t *testing.T) {
 	b, path := startIKEServer(t)
-	sizes := []int{initialReadBuffer + 4, MaxMessageSize}
+	sizes := []int{initialReadBuffer + 4, wire.MaxMessageSize}
 	// The first message of a connection: SA_ADD with 200 selectors (above
 	// 4 KiB), and with as many as fit in MaxMessageSize.
 	saAdd := func(cfg sa.Config) ([]byte, error) {
-		b := NewBuilder(Version, MsgSAAdd, 0, 1)
-		putSAConfig(b, cfg, true)
+		b := wire.NewBuilder(wire.Version, wire.MsgSAAdd, 0, 1)
+		wire.PutSAAdd(b, cfg)
 		return b.Bytes()
 	}
 	most, over := 200, 2000 // fits, does not fit
@@ -61,9 +62,9 @@ func TestLargeMessages(t *testing.T) {
 		}
 		r.send(msg)
 		m, err := r.read()
-		if err != nil || m.Type != MsgSAAdd || m.Flags != FlagReply || m.Seq != 1 {
-			if m != nil && m.Type == MsgError {
-				e, _ := readError(m.Attrs)
+		if err != nil || m.Type != wire.MsgSAAdd || m.Flags != wire.FlagReply || m.Seq != 1 {
+			if m != nil && m.Type == wire.MsgError {
+				e, _ := wire.ReadError(m.Attrs)
 				t.Fatalf("SA_ADD of %d bytes as the first message: %v", len(msg), e)
 			}
 			t.Fatalf("SA_ADD of %d bytes as the first message: %v %v", len(msg), m, err)
@@ -79,7 +80,7 @@ func TestLargeMessages(t *testing.T) {
 		r := rawDial(t, path)
 		msg, _ := ikePacketOfSize(t, 2, size)
 		r.send(msg) // before IKE_REGISTER: refused, but read whole
-		r.wantError(2, EPROTO)
+		r.wantError(2, wire.EPROTO)
 		r.wantUsable(3)
 	}
 
@@ -87,7 +88,7 @@ func TestLargeMessages(t *testing.T) {
 	r := rawDial(t, path)
 	register(t, r, 1)
 	sess := b.current()
-	for i, size := range []int{64, initialReadBuffer + 4, 200, 60 * 1024, 4096, MaxMessageSize, 48, 20000, 16 + 64} {
+	for i, size := range []int{64, initialReadBuffer + 4, 200, 60 * 1024, 4096, wire.MaxMessageSize, 48, 20000, 16 + 64} {
 		seq := uint32(10 + i)
 		msg, p := ikePacketOfSize(t, seq, size)
 		r.send(msg)
@@ -103,10 +104,10 @@ func TestLargeMessages(t *testing.T) {
 		in := sockets.IKEPacket{Src: ikePeer, Dst: ikeLocal, Data: p.Data}
 		sess.deliver(t, in)
 		m, err := r.read()
-		if err != nil || m.Type != MsgIKEPacket {
+		if err != nil || m.Type != wire.MsgIKEPacket {
 			t.Fatalf("forwarded IKE_PACKET of %d bytes: %v %v", size, m, err)
 		}
-		fwd, err := readIKEPacket(m.Attrs)
+		fwd, err := readIKE(m.Attrs)
 		if err != nil || !bytes.Equal(fwd.Data, in.Data) {
 			t.Fatalf("forwarded IKE_PACKET of %d bytes: %v", size, err)
 		}
@@ -140,7 +141,7 @@ func TestClientLargeSA(t *testing.T) {
 	ts := startServer(t, ServerConfig{})
 	c := dial(t, ts.path)
 	cfg := manySelectors(0x6001, 200)
-	msg := encode(t, MsgSAAdd, 0, 1, func(b *Builder) { putSAConfig(b, cfg, true) })
+	msg := encode(t, wire.MsgSAAdd, 0, 1, func(b *wire.Builder) { wire.PutSAAdd(b, cfg) })
 	if len(msg) <= initialReadBuffer {
 		t.Fatalf("SA_ADD of %d bytes is not above 4 KiB", len(msg))
 	}

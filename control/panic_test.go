@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/sa"
 )
 
@@ -31,15 +32,15 @@ func TestHandlerPanic(t *testing.T) {
 	other := dial(t, path)
 
 	rc := rawDial(t, path)
-	rc.send(encode(t, MsgSAAdd, 0, 7, func(b *Builder) {
-		b.U32(AttrSPI, 0x1000)
-		b.Addr(AttrSrc, netip.MustParseAddr("198.18.0.1"))
-		b.Addr(AttrDst, netip.MustParseAddr("198.18.0.2"))
-		b.U32(AttrDir, 2)
-		b.String(AttrAlgName, "aes128gcm16")
-		b.Raw(AttrEncKey, make([]byte, 20))
+	rc.send(encode(t, wire.MsgSAAdd, 0, 7, func(b *wire.Builder) {
+		b.U32(wire.AttrSPI, 0x1000)
+		b.Addr(wire.AttrSrc, netip.MustParseAddr("198.18.0.1"))
+		b.Addr(wire.AttrDst, netip.MustParseAddr("198.18.0.2"))
+		b.U32(wire.AttrDir, 2)
+		b.String(wire.AttrAlgName, "aes128gcm16")
+		b.Raw(wire.AttrEncKey, make([]byte, 20))
 	}))
-	e := rc.wantError(7, EIO)
+	e := rc.wantError(7, wire.EIO)
 	if !strings.Contains(e.Msg, "internal error") {
 		t.Errorf("error message %q", e.Msg)
 	}

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/espd/espd/control/wire"
 )
 
 // peerChildEnv makes the test binary act as a control client: connect to
@@ -43,8 +45,8 @@ func peerChild(path string) string {
 	}
 	defer nc.Close()
 	nc.SetDeadline(time.Now().Add(10 * time.Second))
-	b := NewBuilder(Version, MsgHello, 0, 1)
-	b.U32(AttrVersion, uint32(Version))
+	b := wire.NewBuilder(wire.Version, wire.MsgHello, 0, 1)
+	b.U32(wire.AttrVersion, uint32(wire.Version))
 	msg, _ := b.Bytes()
 	if _, err := nc.Write(msg); err != nil && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
 		return out + "write: " + err.Error()
@@ -54,10 +56,10 @@ func peerChild(path string) string {
 		return out + "read: " + err.Error()
 	}
 	switch m.Type {
-	case MsgHello:
+	case wire.MsgHello:
 		return out + "HELLO"
-	case MsgError:
-		e, err := readError(m.Attrs)
+	case wire.MsgError:
+		e, err := wire.ReadError(m.Attrs)
 		if err != nil {
 			return out + "bad ERROR: " + err.Error()
 		}

@@ -7,11 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/esp"
-	"github.com/espd/espd/packet"
 	"github.com/espd/espd/sa"
 )
+
+// The states, policies and helpers of the server and client tests;
+// control/wire's tests have their own.
 
 var (
 	v4a = netip.MustParseAddr("198.18.0.1")
@@ -89,42 +92,20 @@ func fullPolicy() sa.Policy {
 	}
 }
 
-func sampleStats() sa.Stats {
-	st := sa.Stats{State: sa.StateSoftExpired, Packets: 10, Bytes: 12345,
-		AddTime: time.Unix(1700000000, 5), FirstUse: time.Unix(1700000100, 7), SeqOut: 11}
-	for i := range st.Drops {
-		st.Drops[i] = uint64(100 + i)
+// decodeOK decodes msg, which must be valid.
+func decodeOK(t *testing.T, msg []byte) *wire.Message {
+	t.Helper()
+	m, err := wire.Decode(msg)
+	if err != nil {
+		t.Fatalf("Decode: %v", err)
 	}
-	return st
-}
-
-func sampleGlobal() GlobalStats {
-	g := GlobalStats{InvalidSPI: 1, Malformed: 2, PolicyDrops: 3, NoState: 4, QueueDrops: 5,
-		GlobalStats: sa.GlobalStats{Acquires: 6, AcquiresSuppressed: 7, EventsDropped: 8, States: 9, Larval: 10, Policies: 11,
-			Packets: 12, Bytes: 13}}
-	for i := range g.Drops {
-		g.Drops[i] = uint64(200 + i)
-	}
-	return g
-}
-
-func sampleEvents() []Event {
-	tm := time.Unix(1700000200, 99)
-	return []Event{
-		{Kind: EventSoftExpire, SPI: 0xC0000001, Dst: v4b, Dir: sa.DirOut, ReqID: 3, Reason: sa.ExpireBytes, Time: tm},
-		{Kind: EventHardExpire, SPI: 0xC0000002, Dst: v6b, Dir: sa.DirIn, ReqID: 4, Reason: sa.ExpireSequence, Time: tm, Lost: 17},
-		{Kind: EventAcquire, Dst: v4b, Dir: sa.DirOut, ReqID: 5, Time: tm,
-			Policy: sa.Policy{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.0.0/16")}, Dir: sa.DirOut,
-				Action: sa.ActionProtect, ReqID: 5, Index: 9, TmplSrc: v4a, TmplDst: v4b},
-			Flow: packet.Flow{Src: netip.MustParseAddr("198.18.1.5"), Dst: v4b, Proto: 6, SrcPort: 40000, DstPort: 443}},
-		{Kind: EventMapping, SPI: 0xC0000003, Dst: v4a, ReqID: 6, Time: tm, NewAddr: netip.MustParseAddrPort("198.18.9.9:4501")},
-	}
+	return m
 }
 
 // encode builds a message with fill.
-func encode(t testing.TB, typ MsgType, flags Flags, seq uint32, fill func(*Builder)) []byte {
+func encode(t testing.TB, typ wire.MsgType, flags wire.Flags, seq uint32, fill func(*wire.Builder)) []byte {
 	t.Helper()
-	b := NewBuilder(Version, typ, flags, seq)
+	b := wire.NewBuilder(wire.Version, typ, flags, seq)
 	if fill != nil {
 		fill(b)
 	}
@@ -133,54 +114,6 @@ func encode(t testing.TB, typ MsgType, flags Flags, seq uint32, fill func(*Build
 		t.Fatal(err)
 	}
 	return slices.Clone(msg)
-}
-
-// sampleMessages returns one valid message of every type, requests and
-// replies, for round trips and the fuzz seed corpus.
-func sampleMessages(t testing.TB) [][]byte {
-	cfg := fullConfig(t)
-	var out [][]byte
-	add := func(typ MsgType, flags Flags, fill func(*Builder)) {
-		out = append(out, encode(t, typ, flags, uint32(len(out)+1), fill))
-	}
-	add(MsgHello, 0, func(b *Builder) { b.U32(AttrVersion, 1) })
-	add(MsgHello, FlagReply, func(b *Builder) {
-		putHelloReply(b, HelloInfo{Version: 1, Software: Software, MaxMessageSize: MaxMessageSize})
-	})
-	add(MsgError, FlagReply, func(b *Builder) {
-		putError(b, &Error{Code: EPROTONOSUPPORT, Msg: "nope", Type: MsgHello, Attr: AttrVersion, Versions: []uint8{1}})
-	})
-	add(MsgDone, FlagReply, nil)
-	add(MsgSAAdd, 0, func(b *Builder) { putSAConfig(b, cfg, true) })
-	add(MsgSAAdd, 0, func(b *Builder) { putSAConfig(b, gcmConfig(t, 0x1234), true) })
-	add(MsgSAUpdate, 0, func(b *Builder) {
-		b.U32(AttrSPI, cfg.SPI)
-		b.Addr(AttrDst, cfg.Dst)
-		putSAFields(b, cfg, FieldsAll, true)
-	})
-	add(MsgSADel, 0, func(b *Builder) { b.U32(AttrSPI, 1); b.Addr(AttrDst, v6b) })
-	add(MsgSAGet, FlagReply, func(b *Builder) { putSAInfo(b, SAInfo{Config: cfg, Stats: sampleStats(), ReplayTop: 77}) })
-	add(MsgSAList, FlagReply|FlagMulti, func(b *Builder) { putSAInfo(b, SAInfo{Config: gcmConfig(t, 9)}) })
-	add(MsgSPIAlloc, 0, func(b *Builder) { b.U32(AttrSPIMin, 0x100); b.U32(AttrSPIMax, 0x200) })
-	add(MsgPolicyAdd, 0, func(b *Builder) { putPolicy(b, fullPolicy()) })
-	add(MsgPolicyDel, 0, func(b *Builder) { putPolicyID(b, fullPolicy().ID()) })
-	add(MsgStats, FlagReply|FlagMulti, func(b *Builder) { putGlobalStats(b, sampleGlobal()) })
-	add(MsgStats, FlagReply|FlagMulti, func(b *Builder) {
-		putSAStatsPart(b, SAInfo{Config: cfg, Stats: sampleStats(), ReplayTop: 3})
-	})
-	add(MsgSubscribe, 0, func(b *Builder) { b.U32(AttrEventMask, uint32(AllEvents)) })
-	for _, e := range sampleEvents() {
-		add(MsgEvent, 0, func(b *Builder) { putEvent(b, e) })
-	}
-	add(MsgIKEPacket, 0, func(b *Builder) { b.Raw(200, []byte("ike")) })
-	// Sequence-number settings and read-back (added last: the seed
-	// corpus names messages by type and position).
-	add(MsgSAAdd, 0, func(b *Builder) { putSAConfig(b, oseqConfig(t), true) })
-	add(MsgSAAdd, 0, func(b *Builder) { putSAConfig(b, replayConfig(t), true) })
-	add(MsgSAGet, FlagReply, func(b *Builder) {
-		putSAInfo(b, SAInfo{Config: gcmConfig(t, 9), ReplayTop: 1<<32 + 100, ReplayBitmap: []byte{5, 0, 0xff, 0, 0, 0, 0, 1}})
-	})
-	return out
 }
 
 // sameConfig compares configurations, keys included, treating nil and

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/espd/espd/control/wire"
 	"golang.org/x/sys/unix"
 )
 
@@ -292,10 +293,10 @@ func (s *Server) admit(c *net.UnixConn) {
 
 // writeRefusal sends e as an ERROR with sequence number 0, within a
 // second, and closes c.
-func writeRefusal(c *net.UnixConn, e *Error) {
+func writeRefusal(c *net.UnixConn, e *wire.Error) {
 	defer c.Close()
-	b := NewBuilder(Version, MsgError, FlagReply, 0)
-	putError(b, e)
+	b := wire.NewBuilder(wire.Version, wire.MsgError, wire.FlagReply, 0)
+	wire.PutError(b, e)
 	if msg, err := b.Bytes(); err == nil {
 		c.SetWriteDeadline(time.Now().Add(time.Second))
 		c.Write(msg)
@@ -304,7 +305,7 @@ func writeRefusal(c *net.UnixConn, e *Error) {
 
 // refuse sends e as an ERROR with sequence number 0 and closes c, without
 // holding up the accept loop.
-func (s *Server) refuse(c *net.UnixConn, e *Error) {
+func (s *Server) refuse(c *net.UnixConn, e *wire.Error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -320,24 +321,24 @@ func (s *Server) refuse(c *net.UnixConn, e *Error) {
 }
 
 // peerCred reads the peer's credentials with SO_PEERCRED.
-func peerCred(c *net.UnixConn) (unix.Ucred, *Error) {
+func peerCred(c *net.UnixConn) (unix.Ucred, *wire.Error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return unix.Ucred{}, Errorf(EACCES, "permission denied: cannot read peer credentials: %v", err)
+		return unix.Ucred{}, wire.Errorf(wire.EACCES, "permission denied: cannot read peer credentials: %v", err)
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := rc.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil || cerr != nil {
-		return unix.Ucred{}, Errorf(EACCES, "permission denied: cannot read peer credentials: %v", errors.Join(err, cerr))
+		return unix.Ucred{}, wire.Errorf(wire.EACCES, "permission denied: cannot read peer credentials: %v", errors.Join(err, cerr))
 	}
 	return *cred, nil
 }
 
 // authorize checks the peer's credentials: root, or the configured group
 // as the peer's gid or among its uid's supplementary groups.
-func (s *Server) authorize(cred unix.Ucred) *Error {
+func (s *Server) authorize(cred unix.Ucred) *wire.Error {
 	if cred.Uid == 0 {
 		return nil
 	}
@@ -348,10 +349,10 @@ func (s *Server) authorize(cred unix.Ucred) *Error {
 		return nil
 	}
 	if s.gid >= 0 {
-		return Errorf(EACCES, "permission denied: peer pid %d uid %d gid %d is neither root nor in group %s (gid %d)",
+		return wire.Errorf(wire.EACCES, "permission denied: peer pid %d uid %d gid %d is neither root nor in group %s (gid %d)",
 			cred.Pid, cred.Uid, cred.Gid, s.cfg.Group, s.gid)
 	}
-	return Errorf(EACCES, "permission denied: peer pid %d uid %d gid %d is not root", cred.Pid, cred.Uid, cred.Gid)
+	return wire.Errorf(wire.EACCES, "permission denied: peer pid %d uid %d gid %d is not root", cred.Pid, cred.Uid, cred.Gid)
 }
 
 // Close stops accepting, closes every connection (ending their event

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/espd/espd/control/wire"
 )
 
 // rawConn is a client that writes arbitrary bytes and reads messages.
@@ -38,7 +40,7 @@ func (r *rawConn) send(b []byte) {
 	}
 }
 
-func (r *rawConn) read() (*Message, error) {
+func (r *rawConn) read() (*wire.Message, error) {
 	r.nc.SetReadDeadline(time.Now().Add(10 * time.Second))
 	m, _, _, err := ReadMessage(r.nc, nil)
 	return m, err
@@ -46,16 +48,16 @@ func (r *rawConn) read() (*Message, error) {
 
 // wantError reads an ERROR with this sequence number and code and returns
 // its message.
-func (r *rawConn) wantError(seq uint32, code Errno) *Error {
+func (r *rawConn) wantError(seq uint32, code wire.Errno) *wire.Error {
 	r.t.Helper()
 	m, err := r.read()
 	if err != nil {
 		r.t.Fatalf("reading the ERROR (%v) reply: %v", code, err)
 	}
-	if m.Type != MsgError || m.Flags&FlagReply == 0 || m.Seq != seq {
+	if m.Type != wire.MsgError || m.Flags&wire.FlagReply == 0 || m.Seq != seq {
 		r.t.Fatalf("got %v flags %d seq %d, want ERROR seq %d", m.Type, m.Flags, m.Seq, seq)
 	}
-	e, err := readError(m.Attrs)
+	e, err := wire.ReadError(m.Attrs)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -78,16 +80,16 @@ func (r *rawConn) wantEOF() {
 // wantUsable checks that the connection still answers a HELLO.
 func (r *rawConn) wantUsable(seq uint32) {
 	r.t.Helper()
-	r.send(encode(r.t, MsgHello, 0, seq, func(b *Builder) { b.U32(AttrVersion, 1) }))
+	r.send(encode(r.t, wire.MsgHello, 0, seq, func(b *wire.Builder) { b.U32(wire.AttrVersion, 1) }))
 	m, err := r.read()
-	if err != nil || m.Type != MsgHello || m.Seq != seq {
+	if err != nil || m.Type != wire.MsgHello || m.Seq != seq {
 		r.t.Fatalf("connection unusable: %v %v", m, err)
 	}
 }
 
-func header(t MsgType, version uint8, flags Flags, length, seq uint32) []byte {
-	b := make([]byte, HeaderLen)
-	binary.BigEndian.PutUint16(b, Magic)
+func header(t wire.MsgType, version uint8, flags wire.Flags, length, seq uint32) []byte {
+	b := make([]byte, wire.HeaderLen)
+	binary.BigEndian.PutUint16(b, wire.Magic)
 	b[2], b[3] = version, uint8(flags)
 	binary.BigEndian.PutUint16(b[4:], uint16(t))
 	binary.BigEndian.PutUint32(b[8:], length)
@@ -113,20 +115,20 @@ func TestErrorReplies(t *testing.T) {
 	stays := []struct {
 		name string
 		msg  []byte
-		code Errno
+		code wire.Errno
 		want string
 	}{
-		{"unknown type", encode(t, 0x7777, 0, 10, nil), EOPNOTSUPP, "unknown message type 0x7777"},
-		{"reserved IKE type", encode(t, MsgType(0x0043), 0, 11, func(b *Builder) { b.Raw(1, []byte("ike")) }), EOPNOTSUPP, "reserved for IKE"},
-		{"server-only type", encode(t, MsgEvent, 0, 12, nil), EPROTO, "server only"},
-		{"reply flag", encode(t, MsgSAList, FlagReply, 13, nil), EPROTO, "reply flag"},
-		{"garbage attributes", append(header(MsgSAAdd, 1, 0, 24, 14), 0, 200, 0, 1, 9, 9, 9, 9), EBADMSG, "overruns"},
-		{"missing attribute", encode(t, MsgSADel, 0, 15, func(b *Builder) { b.U32(AttrSPI, 1) }), EINVAL, "missing required DST"},
-		{"bad value", encode(t, MsgSAAdd, 0, 16, func(b *Builder) { b.U32(AttrSPI, 1); b.Raw(AttrDst, []byte{1, 2, 3}) }), EBADMSG, "address of 3 bytes"},
-		{"unsupported version", header(MsgSAList, 9, 0, HeaderLen, 17), EPROTONOSUPPORT, "this server speaks 1"},
-		{"hello without common version", encode(t, MsgHello, 0, 18, func(b *Builder) { b.U32(AttrVersion, 2); b.U32(AttrVersion, 3) }), EPROTONOSUPPORT, "version 2, 3 not supported"},
-		{"reserved header field", func() []byte { b := encode(t, MsgSAList, 0, 19, nil); b[6] = 1; return b }(), EBADMSG, "reserved"},
-		{"unsubscribe without subscription", encode(t, MsgUnsubscribe, 0, 20, nil), ENOENT, "not subscribed"},
+		{"unknown type", encode(t, 0x7777, 0, 10, nil), wire.EOPNOTSUPP, "unknown message type 0x7777"},
+		{"reserved IKE type", encode(t, wire.MsgType(0x0043), 0, 11, func(b *wire.Builder) { b.Raw(1, []byte("ike")) }), wire.EOPNOTSUPP, "reserved for IKE"},
+		{"server-only type", encode(t, wire.MsgEvent, 0, 12, nil), wire.EPROTO, "server only"},
+		{"reply flag", encode(t, wire.MsgSAList, wire.FlagReply, 13, nil), wire.EPROTO, "reply flag"},
+		{"garbage attributes", append(header(wire.MsgSAAdd, 1, 0, 24, 14), 0, 200, 0, 1, 9, 9, 9, 9), wire.EBADMSG, "overruns"},
+		{"missing attribute", encode(t, wire.MsgSADel, 0, 15, func(b *wire.Builder) { b.U32(wire.AttrSPI, 1) }), wire.EINVAL, "missing required DST"},
+		{"bad value", encode(t, wire.MsgSAAdd, 0, 16, func(b *wire.Builder) { b.U32(wire.AttrSPI, 1); b.Raw(wire.AttrDst, []byte{1, 2, 3}) }), wire.EBADMSG, "address of 3 bytes"},
+		{"unsupported version", header(wire.MsgSAList, 9, 0, wire.HeaderLen, 17), wire.EPROTONOSUPPORT, "this server speaks 1"},
+		{"hello without common version", encode(t, wire.MsgHello, 0, 18, func(b *wire.Builder) { b.U32(wire.AttrVersion, 2); b.U32(wire.AttrVersion, 3) }), wire.EPROTONOSUPPORT, "version 2, 3 not supported"},
+		{"reserved header field", func() []byte { b := encode(t, wire.MsgSAList, 0, 19, nil); b[6] = 1; return b }(), wire.EBADMSG, "reserved"},
+		{"unsubscribe without subscription", encode(t, wire.MsgUnsubscribe, 0, 20, nil), wire.ENOENT, "not subscribed"},
 	}
 	rc := rawDial(t, ts.path)
 	for i, c := range stays {
@@ -136,7 +138,7 @@ func TestErrorReplies(t *testing.T) {
 		if !strings.Contains(e.Msg, c.want) {
 			t.Errorf("%s: message %q, want %q", c.name, e.Msg, c.want)
 		}
-		if c.code == EPROTONOSUPPORT && (len(e.Versions) != 1 || e.Versions[0] != 1) {
+		if c.code == wire.EPROTONOSUPPORT && (len(e.Versions) != 1 || e.Versions[0] != 1) {
 			t.Errorf("%s: versions %v, want [1]", c.name, e.Versions)
 		}
 		rc.wantUsable(uint32(100 + i))
@@ -144,9 +146,9 @@ func TestErrorReplies(t *testing.T) {
 	}
 
 	// An oversized message that can be skipped.
-	rc.send(header(MsgSAAdd, 1, 0, MaxMessageSize+4096, 30))
-	rc.send(make([]byte, MaxMessageSize+4096-HeaderLen))
-	if e := rc.wantError(30, EMSGSIZE); !strings.Contains(e.Msg, "exceeds the maximum") {
+	rc.send(header(wire.MsgSAAdd, 1, 0, wire.MaxMessageSize+4096, 30))
+	rc.send(make([]byte, wire.MaxMessageSize+4096-wire.HeaderLen))
+	if e := rc.wantError(30, wire.EMSGSIZE); !strings.Contains(e.Msg, "exceeds the maximum") {
 		t.Errorf("oversized: %q", e.Msg)
 	}
 	rc.wantUsable(31)
@@ -157,14 +159,14 @@ func TestErrorReplies(t *testing.T) {
 		name string
 		msg  []byte
 		seq  uint32
-		code Errno
+		code wire.Errno
 	}{
-		{"bad magic", append([]byte{0xde, 0xad}, make([]byte, 14)...), 0, EBADMSG},
-		{"misaligned length", header(MsgSAList, 1, 0, 21, 40), 0, EBADMSG},
-		{"length below header", header(MsgSAList, 1, 0, 4, 41), 0, EBADMSG},
-		{"far too large", header(MsgSAAdd, 1, 0, 1<<30, 42), 42, EMSGSIZE},
-		{"truncated and stalled", header(MsgSAList, 1, 0, 64, 43), 43, ETIMEDOUT},
-		{"stalled header", []byte{0xE5, 0xD0, 1}, 0, ETIMEDOUT},
+		{"bad magic", append([]byte{0xde, 0xad}, make([]byte, 14)...), 0, wire.EBADMSG},
+		{"misaligned length", header(wire.MsgSAList, 1, 0, 21, 40), 0, wire.EBADMSG},
+		{"length below header", header(wire.MsgSAList, 1, 0, 4, 41), 0, wire.EBADMSG},
+		{"far too large", header(wire.MsgSAAdd, 1, 0, 1<<30, 42), 42, wire.EMSGSIZE},
+		{"truncated and stalled", header(wire.MsgSAList, 1, 0, 64, 43), 43, wire.ETIMEDOUT},
+		{"stalled header", []byte{0xE5, 0xD0, 1}, 0, wire.ETIMEDOUT},
 	}
 	for _, c := range closes {
 		rc := rawDial(t, ts.path)
@@ -175,7 +177,7 @@ func TestErrorReplies(t *testing.T) {
 	}
 	// A client that leaves in the middle of a message.
 	rc = rawDial(t, ts.path)
-	rc.send(header(MsgSAList, 1, 0, 64, 50))
+	rc.send(header(wire.MsgSAList, 1, 0, 64, 50))
 	rc.nc.Close()
 	otherWorks()
 }
@@ -185,7 +187,7 @@ func TestIdleTimeout(t *testing.T) {
 	ts := startServer(t, ServerConfig{IdleTimeout: 200 * time.Millisecond, Logf: log.logf})
 	rc := rawDial(t, ts.path)
 	rc.wantUsable(1)
-	e := rc.wantError(0, ETIMEDOUT)
+	e := rc.wantError(0, wire.ETIMEDOUT)
 	if !strings.Contains(e.Msg, "idle") {
 		t.Fatalf("idle: %q", e.Msg)
 	}
@@ -221,8 +223,8 @@ func TestMaxConns(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := c1.ListSAs(testCtx(t))
-		var e *Error
-		if errors.As(err, &e) && e.Code == EAGAIN && strings.Contains(e.Msg, "limit of 2 connections") {
+		var e *wire.Error
+		if errors.As(err, &e) && e.Code == wire.EAGAIN && strings.Contains(e.Msg, "limit of 2 connections") {
 			break
 		}
 		if time.Now().After(deadline) {

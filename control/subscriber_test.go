@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/packet"
 	"github.com/espd/espd/sa"
 )
@@ -17,9 +18,9 @@ func subscribeRaw(t *testing.T, path string) *rawConn {
 	t.Helper()
 	rc := rawDial(t, path)
 	rc.nc.(interface{ SetReadBuffer(int) error }).SetReadBuffer(1024)
-	rc.send(encode(t, MsgSubscribe, 0, 1, nil))
+	rc.send(encode(t, wire.MsgSubscribe, 0, 1, nil))
 	m, err := rc.read()
-	if err != nil || m.Type != MsgSubscribe || m.Flags&FlagReply == 0 {
+	if err != nil || m.Type != wire.MsgSubscribe || m.Flags&wire.FlagReply == 0 {
 		t.Fatalf("subscribe reply: %v %v", m, err)
 	}
 	return rc
@@ -107,7 +108,7 @@ func TestStuckSubscriber(t *testing.T) {
 		if err != nil {
 			break
 		}
-		if m.Type != MsgEvent {
+		if m.Type != wire.MsgEvent {
 			t.Fatalf("stuck subscriber got %v", m.Type)
 		}
 	}
@@ -149,7 +150,7 @@ func TestEventsLost(t *testing.T) {
 			if err != nil {
 				return
 			}
-			e, err := readEvent(m.Attrs)
+			e, err := wire.ReadEvent(m.Attrs)
 			if err != nil {
 				t.Errorf("event: %v", err)
 				return

@@ -3,6 +3,7 @@ package control
 import (
 	"testing"
 
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/sa"
 )
@@ -29,36 +30,36 @@ func TestSAUpdateFixedAttrs(t *testing.T) {
 		for _, tc := range []struct {
 			name string
 			cfg  sa.Config
-			fill func(*Builder)
-			want AttrType // 0: accepted
+			fill func(*wire.Builder)
+			want wire.AttrType // 0: accepted
 		}{
-			{"ESN on/off", base, func(b *Builder) { b.Bool(AttrESN, !esn) }, AttrESN},
-			{"ESN unchanged", base, func(b *Builder) { b.Bool(AttrESN, esn) }, 0},
-			{"ALG_NAME with ESN flipped", base, func(b *Builder) {
+			{"ESN on/off", base, func(b *wire.Builder) { b.Bool(wire.AttrESN, !esn) }, wire.AttrESN},
+			{"ESN unchanged", base, func(b *wire.Builder) { b.Bool(wire.AttrESN, esn) }, 0},
+			{"ALG_NAME with ESN flipped", base, func(b *wire.Builder) {
 				s := base.Suite
 				s.ESN = !esn
-				b.String(AttrAlgName, s.String())
-			}, AttrAlgName},
-			{"ALG_NAME and ESN flipped", base, func(b *Builder) {
-				b.String(AttrAlgName, "aes128gcm16")
-				b.Bool(AttrESN, !esn)
-			}, AttrESN},
-			{"ALG_NAME", base, func(b *Builder) { b.String(AttrAlgName, "aes256gcm16") }, AttrAlgName},
-			{"ALG_NAME unchanged", base, func(b *Builder) { b.String(AttrAlgName, base.Suite.String()) }, 0},
-			{"ENC_ALG", base, func(b *Builder) {
-				b.U32(AttrEncAlg, uint32(crypto.EncrAESGCM16))
-				b.U32(AttrEncKeyLen, 256)
-				b.Bool(AttrESN, esn)
-			}, AttrEncAlg},
-			{"ENC_KEY", base, func(b *Builder) { b.Raw(AttrEncKey, key(base.Suite.EncKeyLen(), 200)) }, AttrEncKey},
-			{"ENC_KEY unchanged", base, func(b *Builder) { b.Raw(AttrEncKey, base.EncKey) }, 0},
-			{"INTEG_KEY", other, func(b *Builder) {
-				b.Raw(AttrIntegKey, key(cbc.IntegKeyLen(), 1))
-				b.Raw(AttrEncKey, other.EncKey)
-			}, AttrEncKey},
-			{"REQID", base, func(b *Builder) { b.U32(AttrReqID, base.ReqID+1) }, AttrReqID},
-			{"REPLAY_WINDOW", base, func(b *Builder) { b.U32(AttrReplayWindow, 128) }, AttrReplayWindow},
-			{"NEGOTIATED", base, func(b *Builder) { b.Bool(AttrNegotiated, true) }, AttrNegotiated},
+				b.String(wire.AttrAlgName, s.String())
+			}, wire.AttrAlgName},
+			{"ALG_NAME and ESN flipped", base, func(b *wire.Builder) {
+				b.String(wire.AttrAlgName, "aes128gcm16")
+				b.Bool(wire.AttrESN, !esn)
+			}, wire.AttrESN},
+			{"ALG_NAME", base, func(b *wire.Builder) { b.String(wire.AttrAlgName, "aes256gcm16") }, wire.AttrAlgName},
+			{"ALG_NAME unchanged", base, func(b *wire.Builder) { b.String(wire.AttrAlgName, base.Suite.String()) }, 0},
+			{"ENC_ALG", base, func(b *wire.Builder) {
+				b.U32(wire.AttrEncAlg, uint32(crypto.EncrAESGCM16))
+				b.U32(wire.AttrEncKeyLen, 256)
+				b.Bool(wire.AttrESN, esn)
+			}, wire.AttrEncAlg},
+			{"ENC_KEY", base, func(b *wire.Builder) { b.Raw(wire.AttrEncKey, key(base.Suite.EncKeyLen(), 200)) }, wire.AttrEncKey},
+			{"ENC_KEY unchanged", base, func(b *wire.Builder) { b.Raw(wire.AttrEncKey, base.EncKey) }, 0},
+			{"INTEG_KEY", other, func(b *wire.Builder) {
+				b.Raw(wire.AttrIntegKey, key(cbc.IntegKeyLen(), 1))
+				b.Raw(wire.AttrEncKey, other.EncKey)
+			}, wire.AttrEncKey},
+			{"REQID", base, func(b *wire.Builder) { b.U32(wire.AttrReqID, base.ReqID+1) }, wire.AttrReqID},
+			{"REPLAY_WINDOW", base, func(b *wire.Builder) { b.U32(wire.AttrReplayWindow, 128) }, wire.AttrReplayWindow},
+			{"NEGOTIATED", base, func(b *wire.Builder) { b.Bool(wire.AttrNegotiated, true) }, wire.AttrNegotiated},
 		} {
 			what := tc.name
 			if esn {
@@ -71,17 +72,17 @@ func TestSAUpdateFixedAttrs(t *testing.T) {
 				t.Fatalf("%s: %v", what, err)
 			}
 			seq++
-			rc.send(encode(t, MsgSAUpdate, 0, seq, func(b *Builder) {
-				b.U32(AttrSPI, tc.cfg.SPI)
-				b.Addr(AttrDst, tc.cfg.Dst)
+			rc.send(encode(t, wire.MsgSAUpdate, 0, seq, func(b *wire.Builder) {
+				b.U32(wire.AttrSPI, tc.cfg.SPI)
+				b.Addr(wire.AttrDst, tc.cfg.Dst)
 				tc.fill(b)
 			}))
 			if tc.want == 0 {
-				if m, err := rc.read(); err != nil || m.Type != MsgSAUpdate || m.Seq != seq {
+				if m, err := rc.read(); err != nil || m.Type != wire.MsgSAUpdate || m.Seq != seq {
 					t.Fatalf("%s: want OK, got %v %v", what, m, err)
 				}
-			} else if e := rc.wantError(seq, EINVAL); e.Attr != tc.want {
-				t.Errorf("%s: ERROR %q names attribute %d, want %s", what, e.Msg, e.Attr, attrName(spaceTop, tc.want))
+			} else if e := rc.wantError(seq, wire.EINVAL); e.Attr != tc.want {
+				t.Errorf("%s: ERROR %q names attribute %d, want %s", what, e.Msg, e.Attr, wire.AttrName(0, tc.want))
 			}
 			got, err := c.GetSA(ctx, tc.cfg.SPI, tc.cfg.Dst)
 			if err != nil {

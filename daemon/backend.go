@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/sa"
 )
 
@@ -39,20 +40,20 @@ func (d *Daemon) DeleteSA(spi uint32, dst netip.Addr) error {
 }
 
 // GetSA returns a state without its keys.
-func (d *Daemon) GetSA(spi uint32, dst netip.Addr) (control.SAInfo, error) {
+func (d *Daemon) GetSA(spi uint32, dst netip.Addr) (wire.SAInfo, error) {
 	s, ok := d.db.GetSA(spi, dst)
 	if !ok {
-		return control.SAInfo{}, fmt.Errorf("SA 0x%08x to %s: %w", spi, dst, sa.ErrNotFound)
+		return wire.SAInfo{}, fmt.Errorf("SA 0x%08x to %s: %w", spi, dst, sa.ErrNotFound)
 	}
-	return control.InfoOf(s), nil
+	return wire.InfoOf(s), nil
 }
 
 // ListSAs returns every state.
-func (d *Daemon) ListSAs() ([]control.SAInfo, error) {
+func (d *Daemon) ListSAs() ([]wire.SAInfo, error) {
 	states := d.db.SAs()
-	infos := make([]control.SAInfo, len(states))
+	infos := make([]wire.SAInfo, len(states))
 	for i, s := range states {
-		infos[i] = control.InfoOf(s)
+		infos[i] = wire.InfoOf(s)
 	}
 	return infos, nil
 }
@@ -115,9 +116,9 @@ func (d *Daemon) AllocSPI(lo, hi uint32) (uint32, error) { return d.db.AllocSPI(
 
 // Stats returns the global counters: the SA database's, and the data
 // path's drops that concern no state, each from its one home.
-func (d *Daemon) Stats() (control.GlobalStats, error) {
+func (d *Daemon) Stats() (wire.GlobalStats, error) {
 	st := d.dp.Stats()
-	return control.GlobalStats{GlobalStats: d.db.Stats(), InvalidSPI: st.InvalidSPI, Malformed: st.Malformed,
+	return wire.GlobalStats{GlobalStats: d.db.Stats(), InvalidSPI: st.InvalidSPI, Malformed: st.Malformed,
 		PolicyDrops: st.PolicyDrops, NoState: st.NoSA, QueueDrops: st.QueueDrops}, nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/espd/espd/conn"
 	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 )
 
 // The IKE hand-off (espd --ike-handoff): espd owns UDP 500 and the
@@ -110,7 +111,7 @@ func (d *Daemon) stopIKE() error {
 func (d *Daemon) RegisterIKE(queue int) (control.IKESession, error) {
 	h := d.ike.Load()
 	if h == nil {
-		return nil, control.Errorf(control.EOPNOTSUPP, "IKE hand-off is off: espd owns no IKE ports (start it with --ike-handoff)")
+		return nil, wire.Errorf(wire.EOPNOTSUPP, "IKE hand-off is off: espd owns no IKE ports (start it with --ike-handoff)")
 	}
 	if queue <= 0 {
 		queue = 1024
@@ -166,17 +167,17 @@ func (h *ikeHub) drop(p conn.IKEPacket, why string) {
 
 // maxIKEData is the longest IKE datagram from src to dst that the
 // hand-off takes: what an IKE_PACKET message (SRC if valid, DST,
-// IKE_PORTS, IKE_DATA) carries within control.MaxMessageSize, 65,492
+// IKE_PORTS, IKE_DATA) carries within wire.MaxMessageSize, 65,492
 // bytes over IPv4 and 65,468 over IPv6. Every part is a multiple of 4
 // bytes, so IKE_DATA's padding costs nothing at the limit.
 func maxIKEData(src, dst netip.Addr) int {
-	n := control.MaxMessageSize - control.HeaderLen - (control.AttrHeaderLen + 4) - control.AttrHeaderLen
+	n := wire.MaxMessageSize - wire.HeaderLen - (wire.AttrHeaderLen + 4) - wire.AttrHeaderLen
 	for _, a := range [2]netip.Addr{src, dst} {
 		if a.IsValid() {
-			n -= control.AttrHeaderLen + a.Unmap().BitLen()/8
+			n -= wire.AttrHeaderLen + a.Unmap().BitLen()/8
 		}
 	}
-	return min(n, 0xFFFF-control.AttrHeaderLen)
+	return min(n, 0xFFFF-wire.AttrHeaderLen)
 }
 
 // ikeSession is one registration.
@@ -216,11 +217,11 @@ func (s *ikeSession) Send(p conn.IKEPacket) error {
 	closed := s.closed
 	s.mu.Unlock()
 	if closed {
-		return control.Errorf(control.ENOENT, "the IKE hand-off registration ended")
+		return wire.Errorf(wire.ENOENT, "the IKE hand-off registration ended")
 	}
 	err := s.hub.ike.SendIKE(p)
 	if err != nil && errors.Is(err, conn.ErrIKEOff) {
-		return control.Errorf(control.EOPNOTSUPP, "IKE hand-off stopped")
+		return wire.Errorf(wire.EOPNOTSUPP, "IKE hand-off stopped")
 	}
 	if err != nil {
 		return fmt.Errorf("sending IKE to %v: %w", p.Dst, err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/testbed"
 )
@@ -94,9 +95,9 @@ type ikeClient struct {
 	nc net.Conn
 }
 
-func (c *ikeClient) send(typ control.MsgType, seq uint32, fill func(*control.Builder)) {
+func (c *ikeClient) send(typ wire.MsgType, seq uint32, fill func(*wire.Builder)) {
 	c.t.Helper()
-	b := control.NewBuilder(control.Version, typ, 0, seq)
+	b := wire.NewBuilder(wire.Version, typ, 0, seq)
 	if fill != nil {
 		fill(b)
 	}
@@ -111,7 +112,7 @@ func (c *ikeClient) send(typ control.MsgType, seq uint32, fill func(*control.Bui
 }
 
 // read returns the next message, or nil if none arrives within wait.
-func (c *ikeClient) read(wait time.Duration) *control.Message {
+func (c *ikeClient) read(wait time.Duration) *wire.Message {
 	c.t.Helper()
 	c.nc.SetReadDeadline(time.Now().Add(wait))
 	m, _, _, err := control.ReadMessage(c.nc, nil)
@@ -125,19 +126,19 @@ func (c *ikeClient) read(wait time.Duration) *control.Message {
 }
 
 // packet decodes an IKE_PACKET's addresses and payload.
-func packet(t *testing.T, m *control.Message) (src, dst netip.AddrPort, data []byte) {
+func packet(t *testing.T, m *wire.Message) (src, dst netip.AddrPort, data []byte) {
 	t.Helper()
 	var sa, da netip.Addr
 	var sp, dp uint16
 	for _, a := range m.Attrs {
 		switch a.Type {
-		case control.AttrSrc:
+		case wire.AttrSrc:
 			sa, _ = netip.AddrFromSlice(a.Value)
-		case control.AttrDst:
+		case wire.AttrDst:
 			da, _ = netip.AddrFromSlice(a.Value)
-		case control.AttrIKEPorts:
+		case wire.AttrIKEPorts:
 			sp, dp = uint16(a.Value[0])<<8|uint16(a.Value[1]), uint16(a.Value[2])<<8|uint16(a.Value[3])
-		case control.AttrIKEData:
+		case wire.AttrIKEData:
 			data = a.Value
 		}
 	}
@@ -156,8 +157,8 @@ func TestIKEHandoff(t *testing.T) {
 	}
 	defer nc.Close()
 	c := &ikeClient{t: t, nc: nc}
-	c.send(control.MsgIKERegister, 1, nil)
-	if m := c.read(5 * time.Second); m == nil || m.Type != control.MsgIKERegister || m.Flags != control.FlagReply {
+	c.send(wire.MsgIKERegister, 1, nil)
+	if m := c.read(5 * time.Second); m == nil || m.Type != wire.MsgIKERegister || m.Flags != wire.FlagReply {
 		t.Fatalf("IKE_REGISTER reply: %+v", m)
 	}
 
@@ -167,11 +168,11 @@ func TestIKEHandoff(t *testing.T) {
 	marked := append([]byte{0, 0, 0, 0}, ike...)
 	esp := []byte{0xc0, 0, 0, 1, 0, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8}
 	send := func(seq uint32, src netip.Addr, sport uint16, dst netip.AddrPort, data []byte) {
-		c.send(control.MsgIKEPacket, seq, func(b *control.Builder) {
-			b.Addr(control.AttrSrc, src)
-			b.Addr(control.AttrDst, dst.Addr())
-			b.U16Pair(control.AttrIKEPorts, sport, dst.Port())
-			b.Raw(control.AttrIKEData, data)
+		c.send(wire.MsgIKEPacket, seq, func(b *wire.Builder) {
+			b.Addr(wire.AttrSrc, src)
+			b.Addr(wire.AttrDst, dst.Addr())
+			b.U16Pair(wire.AttrIKEPorts, sport, dst.Port())
+			b.Raw(wire.AttrIKEData, data)
 		})
 	}
 	recv := func(conn *net.UDPConn, wantFrom netip.AddrPort, want []byte) {
@@ -201,7 +202,7 @@ func TestIKEHandoff(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := c.read(5 * time.Second)
-		if m == nil || m.Type != control.MsgIKEPacket || m.Flags != 0 || m.Seq != 1 {
+		if m == nil || m.Type != wire.MsgIKEPacket || m.Flags != 0 || m.Seq != 1 {
 			t.Fatalf("want IKE_PACKET seq 1 for the datagram on %v, got %+v", daemon500, m)
 		}
 		if src, dst, data := packet(t, m); src != peer500 || dst != daemon500 || !bytes.Equal(data, ike) {
@@ -213,7 +214,7 @@ func TestIKEHandoff(t *testing.T) {
 			}
 		}
 		m = c.read(5 * time.Second)
-		if m == nil || m.Type != control.MsgIKEPacket {
+		if m == nil || m.Type != wire.MsgIKEPacket {
 			t.Fatalf("want the marked datagram on %v, got %+v", daemon4500, m)
 		}
 		if src, dst, data := packet(t, m); src != peer4500 || dst != daemon4500 || !bytes.Equal(data, marked) {
@@ -238,7 +239,7 @@ func TestIKEHandoff(t *testing.T) {
 	send(21, peer.daemon6, 4501, netip.AddrPortFrom(peer.peer6, 4500), marked)
 	for _, seq := range []uint32{20, 21} {
 		m := c.read(5 * time.Second)
-		if m == nil || m.Type != control.MsgError || m.Seq != seq {
+		if m == nil || m.Type != wire.MsgError || m.Seq != seq {
 			t.Fatalf("want ERROR seq %d, got %+v", seq, m)
 		}
 	}
@@ -258,8 +259,8 @@ func TestIKEOverlong(t *testing.T) {
 	}
 	defer nc.Close()
 	c := &ikeClient{t: t, nc: nc}
-	c.send(control.MsgIKERegister, 1, nil)
-	if m := c.read(5 * time.Second); m == nil || m.Type != control.MsgIKERegister {
+	c.send(wire.MsgIKERegister, 1, nil)
+	if m := c.read(5 * time.Second); m == nil || m.Type != wire.MsgIKERegister {
 		t.Fatalf("IKE_REGISTER reply: %+v", m)
 	}
 	hub := d.ike.Load()
@@ -293,7 +294,7 @@ func TestIKEOverlong(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := c.read(10 * time.Second)
-		if m == nil || m.Type != control.MsgIKEPacket {
+		if m == nil || m.Type != wire.MsgIKEPacket {
 			t.Fatalf("the longest datagram that fits (%d bytes to %v) was not handed over: %+v", f.longest, to, m)
 		}
 		if _, _, data := packet(t, m); !bytes.Equal(data, fits) {

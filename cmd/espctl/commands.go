@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/sa"
 )
 
@@ -54,7 +55,7 @@ func saUpdate(a *app, ctx context.Context, args []string) error {
 	}
 	return a.request(ctx, func(ctx context.Context, c *control.Client) error {
 		// A lifetime travels whole: keep the limits not given.
-		if fields&(control.FieldSoft|control.FieldHard) != 0 {
+		if fields&(wire.FieldSoft|wire.FieldHard) != 0 {
 			cur, err := c.GetSA(ctx, spi, id.Dst)
 			if err != nil {
 				return err
@@ -62,7 +63,7 @@ func saUpdate(a *app, ctx context.Context, args []string) error {
 			mergeLifetime(&cfg.Soft, cur.Config.Soft, f.set, "soft")
 			mergeLifetime(&cfg.Hard, cur.Config.Hard, f.set, "hard")
 		}
-		return c.UpdateSA(ctx, control.SAUpdate{SPI: spi, Dst: id.Dst, Config: cfg, Fields: fields})
+		return c.UpdateSA(ctx, wire.SAUpdate{SPI: spi, Dst: id.Dst, Config: cfg, Fields: fields})
 	})
 }
 
@@ -97,7 +98,7 @@ func saGet(a *app, ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	get := func(c *control.Client, ctx context.Context) (control.SAInfo, error) { return c.GetSA(ctx, spi, dst) }
+	get := func(c *control.Client, ctx context.Context) (wire.SAInfo, error) { return c.GetSA(ctx, spi, dst) }
 	return query(a, ctx, get, saView, saPrinter())
 }
 
@@ -166,8 +167,8 @@ func policyFlush(a *app, ctx context.Context, args []string) error {
 
 func spiAlloc(a *app, ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("spi alloc", flag.ContinueOnError)
-	minS := fs.String("min", fmt.Sprintf("0x%08x", control.DefaultSPIMin), "lowest SPI")
-	maxS := fs.String("max", fmt.Sprintf("0x%08x", control.DefaultSPIMax), "highest SPI")
+	minS := fs.String("min", fmt.Sprintf("0x%08x", wire.DefaultSPIMin), "lowest SPI")
+	maxS := fs.String("max", fmt.Sprintf("0x%08x", wire.DefaultSPIMax), "highest SPI")
 	if err := a.parse(fs, fs.Parse, args); err != nil {
 		return err
 	}
@@ -212,14 +213,14 @@ func stats(a *app, ctx context.Context, args []string) error {
 }
 
 // parseEventKinds parses a comma-separated list of event kinds.
-func parseEventKinds(s string) ([]control.EventKind, error) {
+func parseEventKinds(s string) ([]wire.EventKind, error) {
 	if s == "" || s == "all" {
 		return nil, nil
 	}
-	var kinds []control.EventKind
+	var kinds []wire.EventKind
 	for _, name := range strings.Split(s, ",") {
 		found := false
-		for _, k := range []control.EventKind{control.EventSoftExpire, control.EventHardExpire, control.EventAcquire, control.EventMapping} {
+		for _, k := range []wire.EventKind{wire.EventSoftExpire, wire.EventHardExpire, wire.EventAcquire, wire.EventMapping} {
 			if name == k.String() || name == strings.TrimSuffix(k.String(), "-expire") {
 				kinds = append(kinds, k)
 				found = true

@@ -12,6 +12,7 @@ import (
 
 	"github.com/espd/espd/config"
 	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/sa"
@@ -27,7 +28,7 @@ type pathCase struct {
 	set func(c *sa.Config)
 	// fields are the attributes the partial client sends besides the
 	// required ones.
-	fields control.Fields
+	fields wire.Fields
 	// flags and toml are the same values for espctl and the file.
 	flags []string
 	toml  string
@@ -40,14 +41,14 @@ var pathCases = []pathCase{
 		set: func(c *sa.Config) {
 			c.ReplayWindow, c.ECN, c.CopyDSCP, c.DSCP, c.DF, c.TTL, c.TFCPadTo, c.ReqID = 0, false, false, 46, esp.DFSet, 32, 300, 5
 		},
-		fields: control.FieldReplayWindow | control.FieldECN | control.FieldDSCP | control.FieldDF | control.FieldTTL | control.FieldTFC | control.FieldReqID,
+		fields: wire.FieldReplayWindow | wire.FieldECN | wire.FieldDSCP | wire.FieldDF | wire.FieldTTL | wire.FieldTFC | wire.FieldReqID,
 		flags:  []string{"--replay-window", "0", "--ecn=false", "--dscp", "46", "--df", "set", "--ttl", "32", "--tfc", "300", "--reqid", "5"},
 		toml:   "replay_window = 0\necn = false\ndscp = \"46\"\ndf = \"set\"\nttl = 32\ntfc_pad_to = 300\nreqid = 5\n",
 	},
 	{
 		name:   "large window",
 		set:    func(c *sa.Config) { c.ReplayWindow = esp.MaxReplayWindow },
-		fields: control.FieldReplayWindow,
+		fields: wire.FieldReplayWindow,
 		flags:  []string{"--replay-window", "65536"},
 		toml:   "replay_window = 65536\n",
 	},
@@ -103,7 +104,7 @@ func TestDefaultsSameOnEveryPath(t *testing.T) {
 				return c.AddSA(ctx, base(spi))
 			})
 			install("SA_ADD with absent attributes", func(spi uint32) error {
-				return c.AddSAFields(ctx, base(spi), control.FieldSrc|control.FieldDst|control.FieldDir|control.FieldSuite|control.FieldKeys|tc.fields)
+				return c.AddSAFields(ctx, base(spi), wire.FieldSrc|wire.FieldDst|wire.FieldDir|wire.FieldSuite|wire.FieldKeys|tc.fields)
 			})
 			install("espctl", func(spi uint32) error {
 				args := append([]string{"sa", "add", "--spi", fmt.Sprint(spi), "--src", src.String(), "--dst", dst.String(),
@@ -176,7 +177,7 @@ func TestReservedRefusedOnEveryPath(t *testing.T) {
 		cfg.SPI, cfg.Dir, cfg.Src, cfg.Dst = tc.spi, sa.DirIn, src, dst
 		cfg.Suite = crypto.Suite{Encryption: crypto.EncrAESGCM16, KeyBits: 128}
 		cfg.EncKey, cfg.IntegKey = key, []byte{}
-		fields := control.FieldSrc | control.FieldDst | control.FieldDir | control.FieldSuite | control.FieldKeys
+		fields := wire.FieldSrc | wire.FieldDst | wire.FieldDir | wire.FieldSuite | wire.FieldKeys
 		args := []string{"sa", "add", "--spi", fmt.Sprint(tc.spi), "--src", src.String(), "--dst", dst.String(), "--dir", "in",
 			"--enc", "aes128gcm16", "--enc-key-file", "-"}
 		toml := fmt.Sprintf("[[sa]]\nspi = %d\ndir = \"in\"\nsrc = \"%v\"\ndst = \"%v\"\nsuite = \"aes128gcm16\"\nenc_key = \"%s\"\n", tc.spi, src, dst, gcmKey)
@@ -184,7 +185,7 @@ func TestReservedRefusedOnEveryPath(t *testing.T) {
 			var w uint32
 			fmt.Sscan(tc.window, &w)
 			cfg.ReplayWindow = w
-			fields |= control.FieldReplayWindow
+			fields |= wire.FieldReplayWindow
 			args = append(args, "--replay-window", tc.window)
 			toml += "replay_window = " + tc.window + "\n"
 		}
@@ -192,8 +193,8 @@ func TestReservedRefusedOnEveryPath(t *testing.T) {
 			"Client.AddSA":     c.AddSA(ctx, cfg),
 			"SA_ADD (partial)": c.AddSAFields(ctx, cfg, fields),
 		} {
-			var e *control.Error
-			if !errorsAs(err, &e) || e.Code != control.EINVAL || !strings.Contains(e.Msg, tc.want) {
+			var e *wire.Error
+			if !errorsAs(err, &e) || e.Code != wire.EINVAL || !strings.Contains(e.Msg, tc.want) {
 				t.Errorf("%s spi %d window %q: %v, want EINVAL %q", name, tc.spi, tc.window, err, tc.want)
 			}
 		}
@@ -210,7 +211,7 @@ func TestReservedRefusedOnEveryPath(t *testing.T) {
 	}
 }
 
-func errorsAs(err error, target **control.Error) bool { return errors.As(err, target) }
+func errorsAs(err error, target **wire.Error) bool { return errors.As(err, target) }
 
 // TestSAAddManySelectors: sa add with 200 selectors is a control message
 // above 4 KiB, the connection's first that large (it failed with "bad

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/packet"
 	"github.com/espd/espd/sa"
 )
@@ -22,24 +23,24 @@ type dbBackend struct{ db *sa.DB }
 
 func (b dbBackend) AddSA(c sa.Config) error {
 	if _, ok := b.db.GetSA(c.SPI, c.Dst); ok {
-		return control.Errorf(control.EEXIST, "state spi 0x%08x dst %v already exists", c.SPI, c.Dst)
+		return wire.Errorf(wire.EEXIST, "state spi 0x%08x dst %v already exists", c.SPI, c.Dst)
 	}
 	_, err := b.db.AddSA(c)
 	return err
 }
 func (b dbBackend) UpdateSA(c sa.Config) error                { return b.db.UpdateSA(c) }
 func (b dbBackend) DeleteSA(spi uint32, dst netip.Addr) error { return b.db.DeleteSA(spi, dst) }
-func (b dbBackend) GetSA(spi uint32, dst netip.Addr) (control.SAInfo, error) {
+func (b dbBackend) GetSA(spi uint32, dst netip.Addr) (wire.SAInfo, error) {
 	s, ok := b.db.GetSA(spi, dst)
 	if !ok {
-		return control.SAInfo{}, fmt.Errorf("state spi 0x%08x dst %v: %w", spi, dst, sa.ErrNotFound)
+		return wire.SAInfo{}, fmt.Errorf("state spi 0x%08x dst %v: %w", spi, dst, sa.ErrNotFound)
 	}
-	return control.InfoOf(s), nil
+	return wire.InfoOf(s), nil
 }
-func (b dbBackend) ListSAs() ([]control.SAInfo, error) {
-	var out []control.SAInfo
+func (b dbBackend) ListSAs() ([]wire.SAInfo, error) {
+	var out []wire.SAInfo
 	for _, s := range b.db.SAs() {
-		out = append(out, control.InfoOf(s))
+		out = append(out, wire.InfoOf(s))
 	}
 	return out, nil
 }
@@ -57,8 +58,8 @@ func (b dbBackend) GetPolicy(id sa.PolicyID) (sa.Policy, error) {
 func (b dbBackend) ListPolicies() ([]sa.Policy, error)     { return b.db.Policies(), nil }
 func (b dbBackend) FlushPolicies() error                   { b.db.FlushPolicies(); return nil }
 func (b dbBackend) AllocSPI(lo, hi uint32) (uint32, error) { return b.db.AllocSPI(lo, hi) }
-func (b dbBackend) Stats() (control.GlobalStats, error) {
-	return control.GlobalStats{GlobalStats: b.db.Stats()}, nil
+func (b dbBackend) Stats() (wire.GlobalStats, error) {
+	return wire.GlobalStats{GlobalStats: b.db.Stats()}, nil
 }
 func (b dbBackend) Subscribe(n int) (control.Subscription, error) {
 	return control.SubscribeDB(b.db, n), nil

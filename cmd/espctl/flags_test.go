@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/sa"
@@ -24,13 +24,13 @@ const (
 	shaKey1 = "1011121314151617181910111213141516171819"
 )
 
-func parseSA(t *testing.T, name string, full bool, which []string, args ...string) (sa.Config, control.Fields, error) {
+func parseSA(t *testing.T, name string, full bool, which []string, args ...string) (sa.Config, wire.Fields, error) {
 	t.Helper()
 	return parseSAStdin(t, name, full, which, "", args...)
 }
 
 // parseSAStdin is parseSA with this standard input.
-func parseSAStdin(t *testing.T, name string, full bool, which []string, stdin string, args ...string) (sa.Config, control.Fields, error) {
+func parseSAStdin(t *testing.T, name string, full bool, which []string, stdin string, args ...string) (sa.Config, wire.Fields, error) {
 	t.Helper()
 	f := newSAFlags(name, which...)
 	f.stdin = strings.NewReader(stdin)
@@ -96,7 +96,7 @@ func TestSAAddFlags(t *testing.T) {
 		t.Fatalf("config\n got %v\nwant %v", c, want)
 	}
 	// NEGOTIATED is never among them: keys given to espctl are manual.
-	if want := control.FieldsAll &^ (control.FieldOSeq | control.FieldReplay | control.FieldNegotiated); fields != want {
+	if want := wire.FieldsAll &^ (wire.FieldOSeq | wire.FieldReplay | wire.FieldNegotiated); fields != want {
 		t.Fatalf("fields %b, want %b", fields, want)
 	}
 	// An AEAD suite by its full name, an IPv6 state, the key from
@@ -106,7 +106,7 @@ func TestSAAddFlags(t *testing.T) {
 	if err != nil || c.Suite.Encryption != crypto.EncrAESGCM16 || !c.Suite.ESN || c.SPI != 4096 || len(c.EncKey) != 20 || len(c.IntegKey) != 0 {
 		t.Fatalf("gcm: %v %v", c, err)
 	}
-	if want := control.FieldSrc | control.FieldDst | control.FieldDir | control.FieldSuite | control.FieldKeys; fields != want {
+	if want := wire.FieldSrc | wire.FieldDst | wire.FieldDir | wire.FieldSuite | wire.FieldKeys; fields != want {
 		t.Fatalf("fields %b, want %b: espctl must leave the defaults to espd", fields, want)
 	}
 }
@@ -117,7 +117,7 @@ func TestSAUpdateFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := control.FieldDst | control.FieldEncap | control.FieldDSCP | control.FieldCopyDSCP | control.FieldSoft
+	want := wire.FieldDst | wire.FieldEncap | wire.FieldDSCP | wire.FieldCopyDSCP | wire.FieldSoft
 	if fields != want || c.Dst != netip.MustParseAddr("198.18.0.3") || c.DSCP != 10 || c.CopyDSCP || c.Soft.Packets != 5 {
 		t.Fatalf("update: %v fields %b", c, fields)
 	}
@@ -261,7 +261,7 @@ func TestParsers(t *testing.T) {
 		t.Fatal(a, err)
 	}
 	if k, err := parseEventKinds("soft,acquire,mapping"); err != nil ||
-		!slices.Equal(k, []control.EventKind{control.EventSoftExpire, control.EventAcquire, control.EventMapping}) {
+		!slices.Equal(k, []wire.EventKind{wire.EventSoftExpire, wire.EventAcquire, wire.EventMapping}) {
 		t.Fatal(k, err)
 	}
 }
@@ -288,7 +288,7 @@ func TestKeyInput(t *testing.T) {
 			t.Errorf("%s: %v", c.name, err)
 			continue
 		}
-		if len(cfg.EncKey) != 16 || cfg.EncKey[1] != 0x01 || len(cfg.IntegKey) != 20 || cfg.IntegKey[19] != 0x19 || fields&control.FieldKeys == 0 {
+		if len(cfg.EncKey) != 16 || cfg.EncKey[1] != 0x01 || len(cfg.IntegKey) != 20 || cfg.IntegKey[19] != 0x19 || fields&wire.FieldKeys == 0 {
 			t.Errorf("%s: keys of %d and %d bytes", c.name, len(cfg.EncKey), len(cfg.IntegKey))
 		}
 	}
@@ -301,7 +301,7 @@ func TestKeyInput(t *testing.T) {
 	}
 	// sa update with a new key only.
 	cfg, fields, err := parseSAStdin(t, "sa update", false, []string{"config", "update"}, gcmKey, "--spi", "0x1000", "--dst", "198.18.0.2", "--enc-key-file", "-")
-	if err != nil || fields != control.FieldKeys || len(cfg.EncKey) != 20 || len(cfg.IntegKey) != 0 {
+	if err != nil || fields != wire.FieldKeys || len(cfg.EncKey) != 20 || len(cfg.IntegKey) != 0 {
 		t.Fatalf("update: fields %b, %v", fields, err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/sa"
 )
@@ -104,7 +105,7 @@ func dropsString(d *[sa.NumDropReasons]uint64) string {
 
 // printSA prints a state in the style of ip xfrm state and swanctl
 // --list-sas.
-func printSA(w io.Writer, in control.SAInfo, now time.Time) {
+func printSA(w io.Writer, in wire.SAInfo, now time.Time) {
 	c, st := in.Config, in.Stats
 	if st.State == sa.StateLarval {
 		fmt.Fprintf(w, "spi 0x%08x dir %v state larval (SPI reserved, added %s)\n", c.SPI, c.Dir, timeString(st.AddTime, now))
@@ -215,7 +216,7 @@ func printStats(w io.Writer, st control.Stats) {
 }
 
 // printEvent prints one event on one line, prefixed by its time.
-func printEvent(w io.Writer, e control.Event) {
+func printEvent(w io.Writer, e wire.Event) {
 	t := e.Time
 	if t.IsZero() {
 		t = time.Now()

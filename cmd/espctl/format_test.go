@@ -10,18 +10,19 @@ import (
 	"time"
 
 	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/packet"
 	"github.com/espd/espd/sa"
 )
 
-func sampleInfo() control.SAInfo {
+func sampleInfo() wire.SAInfo {
 	st := sa.Stats{State: sa.StateValid, Packets: 10, Bytes: 1500, SeqOut: 10,
 		AddTime: time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC), FirstUse: time.Date(2024, 1, 2, 3, 5, 5, 0, time.UTC)}
 	st.Drops[sa.DropReplay] = 2
 	st.Drops[sa.DropIntegrity] = 1
-	return control.SAInfo{
+	return wire.SAInfo{
 		Config: sa.Config{SPI: 0xc0000001, Dir: sa.DirOut, Src: netip.MustParseAddr("198.18.0.1"), Dst: netip.MustParseAddr("198.18.0.2"),
 			Suite: crypto.Suite{Encryption: crypto.EncrAESCBC, KeyBits: 256, Integrity: crypto.AuthHMACSHA2256128},
 			ReqID: 7, EncapSrcPort: 4500, EncapDstPort: 4500,
@@ -74,7 +75,7 @@ func TestPrintSA(t *testing.T) {
 		t.Errorf("negotiated: missing %q in\n%s", want, b.String())
 	}
 	b.Reset()
-	printSA(&b, control.SAInfo{Config: sa.Config{SPI: 0x100}, Stats: sa.Stats{State: sa.StateLarval, AddTime: now}}, now)
+	printSA(&b, wire.SAInfo{Config: sa.Config{SPI: 0x100}, Stats: sa.Stats{State: sa.StateLarval, AddTime: now}}, now)
 	if !strings.HasPrefix(b.String(), "spi 0x00000100 dir in state larval (SPI reserved") {
 		t.Errorf("larval: %q", b.String())
 	}
@@ -144,10 +145,10 @@ func TestPrintPolicyAndStats(t *testing.T) {
 		t.Errorf("policy:\n%q\nwant\n%q", b.String(), want)
 	}
 	b.Reset()
-	g := control.GlobalStats{GlobalStats: sa.GlobalStats{States: 2, Policies: 3, Packets: 10, Bytes: 100, Acquires: 1}, InvalidSPI: 4}
+	g := wire.GlobalStats{GlobalStats: sa.GlobalStats{States: 2, Policies: 3, Packets: 10, Bytes: 100, Acquires: 1}, InvalidSPI: 4}
 	g.Drops[sa.DropReplay] = 5
 	in := sampleInfo()
-	printStats(&b, control.Stats{Global: g, SAs: []control.SAInfo{in}})
+	printStats(&b, control.Stats{Global: g, SAs: []wire.SAInfo{in}})
 	for _, want := range []string{"states 2 (larval 0), policies 3\n", "traffic: 10 packets, 100 bytes\n", "drops: replay 5\n",
 		"global drops: invalid-spi 4,", "events: acquires 1 (suppressed 0), dropped 0\n",
 		"spi 0xc0000001 dst 198.18.0.2 dir out reqid 7 state valid: 10 packets, 1500 bytes, drops: replay 2, integrity 1\n"} {
@@ -158,7 +159,7 @@ func TestPrintPolicyAndStats(t *testing.T) {
 }
 
 func TestEventOutput(t *testing.T) {
-	e := control.Event{Kind: control.EventAcquire, ReqID: 4, Dir: sa.DirOut, Time: time.Unix(1700000000, 0),
+	e := wire.Event{Kind: wire.EventAcquire, ReqID: 4, Dir: sa.DirOut, Time: time.Unix(1700000000, 0),
 		Policy: sa.Policy{Dir: sa.DirOut, ReqID: 4, Index: 9},
 		Flow:   packet.Flow{Src: netip.MustParseAddr("198.18.1.1"), Dst: netip.MustParseAddr("198.19.0.1"), Proto: 6, SrcPort: 1000, DstPort: 80}, Lost: 3}
 	var b bytes.Buffer
@@ -176,7 +177,7 @@ func TestEventOutput(t *testing.T) {
 		t.Errorf("event JSON: %s", b.String())
 	}
 	b.Reset()
-	writeJSON(&b, eventView(control.Event{Kind: control.EventMapping, SPI: 1, Dst: netip.MustParseAddr("198.18.0.1"),
+	writeJSON(&b, eventView(wire.Event{Kind: wire.EventMapping, SPI: 1, Dst: netip.MustParseAddr("198.18.0.1"),
 		NewAddr: netip.MustParseAddrPort("198.18.0.9:4501")}))
 	if !strings.Contains(b.String(), `"new_addr":"198.18.0.9:4501"`) {
 		t.Errorf("mapping JSON: %s", b.String())
@@ -217,7 +218,7 @@ func TestPrintIfID(t *testing.T) {
 			t.Errorf("if_id %d: policy: missing %q in\n%s", tc.ifID, tc.polLine, b.String())
 		}
 		b.Reset()
-		printStats(&b, control.Stats{SAs: []control.SAInfo{in}})
+		printStats(&b, control.Stats{SAs: []wire.SAInfo{in}})
 		if !strings.Contains(b.String(), tc.stLine) {
 			t.Errorf("if_id %d: stats: missing %q in\n%s", tc.ifID, tc.stLine, b.String())
 		}
@@ -225,7 +226,7 @@ func TestPrintIfID(t *testing.T) {
 		b.Reset()
 		writeJSON(&b, saView(in))
 		writeJSON(&b, policyView(p))
-		writeJSON(&b, statsView(control.Stats{SAs: []control.SAInfo{in}}))
+		writeJSON(&b, statsView(control.Stats{SAs: []wire.SAInfo{in}}))
 		dec := json.NewDecoder(&b)
 		var s, pj map[string]any
 		var st struct {
@@ -242,7 +243,7 @@ func TestPrintIfID(t *testing.T) {
 	}
 
 	// An acquire names the policy that matched, with its if_id.
-	e := control.Event{Kind: control.EventAcquire, ReqID: 4, Dir: sa.DirOut, Time: time.Unix(1700000000, 0),
+	e := wire.Event{Kind: wire.EventAcquire, ReqID: 4, Dir: sa.DirOut, Time: time.Unix(1700000000, 0),
 		Policy: sa.Policy{Dir: sa.DirOut, ReqID: 4, IfID: 42}}
 	var b bytes.Buffer
 	printEvent(&b, e)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/sa"
 )
@@ -112,7 +113,7 @@ func saStatsView(st sa.Stats, top uint64, bitmap []byte) saStatsJSON {
 	return v
 }
 
-func saView(in control.SAInfo) saJSON {
+func saView(in wire.SAInfo) saJSON {
 	c := in.Config
 	v := saJSON{
 		SPI: c.SPI, SPIHex: fmt.Sprintf("0x%08x", c.SPI), Dir: c.Dir.String(), State: in.Stats.State.String(),
@@ -222,20 +223,20 @@ type flowJSON struct {
 	Dport uint16 `json:"dport"`
 }
 
-func eventView(e control.Event) eventJSON {
+func eventView(e wire.Event) eventJSON {
 	v := eventJSON{Type: e.Kind.String(), Time: timeView(e.Time), SPI: e.SPI, Dir: e.Dir.String(), ReqID: e.ReqID, Lost: e.Lost}
 	if e.Dst.IsValid() {
 		v.Dst = e.Dst.String()
 	}
 	switch e.Kind {
-	case control.EventSoftExpire, control.EventHardExpire:
+	case wire.EventSoftExpire, wire.EventHardExpire:
 		v.Reason = e.Reason.String()
-	case control.EventAcquire:
+	case wire.EventAcquire:
 		p := policyView(e.Policy)
 		v.Policy = &p
 		v.Flow = &flowJSON{Src: addrString(e.Flow.Src), Dst: addrString(e.Flow.Dst), Proto: e.Flow.Proto,
 			Sport: e.Flow.SrcPort, Dport: e.Flow.DstPort}
-	case control.EventMapping:
+	case wire.EventMapping:
 		v.NewAddr = e.NewAddr.String()
 	}
 	return v

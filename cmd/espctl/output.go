@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 )
 
 // show writes one result to stdout: its JSON view with --json, else the
@@ -55,9 +56,9 @@ func listCmd[T, J any](a *app, ctx context.Context, name string, args []string,
 
 // saPrinter returns a printer of states that gives their ages as of its
 // first call, so that a list is printed as of one moment.
-func saPrinter() func(io.Writer, control.SAInfo) {
+func saPrinter() func(io.Writer, wire.SAInfo) {
 	var now time.Time
-	return func(w io.Writer, in control.SAInfo) {
+	return func(w io.Writer, in wire.SAInfo) {
 		if now.IsZero() {
 			now = time.Now()
 		}

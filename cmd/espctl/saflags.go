@@ -8,7 +8,7 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/sa"
@@ -168,10 +168,10 @@ func (f *saFlags) parse(args []string) error {
 // them their defaults (sa.DefaultConfig). For add (full), the state's
 // identity, direction, algorithms and keys are required. The keys are the
 // caller's to zero, also on error.
-func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
+func (f *saFlags) config(full bool) (sa.Config, wire.Fields, error) {
 	var (
 		c   sa.Config
-		fl  control.Fields
+		fl  wire.Fields
 		err error
 	)
 	set := f.set
@@ -199,15 +199,15 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 	}
 	if full {
 		c.Src, c.Dst = addr("src", f.src), addr("dst", f.dst)
-		fl |= control.FieldSrc | control.FieldDst
+		fl |= wire.FieldSrc | wire.FieldDst
 	}
 	if set["new-src"] {
 		c.Src = addr("new-src", f.newSrc)
-		fl |= control.FieldSrc
+		fl |= wire.FieldSrc
 	}
 	if set["new-dst"] {
 		c.Dst = addr("new-dst", f.newDst)
-		fl |= control.FieldDst
+		fl |= wire.FieldDst
 	}
 	if set["proto"] && f.proto != "esp" {
 		try(fmt.Errorf("--proto %q: espd implements esp only", f.proto))
@@ -219,7 +219,7 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 		d, e := parseStateDir(f.dir)
 		try(e)
 		c.Dir = d
-		fl |= control.FieldDir
+		fl |= wire.FieldDir
 	}
 	if set["enc"] || set["auth"] || set["esn"] {
 		if !set["enc"] {
@@ -228,9 +228,9 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 			s, e := f.suite()
 			try(e)
 			c.Suite = s
-			fl |= control.FieldSuite
+			fl |= wire.FieldSuite
 			if set["esn"] {
-				fl |= control.FieldESN
+				fl |= wire.FieldESN
 			}
 		}
 	}
@@ -244,8 +244,8 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 			ik = []byte{}
 		}
 		c.EncKey, c.IntegKey = ek, ik
-		fl |= control.FieldKeys
-		if err == nil && fl&control.FieldSuite != 0 {
+		fl |= wire.FieldKeys
+		if err == nil && fl&wire.FieldSuite != 0 {
 			if n := c.Suite.EncKeyLen(); len(ek) != n {
 				switch {
 				case !set["enc-key-file"]:
@@ -272,7 +272,7 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 		v, e := parseU32("replay-window", f.replay)
 		try(e)
 		c.ReplayWindow = v
-		fl |= control.FieldReplayWindow
+		fl |= wire.FieldReplayWindow
 	}
 	if set["encap-sport"] || set["encap-dport"] {
 		if !set["encap-sport"] || !set["encap-dport"] {
@@ -283,19 +283,19 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 		dp, e := parseUint("encap-dport", f.encapDport, 65535)
 		try(e)
 		c.EncapSrcPort, c.EncapDstPort = uint16(sp), uint16(dp)
-		fl |= control.FieldEncap
+		fl |= wire.FieldEncap
 	}
 	if set["reqid"] {
 		v, e := parseU32("reqid", f.reqid)
 		try(e)
 		c.ReqID = v
-		fl |= control.FieldReqID
+		fl |= wire.FieldReqID
 	}
 	if set["if-id"] {
 		v, e := parseU32("if-id", f.ifID)
 		try(e)
 		c.IfID = v
-		fl |= control.FieldIfID
+		fl |= wire.FieldIfID
 	}
 	if set["sel"] {
 		for _, s := range f.sels {
@@ -303,14 +303,14 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 			try(e)
 			c.Selectors = append(c.Selectors, sel)
 		}
-		fl |= control.FieldSelectors
+		fl |= wire.FieldSelectors
 	}
 	for _, lt := range []struct {
 		name  string
 		l     *lifetimeFlags
 		dst   *sa.Lifetime
-		field control.Fields
-	}{{"soft", &f.soft, &c.Soft, control.FieldSoft}, {"hard", &f.hard, &c.Hard, control.FieldHard}} {
+		field wire.Fields
+	}{{"soft", &f.soft, &c.Soft, wire.FieldSoft}, {"hard", &f.hard, &c.Hard, wire.FieldHard}} {
 		n := lt.name
 		if set[n+"-bytes"] {
 			v, e := parseUint("--"+n+"-bytes", lt.l.bytes, 1<<63)
@@ -341,47 +341,47 @@ func (f *saFlags) config(full bool) (sa.Config, control.Fields, error) {
 		v, e := parseUint("ttl", f.ttl, 255)
 		try(e)
 		c.TTL = uint8(v)
-		fl |= control.FieldTTL
+		fl |= wire.FieldTTL
 	}
 	if set["dscp"] {
 		cp, d, e := parseDSCP(f.dscp)
 		try(e)
 		c.DSCP, c.CopyDSCP = d, cp
-		fl |= control.FieldDSCP | control.FieldCopyDSCP
+		fl |= wire.FieldDSCP | wire.FieldCopyDSCP
 	}
 	if set["ecn"] {
 		c.ECN = f.ecn
-		fl |= control.FieldECN
+		fl |= wire.FieldECN
 	}
 	if set["df"] {
 		m, e := parseDF(f.df)
 		try(e)
 		c.DF = m
-		fl |= control.FieldDF
+		fl |= wire.FieldDF
 	}
 	if set["tfc"] {
 		v, e := parseUint("tfc", f.tfc, 65535)
 		try(e)
 		c.TFCPadTo = int(v)
-		fl |= control.FieldTFC
+		fl |= wire.FieldTFC
 	}
 	if set["oseq"] {
 		v, e := parseSeq("--oseq", f.oseq)
 		try(e)
 		c.OSeq = v
-		fl |= control.FieldOSeq
+		fl |= wire.FieldOSeq
 	}
 	if set["replay-seq"] {
 		v, e := parseSeq("--replay-seq", f.replaySeq)
 		try(e)
 		c.ReplaySeq = v
-		fl |= control.FieldReplay
+		fl |= wire.FieldReplay
 	}
 	if set["replay-bitmap"] {
 		b, e := parseHexBytes("--replay-bitmap", f.replayBitmap)
 		try(e)
 		c.ReplayBitmap = b
-		fl |= control.FieldReplay
+		fl |= wire.FieldReplay
 	}
 	return c, fl, err
 }

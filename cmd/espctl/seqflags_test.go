@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 )
 
 // TestSeqFlags: --oseq, --replay-seq and --replay-bitmap become the
@@ -15,12 +15,12 @@ import (
 func TestSeqFlags(t *testing.T) {
 	c, fields, err := parseSA(t, "sa update", false, []string{"config", "update"},
 		"--spi", "0x10", "--dst", "198.18.0.2", "--oseq", "0xfffffffffffffffe")
-	if err != nil || fields != control.FieldOSeq || c.OSeq != 1<<64-2 {
+	if err != nil || fields != wire.FieldOSeq || c.OSeq != 1<<64-2 {
 		t.Fatalf("--oseq: %v fields %b oseq %d", err, fields, c.OSeq)
 	}
 	c, fields, err = parseSA(t, "sa update", false, []string{"config", "update"},
 		"--spi", "0x10", "--dst", "198.18.0.2", "--replay-seq", "4294967396", "--replay-bitmap", "0x0500ff")
-	if err != nil || fields != control.FieldReplay || c.ReplaySeq != 1<<32+100 || !bytes.Equal(c.ReplayBitmap, []byte{5, 0, 0xff}) {
+	if err != nil || fields != wire.FieldReplay || c.ReplaySeq != 1<<32+100 || !bytes.Equal(c.ReplayBitmap, []byte{5, 0, 0xff}) {
 		t.Fatalf("--replay-seq: %v fields %b %d %x", err, fields, c.ReplaySeq, c.ReplayBitmap)
 	}
 	for _, tc := range []struct{ flag, value, want string }{

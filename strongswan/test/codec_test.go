@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/espd/espd/control"
+	"github.com/espd/espd/control/wire"
 )
 
 // codecTool compiles testdata/codec.c with the plugin's codec.
@@ -52,7 +52,7 @@ func runCodec(t *testing.T, bin, mode, stdin string) []string {
 }
 
 // attr returns the single attribute of type typ.
-func attr(t *testing.T, attrs []control.Attr, typ control.AttrType) []byte {
+func attr(t *testing.T, attrs []wire.Attr, typ wire.AttrType) []byte {
 	t.Helper()
 	var v []byte
 	n := 0
@@ -82,11 +82,11 @@ func TestCCodecBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := control.Decode(raw)
+	m, err := wire.Decode(raw)
 	if err != nil {
 		t.Fatalf("espd refuses the C SA_ADD: %v", err)
 	}
-	if m.Type != control.MsgSAAdd || m.Seq != 0x01020304 || m.Flags != 0 || m.Version != 1 {
+	if m.Type != wire.MsgSAAdd || m.Seq != 0x01020304 || m.Flags != 0 || m.Version != 1 {
 		t.Fatalf("header %+v", m)
 	}
 	key := make([]byte, 20)
@@ -94,56 +94,56 @@ func TestCCodecBuilds(t *testing.T) {
 		key[i] = byte(i + 1)
 	}
 	checks := []struct {
-		typ  control.AttrType
+		typ  wire.AttrType
 		want []byte
 	}{
-		{control.AttrSPI, []byte{0xc1, 0x23, 0x45, 0x67}},
-		{control.AttrSrc, []byte{198, 18, 0, 1}},
-		{control.AttrDst, []byte{198, 18, 0, 2}},
-		{control.AttrDir, []byte{0, 0, 0, 2}},
-		{control.AttrEncAlg, []byte{0, 0, 0, 20}},
-		{control.AttrEncKeyLen, []byte{0, 0, 0, 128}},
-		{control.AttrEncKey, key},
-		{control.AttrESN, []byte{0, 0, 0, 1}},
-		{control.AttrEncap, []byte{0x11, 0x94, 0x11, 0x95}},
-		{control.AttrIfID, []byte{0, 0, 0, 42}},
+		{wire.AttrSPI, []byte{0xc1, 0x23, 0x45, 0x67}},
+		{wire.AttrSrc, []byte{198, 18, 0, 1}},
+		{wire.AttrDst, []byte{198, 18, 0, 2}},
+		{wire.AttrDir, []byte{0, 0, 0, 2}},
+		{wire.AttrEncAlg, []byte{0, 0, 0, 20}},
+		{wire.AttrEncKeyLen, []byte{0, 0, 0, 128}},
+		{wire.AttrEncKey, key},
+		{wire.AttrESN, []byte{0, 0, 0, 1}},
+		{wire.AttrEncap, []byte{0x11, 0x94, 0x11, 0x95}},
+		{wire.AttrIfID, []byte{0, 0, 0, 42}},
 	}
 	for _, c := range checks {
 		if got := attr(t, m.Attrs, c.typ); !bytes.Equal(got, c.want) {
 			t.Errorf("attribute %d = %x, want %x", c.typ, got, c.want)
 		}
 	}
-	sel, err := control.ParseAttrs(attr(t, m.Attrs, control.AttrSelector))
+	sel, err := wire.ParseAttrs(attr(t, m.Attrs, wire.AttrSelector))
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := attr(t, sel, control.SelSrc)
+	src := attr(t, sel, wire.SelSrc)
 	if p, ok := netip.AddrFromSlice(src[4:]); !ok || src[0] != 48 || netip.PrefixFrom(p, 48).String() != "2001:db8:1::/48" {
 		t.Errorf("SEL_SRC %x", src)
 	}
-	if got := attr(t, sel, control.SelDstPorts); !bytes.Equal(got, []byte{1, 0xbb, 1, 0xbb}) {
+	if got := attr(t, sel, wire.SelDstPorts); !bytes.Equal(got, []byte{1, 0xbb, 1, 0xbb}) {
 		t.Errorf("SEL_DST_PORTS %x", got)
 	}
-	lt, err := control.ParseAttrs(attr(t, m.Attrs, control.AttrLifeHard))
+	lt, err := wire.ParseAttrs(attr(t, m.Attrs, wire.AttrLifeHard))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := binary.BigEndian.Uint64(attr(t, lt, control.LtBytes)); got != 1<<32 {
+	if got := binary.BigEndian.Uint64(attr(t, lt, wire.LtBytes)); got != 1<<32 {
 		t.Errorf("LT_BYTES %d", got)
 	}
-	if got := binary.BigEndian.Uint64(attr(t, lt, control.LtAddTime)); got != 3600e9 {
+	if got := binary.BigEndian.Uint64(attr(t, lt, wire.LtAddTime)); got != 3600e9 {
 		t.Errorf("LT_ADD_TIME %d", got)
 	}
 
 	raw, _ = hex.DecodeString(lines[1])
-	m, err = control.Decode(raw)
+	m, err = wire.Decode(raw)
 	if err != nil {
 		t.Fatalf("espd refuses the C IKE_PACKET: %v", err)
 	}
-	if data := attr(t, m.Attrs, control.AttrIKEData); len(data) != 33 || data[4] != 0x11 {
+	if data := attr(t, m.Attrs, wire.AttrIKEData); len(data) != 33 || data[4] != 0x11 {
 		t.Errorf("IKE_DATA %x", data)
 	}
-	if got := u32(attr(t, m.Attrs, control.AttrIKEPorts)); got != 4500<<16|4500 {
+	if got := u32(attr(t, m.Attrs, wire.AttrIKEPorts)); got != 4500<<16|4500 {
 		t.Errorf("IKE_PORTS %x", got)
 	}
 	if lines[2] != "deep 0" || lines[3] != "big 0" {
@@ -153,13 +153,13 @@ func TestCCodecBuilds(t *testing.T) {
 
 // walk lists attributes as the C tool prints them.
 func walk(t *testing.T, b []byte, path string, depth int, out *[]string) {
-	attrs, err := control.ParseAttrs(b)
+	attrs, err := wire.ParseAttrs(b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range attrs {
 		*out = append(*out, fmt.Sprintf("%s %d %d %x", path, a.Type, len(a.Value), a.Value))
-		if depth == 0 && (a.Type == control.AttrSAStats || a.Type == control.AttrFlow || a.Type == control.AttrSelector) {
+		if depth == 0 && (a.Type == wire.AttrSAStats || a.Type == wire.AttrFlow || a.Type == wire.AttrSelector) {
 			walk(t, a.Value, fmt.Sprintf("%s/%d", path, a.Type), 1, out)
 		}
 	}
@@ -168,52 +168,52 @@ func walk(t *testing.T, b []byte, path string, depth int, out *[]string) {
 // TestCCodecParses has the C codec parse what espd sends.
 func TestCCodecParses(t *testing.T) {
 	bin := codecTool(t)
-	msgs := []func(*control.Builder){
-		func(b *control.Builder) { // acquire event
-			b.U32(control.AttrEventType, 3)
-			b.U64(control.AttrEventTime, 1700000000123456789)
-			b.Nest(control.AttrSelector)
-			b.Prefix(control.SelSrc, netip.MustParsePrefix("198.18.1.0/24"))
-			b.Prefix(control.SelDst, netip.MustParsePrefix("198.18.2.0/24"))
+	msgs := []func(*wire.Builder){
+		func(b *wire.Builder) { // acquire event
+			b.U32(wire.AttrEventType, 3)
+			b.U64(wire.AttrEventTime, 1700000000123456789)
+			b.Nest(wire.AttrSelector)
+			b.Prefix(wire.SelSrc, netip.MustParsePrefix("198.18.1.0/24"))
+			b.Prefix(wire.SelDst, netip.MustParsePrefix("198.18.2.0/24"))
 			b.End()
-			b.U32(control.AttrReqID, 3)
-			b.Nest(control.AttrFlow)
-			b.Addr(control.FlSrc, netip.MustParseAddr("2001:db8:1::2"))
-			b.Addr(control.FlDst, netip.MustParseAddr("2001:db8:2::2"))
-			b.U32(control.FlProto, 17)
-			b.U16Pair(control.FlPorts, 1234, 53)
+			b.U32(wire.AttrReqID, 3)
+			b.Nest(wire.AttrFlow)
+			b.Addr(wire.FlSrc, netip.MustParseAddr("2001:db8:1::2"))
+			b.Addr(wire.FlDst, netip.MustParseAddr("2001:db8:2::2"))
+			b.U32(wire.FlProto, 17)
+			b.U16Pair(wire.FlPorts, 1234, 53)
 			b.End()
-			b.U64(control.AttrEventsLost, 5)
+			b.U64(wire.AttrEventsLost, 5)
 		},
-		func(b *control.Builder) { // SA_GET reply
-			b.U32(control.AttrSPI, 0xc0ffee01)
-			b.String(control.AttrAlgName, "chacha20poly1305")
-			b.Nest(control.AttrSAStats)
+		func(b *wire.Builder) { // SA_GET reply
+			b.U32(wire.AttrSPI, 0xc0ffee01)
+			b.String(wire.AttrAlgName, "chacha20poly1305")
+			b.Nest(wire.AttrSAStats)
 			b.U32(1, 2)
 			b.U64(2, 12345)
 			b.U64(3, 1<<40)
 			b.U64(8, 1700000000000000000)
 			b.End()
 		},
-		func(b *control.Builder) { // IKE_PACKET with 33 bytes
-			b.Addr(control.AttrSrc, netip.MustParseAddr("198.18.0.2"))
-			b.U16Pair(control.AttrIKEPorts, 4500, 4500)
-			b.Raw(control.AttrIKEData, bytes.Repeat([]byte{0xab}, 33))
+		func(b *wire.Builder) { // IKE_PACKET with 33 bytes
+			b.Addr(wire.AttrSrc, netip.MustParseAddr("198.18.0.2"))
+			b.U16Pair(wire.AttrIKEPorts, 4500, 4500)
+			b.Raw(wire.AttrIKEData, bytes.Repeat([]byte{0xab}, 33))
 		},
 	}
-	types := []control.MsgType{control.MsgEvent, control.MsgSAGet, control.MsgIKEPacket}
+	types := []wire.MsgType{wire.MsgEvent, wire.MsgSAGet, wire.MsgIKEPacket}
 	var in strings.Builder
 	var want []string
 	for i, fill := range msgs {
-		b := control.NewBuilder(control.Version, types[i], control.FlagReply, uint32(100+i))
+		b := wire.NewBuilder(wire.Version, types[i], wire.FlagReply, uint32(100+i))
 		fill(b)
 		raw, err := b.Bytes()
 		if err != nil {
 			t.Fatal(err)
 		}
 		fmt.Fprintf(&in, "%x\n", raw)
-		want = append(want, fmt.Sprintf("msg %d %d %d", types[i], control.FlagReply, 100+i))
-		walk(t, raw[control.HeaderLen:], "top", 0, &want)
+		want = append(want, fmt.Sprintf("msg %d %d %d", types[i], wire.FlagReply, 100+i))
+		walk(t, raw[wire.HeaderLen:], "top", 0, &want)
 	}
 	// Broken framing: an attribute overrunning the message, a bad magic.
 	fmt.Fprintf(&in, "%x\n", []byte{0xe5, 0xd0, 1, 1, 0, 0x13, 0, 0, 0, 0, 0, 24, 0, 0, 0, 1, 0, 20, 0, 1, 0, 0, 0, 1})

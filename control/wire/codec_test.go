@@ -1,4 +1,4 @@
-package control
+package wire
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 func TestSAAddRoundTrip(t *testing.T) {
 	for _, cfg := range []sa.Config{fullConfig(t), gcmConfig(t, 0x42)} {
 		m := decodeOK(t, encode(t, MsgSAAdd, 0, 1, func(b *Builder) { putSAConfig(b, cfg, true) }))
-		got, err := readSAAdd(m.Attrs)
+		got, err := ReadSAAdd(m.Attrs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -35,7 +35,7 @@ func TestSAUpdateRoundTrip(t *testing.T) {
 			b.Addr(AttrDst, u.Dst)
 			putSAFields(b, u.Config, u.Fields, true)
 		}))
-		got, err := readSAUpdate(m.Attrs)
+		got, err := ReadSAUpdate(m.Attrs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,11 +67,11 @@ func TestSAUpdateApply(t *testing.T) {
 
 func TestSAInfoRoundTrip(t *testing.T) {
 	in := SAInfo{Config: fullConfig(t), Stats: sampleStats(), ReplayTop: 1 << 40}
-	msg := encode(t, MsgSAGet, FlagReply, 1, func(b *Builder) { putSAInfo(b, in) })
+	msg := encode(t, MsgSAGet, FlagReply, 1, func(b *Builder) { PutSAInfo(b, in) })
 	if bytes.Contains(msg, in.Config.EncKey) || bytes.Contains(msg, in.Config.IntegKey) {
 		t.Fatal("SA_GET reply carries key material")
 	}
-	got, err := readSAInfo(decodeOK(t, msg).Attrs)
+	got, err := ReadSAInfo(decodeOK(t, msg).Attrs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestDropOtherRetired(t *testing.T) {
 	for i := range g.Drops {
 		g.Drops[i] = uint64(100 + i)
 	}
-	m := decodeOK(t, encode(t, MsgStats, FlagReply|FlagMulti, 1, func(b *Builder) { putGlobalStats(b, g) }))
+	m := decodeOK(t, encode(t, MsgStats, FlagReply|FlagMulti, 1, func(b *Builder) { PutGlobalStats(b, g) }))
 	n, ok := newReader(m.Attrs).nest(AttrGlobalStats, spaceGlobalStats)
 	if !ok {
 		t.Fatal("no GLOBAL_STATS")
@@ -135,44 +135,44 @@ func TestDropOtherRetired(t *testing.T) {
 	}
 	var want [sa.NumDropReasons]uint64
 	want[sa.DropReplay], want[sa.DropTooBig] = 5, 9
-	if got := readGlobalStats(n); got.Drops != want || n.err != nil {
+	if got := readGlobalCounters(n); got.Drops != want || n.err != nil {
 		t.Errorf("drops from an older daemon: %v (%v), want %v", got.Drops, n.err, want)
 	}
 }
 
 func TestGlobalStatsRoundTrip(t *testing.T) {
 	g := sampleGlobal()
-	m := decodeOK(t, encode(t, MsgStats, FlagReply|FlagMulti, 1, func(b *Builder) { putGlobalStats(b, g) }))
+	m := decodeOK(t, encode(t, MsgStats, FlagReply|FlagMulti, 1, func(b *Builder) { PutGlobalStats(b, g) }))
 	r := newReader(m.Attrs)
 	n, ok := r.nest(AttrGlobalStats, spaceGlobalStats)
 	if !ok {
 		t.Fatal("no GLOBAL_STATS")
 	}
-	if got := readGlobalStats(n); got != g || n.err != nil {
+	if got := readGlobalCounters(n); got != g || n.err != nil {
 		t.Fatalf("got %+v (%v) want %+v", got, n.err, g)
 	}
 }
 
 func TestPolicyRoundTrip(t *testing.T) {
 	p := fullPolicy()
-	got, err := readPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) { putPolicy(b, p) })).Attrs)
+	got, err := ReadPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) { PutPolicy(b, p) })).Attrs)
 	if err != nil || got != p {
 		t.Fatalf("got %v (%v) want %v", got, err, p)
 	}
-	id, err := readPolicyID(decodeOK(t, encode(t, MsgPolicyDel, 0, 1, func(b *Builder) { putPolicyID(b, p.ID()) })).Attrs)
+	id, err := ReadPolicyID(decodeOK(t, encode(t, MsgPolicyDel, 0, 1, func(b *Builder) { PutPolicyID(b, p.ID()) })).Attrs)
 	if err != nil || id != p.ID() {
 		t.Fatalf("id: %v %v", id, err)
 	}
 	// IF_ID is absent for interface 0.
 	p.IfID = 0
-	m := decodeOK(t, encode(t, MsgPolicyDel, 0, 1, func(b *Builder) { putPolicyID(b, p.ID()) }))
+	m := decodeOK(t, encode(t, MsgPolicyDel, 0, 1, func(b *Builder) { PutPolicyID(b, p.ID()) }))
 	for _, a := range m.Attrs {
 		if a.Type == AttrIfID {
 			t.Errorf("IF_ID sent for interface 0")
 		}
 	}
 	// ACTION defaults to protect.
-	def, err := readPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) {
+	def, err := ReadPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) {
 		putSelector(b, AttrSelector, sa.Selector{})
 		b.U32(AttrDir, DirOut)
 	})).Attrs)
@@ -183,7 +183,7 @@ func TestPolicyRoundTrip(t *testing.T) {
 
 func TestEventRoundTrip(t *testing.T) {
 	for _, e := range sampleEvents() {
-		got, err := readEvent(decodeOK(t, encode(t, MsgEvent, 0, 1, func(b *Builder) { putEvent(b, e) })).Attrs)
+		got, err := ReadEvent(decodeOK(t, encode(t, MsgEvent, 0, 1, func(b *Builder) { PutEvent(b, e) })).Attrs)
 		if err != nil {
 			t.Fatalf("%v: %v", e, err)
 		}
@@ -212,7 +212,7 @@ func TestEventFromSA(t *testing.T) {
 func TestErrorAndHelloRoundTrip(t *testing.T) {
 	in := &Error{Code: EPROTONOSUPPORT, Msg: "protocol version 2 not supported; this server speaks 1",
 		Type: MsgHello, Attr: AttrVersion, Versions: []uint8{1}}
-	got, err := readError(decodeOK(t, encode(t, MsgError, FlagReply, 1, func(b *Builder) { putError(b, in) })).Attrs)
+	got, err := ReadError(decodeOK(t, encode(t, MsgError, FlagReply, 1, func(b *Builder) { PutError(b, in) })).Attrs)
 	if err != nil || !reflect.DeepEqual(got, in) {
 		t.Fatalf("got %+v (%v)", got, err)
 	}
@@ -220,7 +220,7 @@ func TestErrorAndHelloRoundTrip(t *testing.T) {
 		t.Fatal("errors.Is with syscall.EPROTONOSUPPORT")
 	}
 	h := HelloInfo{Version: 1, Software: "espd", MaxMessageSize: MaxMessageSize}
-	gh, err := readHelloReply(decodeOK(t, encode(t, MsgHello, FlagReply, 1, func(b *Builder) { putHelloReply(b, h) })).Attrs)
+	gh, err := ReadHelloReply(decodeOK(t, encode(t, MsgHello, FlagReply, 1, func(b *Builder) { PutHelloReply(b, h) })).Attrs)
 	if err != nil || gh != h {
 		t.Fatalf("hello %+v %v", gh, err)
 	}
@@ -284,7 +284,7 @@ func TestTypedRejects(t *testing.T) {
 	saAdd := func(extra func(*Builder)) func() error {
 		return func() error {
 			m := decodeOK(t, encode(t, MsgSAAdd, 0, 1, extra))
-			_, err := readSAAdd(m.Attrs)
+			_, err := ReadSAAdd(m.Attrs)
 			return err
 		}
 	}
@@ -327,25 +327,25 @@ func TestTypedRejects(t *testing.T) {
 		{"bad nest", saAdd(func(b *Builder) { b.Raw(AttrSelector, []byte{0, 9, 0, 1}) }), EBADMSG, "SELECTOR (17): attribute 1"},
 		{"lifetime overflow", saAdd(func(b *Builder) { b.Nest(AttrLifeHard); b.U64(LtAddTime, 1<<63); b.End() }), EINVAL, "overflows"},
 		{"policy no selector", func() error {
-			_, err := readPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) { b.U32(AttrDir, DirOut) })).Attrs)
+			_, err := ReadPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) { b.U32(AttrDir, DirOut) })).Attrs)
 			return err
 		}, EINVAL, "missing required SELECTOR"},
 		{"policy two selectors", func() error {
-			_, err := readPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) {
-				putPolicy(b, fullPolicy())
+			_, err := ReadPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) {
+				PutPolicy(b, fullPolicy())
 				putSelector(b, AttrSelector, sa.Selector{})
 			})).Attrs)
 			return err
 		}, EBADMSG, "duplicate SELECTOR"},
 		{"policy action", func() error {
-			_, err := readPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) {
-				putPolicyID(b, sa.PolicyID{Dir: sa.DirIn})
+			_, err := ReadPolicy(decodeOK(t, encode(t, MsgPolicyAdd, 0, 1, func(b *Builder) {
+				PutPolicyID(b, sa.PolicyID{Dir: sa.DirIn})
 				b.U32(AttrAction, 9)
 			})).Attrs)
 			return err
 		}, EINVAL, "ACTION"},
 		{"event without type", func() error {
-			_, err := readEvent(decodeOK(t, encode(t, MsgEvent, 0, 1, func(b *Builder) { b.U32(AttrSPI, 1) })).Attrs)
+			_, err := ReadEvent(decodeOK(t, encode(t, MsgEvent, 0, 1, func(b *Builder) { b.U32(AttrSPI, 1) })).Attrs)
 			return err
 		}, EINVAL, "EVENT_TYPE"},
 		{"deep nesting", func() error {
@@ -385,6 +385,24 @@ func TestSampleMessagesDecode(t *testing.T) {
 		}
 		if err := decodeTyped(m); err != nil {
 			t.Fatalf("sample %d (%v): %v", i, m.Type, err)
+		}
+	}
+}
+
+func TestAttrName(t *testing.T) {
+	for _, c := range []struct {
+		in, t AttrType
+		want  string
+	}{
+		{0, AttrDir, "DIR (4)"},
+		{0, 999, "attribute 999"},
+		{AttrLifeSoft, LtBytes, "LT_BYTES (1)"},
+		{AttrSelector, SelSrcPorts, "SEL_SRC_PORTS (4)"},
+		{AttrGlobalStats, StDropReplay, "GS_DROP_REPLAY (16)"},
+		{AttrSPI, 1, "attribute 1"},
+	} {
+		if got := AttrName(c.in, c.t); got != c.want {
+			t.Errorf("AttrName(%d, %d) = %q, want %q", c.in, c.t, got, c.want)
 		}
 	}
 }

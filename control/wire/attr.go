@@ -1,4 +1,4 @@
-package control
+package wire
 
 import (
 	"encoding/binary"
@@ -184,6 +184,10 @@ func (b *Builder) End() {
 	}
 	binary.BigEndian.PutUint16(b.buf[start:], uint16(l))
 }
+
+// Clear zeroes the bytes built so far, whether or not Bytes succeeded: a
+// message may hold keys. What Bytes returned is cleared with them.
+func (b *Builder) Clear() { clear(b.buf) }
 
 // Bytes fills in the Length field and returns the encoded message. It fails
 // when a Nest was left open, an attribute overflowed or the message is

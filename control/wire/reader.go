@@ -1,4 +1,4 @@
-package control
+package wire
 
 import (
 	"encoding/binary"
@@ -46,6 +46,30 @@ var attrNames = [...]map[AttrType]string{
 	spaceSAStats:     saStatNames,
 	spaceGlobalStats: globalStatNames,
 	spaceFlow:        {FlSrc: "FL_SRC", FlDst: "FL_DST", FlProto: "FL_PROTO", FlPorts: "FL_PORTS"},
+}
+
+// AttrName returns the protocol's name of attribute t with its number,
+// "DIR (4)", for messages: t is a top-level attribute when in is 0, else
+// one nested in attribute in (SELECTOR, LIFETIME_SOFT, ...). Unknown, it
+// is "attribute 4".
+func AttrName(in, t AttrType) string {
+	s, ok := nestedSpaces[in]
+	if !ok {
+		return fmt.Sprintf("attribute %d", t)
+	}
+	return attrName(s, t)
+}
+
+// nestedSpaces gives the numbering of the attributes nested in each
+// attribute, and the top-level one for 0.
+var nestedSpaces = map[AttrType]space{
+	0:               spaceTop,
+	AttrSelector:    spaceSelector,
+	AttrLifeSoft:    spaceLifetime,
+	AttrLifeHard:    spaceLifetime,
+	AttrSAStats:     spaceSAStats,
+	AttrGlobalStats: spaceGlobalStats,
+	AttrFlow:        spaceFlow,
 }
 
 func attrName(s space, t AttrType) string {

@@ -1,4 +1,4 @@
-package control
+package wire
 
 import (
 	"net/netip"
@@ -60,9 +60,9 @@ type SAUpdate struct {
 }
 
 // Apply returns cur with the fields of u applied: the configuration the
-// server passes to Backend.UpdateSA. The keys stay nil (unchanged) unless
-// u carries them. FieldDSCP without FieldCopyDSCP sets a fixed DSCP (it
-// turns copying off), as in SA_ADD.
+// server passes to control.Backend.UpdateSA. The keys stay nil (unchanged)
+// unless u carries them. FieldDSCP without FieldCopyDSCP sets a fixed DSCP
+// (it turns copying off), as in SA_ADD.
 func (u SAUpdate) Apply(cur sa.Config) sa.Config {
 	c := cur
 	n := u.Config
@@ -138,8 +138,15 @@ func (u SAUpdate) Apply(cur sa.Config) sa.Config {
 	return c
 }
 
-// readSAUpdate reads an SA_UPDATE request.
-func readSAUpdate(attrs []Attr) (SAUpdate, error) {
+// PutSAUpdate appends an SA_UPDATE request: the state's SPI and current
+// destination, and the fields u.Fields of u.Config.
+func PutSAUpdate(b *Builder, u SAUpdate) {
+	PutSAID(b, u.SPI, u.Dst)
+	putSAFields(b, u.Config, u.Fields, true)
+}
+
+// ReadSAUpdate reads an SA_UPDATE request.
+func ReadSAUpdate(attrs []Attr) (SAUpdate, error) {
 	r := newReader(attrs)
 	var u SAUpdate
 	var ok bool

@@ -1,9 +1,8 @@
-package control
+package wire
 
 import (
+	"fmt"
 	"net/netip"
-	"strings"
-	"time"
 
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/sa"
@@ -24,58 +23,10 @@ type SAInfo struct {
 	ReplayBitmap []byte
 }
 
-// InfoOf returns the SAInfo of an installed state, for Backend
+// InfoOf returns the SAInfo of an installed state, for control.Backend
 // implementations over sa.DB.
 func InfoOf(s *sa.SA) SAInfo {
 	return SAInfo{Config: s.Config(), Stats: s.Stats(), ReplayTop: s.ReplayTop(), ReplayBitmap: s.ReplayBitmap()}
-}
-
-// putSuite appends the algorithm attributes: the IKEv2 IDs and the
-// strongSwan-style name.
-func putSuite(b *Builder, s crypto.Suite) {
-	b.String(AttrAlgName, s.String())
-	b.U32(AttrEncAlg, uint32(s.Encryption))
-	b.U32(AttrEncKeyLen, uint32(s.KeyBits))
-	if s.Integrity != crypto.AuthNone {
-		b.U32(AttrIntegAlg, uint32(s.Integrity))
-	}
-	b.Bool(AttrESN, s.ESN)
-}
-
-func putSelector(b *Builder, t AttrType, s sa.Selector) {
-	b.Nest(t)
-	b.Prefix(SelSrc, s.Src)
-	b.Prefix(SelDst, s.Dst)
-	if s.Proto != 0 {
-		b.U32(SelProto, uint32(s.Proto))
-	}
-	if !s.SrcPorts.Any() {
-		b.U16Pair(SelSrcPorts, s.SrcPorts.Lo, s.SrcPorts.Hi)
-	}
-	if !s.DstPorts.Any() {
-		b.U16Pair(SelDstPorts, s.DstPorts.Lo, s.DstPorts.Hi)
-	}
-	b.End()
-}
-
-func putLifetime(b *Builder, t AttrType, l sa.Lifetime) {
-	if l == (sa.Lifetime{}) {
-		return
-	}
-	b.Nest(t)
-	if l.Bytes != 0 {
-		b.U64(LtBytes, l.Bytes)
-	}
-	if l.Packets != 0 {
-		b.U64(LtPackets, l.Packets)
-	}
-	if l.AddTime > 0 {
-		b.U64(LtAddTime, durationToWire(l.AddTime))
-	}
-	if l.UseTime > 0 {
-		b.U64(LtUseTime, durationToWire(l.UseTime))
-	}
-	b.End()
 }
 
 // putSAFields appends the attributes of the fields f of c; FieldSrc and
@@ -191,97 +142,17 @@ func putSAConfig(b *Builder, c sa.Config, keys bool) {
 	putSAFields(b, c, f, false)
 }
 
-// readSuite reads the algorithm attributes; ok is false when there are
-// none.
-func readSuite(r *reader) (s crypto.Suite, ok bool) {
-	name, hasName := r.str(AttrAlgName)
-	enc, hasEnc := r.u32max(AttrEncAlg, 0xFFFF)
-	bits, hasBits := r.u32max(AttrEncKeyLen, 0xFFFF)
-	integ, hasInteg := r.u32max(AttrIntegAlg, 0xFFFF)
-	esn, _ := r.boolean(AttrESN)
-	if r.err != nil {
-		return crypto.Suite{}, false
-	}
-	if !hasName && !hasEnc {
-		if hasBits || hasInteg {
-			r.fail(EINVAL, AttrEncAlg, "ENC_KEYLEN or INTEG_ALG given without ENC_ALG")
-		}
-		return crypto.Suite{}, false
-	}
-	var byName, byID crypto.Suite
-	if hasName {
-		p, err := crypto.ParseSuite(name)
-		if err != nil {
-			r.fail(EINVAL, AttrAlgName, "ALG_NAME %q: %v", name, err)
-			return crypto.Suite{}, false
-		}
-		nameESN := false
-		for _, tok := range strings.Split(strings.ToLower(name), "-") {
-			nameESN = nameESN || tok == "esn"
-		}
-		p.ESN = esn || nameESN
-		byName = p
-	}
-	if hasEnc {
-		p, err := crypto.SuiteFromIDs(crypto.EncryptionID(enc), int(bits), crypto.IntegrityID(integ), esn)
-		if err != nil {
-			r.fail(EINVAL, AttrEncAlg, "ENC_ALG %d ENC_KEYLEN %d INTEG_ALG %d: %v", enc, bits, integ, err)
-			return crypto.Suite{}, false
-		}
-		byID = p
-		if hasName {
-			byID.ESN = byName.ESN
-			if byID != byName {
-				r.fail(EINVAL, AttrAlgName, "ALG_NAME %q disagrees with ENC_ALG %d ENC_KEYLEN %d INTEG_ALG %d (%v)", name, enc, bits, integ, byID)
-				return crypto.Suite{}, false
-			}
-		}
-		return byID, true
-	}
-	return byName, true
-}
+// PutSAAdd appends an SA_ADD request that carries every field of c, keys
+// included.
+func PutSAAdd(b *Builder, c sa.Config) { putSAConfig(b, c, true) }
 
-func readSelector(r *reader, a Attr) sa.Selector {
-	n := r.nested(a, spaceSelector)
-	var s sa.Selector
-	s.Src, _ = n.prefix(SelSrc)
-	s.Dst, _ = n.prefix(SelDst)
-	p, _ := n.u32max(SelProto, 255)
-	s.Proto = uint8(p)
-	s.SrcPorts.Lo, s.SrcPorts.Hi, _ = n.pair(SelSrcPorts)
-	s.DstPorts.Lo, s.DstPorts.Hi, _ = n.pair(SelDstPorts)
-	if n.err == nil && s.Src.IsValid() && s.Dst.IsValid() && s.Src.Addr().Is4() != s.Dst.Addr().Is4() {
-		n.fail(EINVAL, SelDst, "SEL_SRC %v and SEL_DST %v are of different families", s.Src, s.Dst)
-	}
-	r.absorb(n)
-	return s
-}
-
-func readLifetime(r *reader, t AttrType) (sa.Lifetime, bool) {
-	n, ok := r.nest(t, spaceLifetime)
-	if !ok {
-		return sa.Lifetime{}, false
-	}
-	var l sa.Lifetime
-	l.Bytes, _ = n.u64(LtBytes)
-	l.Packets, _ = n.u64(LtPackets)
-	l.AddTime = readDuration(n, LtAddTime)
-	l.UseTime = readDuration(n, LtUseTime)
-	r.absorb(n)
-	return l, true
-}
-
-// readDuration reads a u64 of nanoseconds as a Duration.
-func readDuration(r *reader, t AttrType) time.Duration {
-	v, ok := r.u64(t)
-	if !ok {
-		return 0
-	}
-	d, ok := durationFromWire(v)
-	if !ok {
-		r.fail(EINVAL, t, "%s: %d ns overflows", attrName(r.space, t), v)
-	}
-	return d
+// PutSAAddFields appends an SA_ADD request that carries c's SPI and the
+// fields f of c; the server gives the others their defaults.
+func PutSAAddFields(b *Builder, c sa.Config, f Fields) {
+	b.U32(AttrSPI, c.SPI)
+	b.U32(AttrProto, ProtoESP)
+	b.U32(AttrMode, ModeTunnel)
+	putSAFields(b, c, f, false)
 }
 
 // readSAFields reads every SA attribute present into c and reports which
@@ -419,10 +290,10 @@ func readSAFields(r *reader, c *sa.Config, update bool) Fields {
 	return f
 }
 
-// readSAAdd reads an SA_ADD request. What it does not carry takes
+// ReadSAAdd reads an SA_ADD request. What it does not carry takes
 // sa.DefaultConfig's value, except that a DSCP without COPY_DSCP means a
 // fixed DSCP (COPY_DSCP off).
-func readSAAdd(attrs []Attr) (sa.Config, error) {
+func ReadSAAdd(attrs []Attr) (sa.Config, error) {
 	r := newReader(attrs)
 	c := sa.DefaultConfig()
 	spi, hasSPI := r.u32(AttrSPI)
@@ -444,8 +315,24 @@ func readSAAdd(attrs []Attr) (sa.Config, error) {
 	return c, r.error()
 }
 
-// readSAID reads the SPI and DST that SA_DEL, SA_GET and STATS name.
-func readSAID(r *reader) (uint32, netip.Addr) {
+// PutSAID appends what names a state: its SPI and destination (SA_DEL,
+// SA_GET and STATS requests).
+func PutSAID(b *Builder, spi uint32, dst netip.Addr) {
+	b.U32(AttrSPI, spi)
+	b.Addr(AttrDst, dst)
+}
+
+// ReadSAID reads the SPI and DST that name a state in an SA_DEL or SA_GET
+// request; both are required.
+func ReadSAID(attrs []Attr) (uint32, netip.Addr, error) {
+	r := newReader(attrs)
+	spi, dst := readStateID(r)
+	return spi, dst, r.error()
+}
+
+// readStateID reads the SPI and DST that SA_DEL, SA_GET and the events
+// name.
+func readStateID(r *reader) (uint32, netip.Addr) {
 	spi, ok := r.u32(AttrSPI)
 	r.require(AttrSPI, ok)
 	dst, ok := r.addr(AttrDst)
@@ -453,22 +340,61 @@ func readSAID(r *reader) (uint32, netip.Addr) {
 	return spi, dst
 }
 
-// putSAInfo appends an SA_GET reply body.
-func putSAInfo(b *Builder, in SAInfo) {
+// PutSAInfo appends an SA_GET reply body.
+func PutSAInfo(b *Builder, in SAInfo) {
 	putSAConfig(b, in.Config, false)
-	putSAStats(b, in.Stats, in.ReplayTop, in.ReplayBitmap)
+	putSACounters(b, in.Stats, in.ReplayTop, in.ReplayBitmap)
 }
 
-// readSAInfo reads an SA_GET reply body.
-func readSAInfo(attrs []Attr) (SAInfo, error) {
+// ReadSAInfo reads an SA_GET reply body.
+func ReadSAInfo(attrs []Attr) (SAInfo, error) {
 	r := newReader(attrs)
 	var in SAInfo
 	in.Config.SPI, _ = r.u32(AttrSPI)
 	readSAFields(r, &in.Config, false)
 	in.Config.EncKey, in.Config.IntegKey = nil, nil
 	if n, ok := r.nest(AttrSAStats, spaceSAStats); ok {
-		in.Stats, in.ReplayTop, in.ReplayBitmap = readSAStats(n)
+		in.Stats, in.ReplayTop, in.ReplayBitmap = readSACounters(n)
 		r.absorb(n)
 	}
 	return in, r.error()
+}
+
+// PutSPIRange appends an SPI_ALLOC request for an SPI in [lo, hi].
+func PutSPIRange(b *Builder, lo, hi uint32) {
+	b.U32(AttrSPIMin, lo)
+	b.U32(AttrSPIMax, hi)
+}
+
+// ReadSPIRange reads an SPI_ALLOC request: the range [lo, hi] asked for,
+// DefaultSPIMin and DefaultSPIMax where it gives no bound. An empty range
+// is EINVAL.
+func ReadSPIRange(attrs []Attr) (lo, hi uint32, err error) {
+	r := newReader(attrs)
+	lo, ok := r.u32(AttrSPIMin)
+	if !ok {
+		lo = DefaultSPIMin
+	}
+	hi, ok = r.u32(AttrSPIMax)
+	if !ok {
+		hi = DefaultSPIMax
+	}
+	if err := r.error(); err != nil {
+		return 0, 0, err
+	}
+	if lo > hi {
+		return 0, 0, &Error{Code: EINVAL, Msg: fmt.Sprintf("SPI range 0x%08x-0x%08x is empty", lo, hi), Attr: AttrSPIMin}
+	}
+	return lo, hi, nil
+}
+
+// PutSPI appends the SPI_ALLOC reply: the SPI reserved.
+func PutSPI(b *Builder, spi uint32) { b.U32(AttrSPI, spi) }
+
+// ReadSPI reads the SPI_ALLOC reply.
+func ReadSPI(attrs []Attr) (uint32, error) {
+	r := newReader(attrs)
+	spi, ok := r.u32(AttrSPI)
+	r.require(AttrSPI, ok)
+	return spi, r.error()
 }

@@ -1,10 +1,8 @@
-package control
+package wire
 
 import (
 	"fmt"
 	"net/netip"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/espd/espd/packet"
@@ -128,8 +126,8 @@ func EventFromSA(e sa.Event) Event {
 	return ev
 }
 
-// putEvent appends the attributes of an EVENT message.
-func putEvent(b *Builder, e Event) {
+// PutEvent appends the attributes of an EVENT message.
+func PutEvent(b *Builder, e Event) {
 	b.U32(AttrEventType, uint32(e.Kind))
 	b.U64(AttrEventTime, timeToWire(e.Time))
 	if e.Lost != 0 {
@@ -146,7 +144,7 @@ func putEvent(b *Builder, e Event) {
 			b.U32(AttrExpireReason, w)
 		}
 	case EventAcquire:
-		putPolicy(b, e.Policy)
+		PutPolicy(b, e.Policy)
 		b.Nest(AttrFlow)
 		b.Addr(FlSrc, e.Flow.Src)
 		b.Addr(FlDst, e.Flow.Dst)
@@ -165,9 +163,9 @@ func putEvent(b *Builder, e Event) {
 	}
 }
 
-// readEvent reads an EVENT message. Unknown event kinds are returned with
+// ReadEvent reads an EVENT message. Unknown event kinds are returned with
 // their kind and common fields only.
-func readEvent(attrs []Attr) (Event, error) {
+func ReadEvent(attrs []Attr) (Event, error) {
 	r := newReader(attrs)
 	var e Event
 	k, ok := r.u32(AttrEventType)
@@ -180,7 +178,7 @@ func readEvent(attrs []Attr) (Event, error) {
 	}
 	switch e.Kind {
 	case EventSoftExpire, EventHardExpire:
-		e.SPI, e.Dst = readSAID(r)
+		e.SPI, e.Dst = readStateID(r)
 		if v, ok := r.u32(AttrDir); ok {
 			d, valid := dirFromWire(v)
 			if !valid {
@@ -197,7 +195,7 @@ func readEvent(attrs []Attr) (Event, error) {
 			e.Reason = reason
 		}
 	case EventAcquire:
-		p, err := readPolicy(attrs)
+		p, err := ReadPolicy(attrs)
 		if err != nil {
 			return Event{}, err
 		}
@@ -214,7 +212,7 @@ func readEvent(attrs []Attr) (Event, error) {
 		}
 		e.Dst = e.Flow.Dst
 	case EventMapping:
-		e.SPI, e.Dst = readSAID(r)
+		e.SPI, e.Dst = readStateID(r)
 		e.ReqID, _ = r.u32(AttrReqID)
 		a, ok := r.addr(AttrNewAddr)
 		r.require(AttrNewAddr, ok)
@@ -225,63 +223,19 @@ func readEvent(attrs []Attr) (Event, error) {
 	return e, r.error()
 }
 
-// Subscription is an event stream a Backend gives the server for one
-// subscriber. Events must never wait for the subscriber: when its buffer
-// is full they are dropped and counted in Dropped.
-type Subscription interface {
-	// Events returns the channel of events; Close closes it.
-	Events() <-chan Event
-	// Dropped returns how many events were dropped so far.
-	Dropped() uint64
-	// Close ends the subscription. It may be called more than once.
-	Close()
+// PutSubscribe appends the attributes of a SUBSCRIBE request: the kinds of
+// events wanted.
+func PutSubscribe(b *Builder, mask EventMask) {
+	b.U32(AttrEventMask, uint32(mask))
 }
 
-// dbSubscription adapts an *sa.Subscription.
-type dbSubscription struct {
-	sub     *sa.Subscription
-	ch      chan Event
-	dropped atomic.Uint64
-	once    sync.Once
-	done    chan struct{}
-}
-
-// SubscribeDB subscribes to the events of db, for Backend implementations
-// over sa.DB. The events are converted with EventFromSA by one goroutine,
-// which ends when the subscription is closed.
-func SubscribeDB(db *sa.DB, buffer int) Subscription {
-	buffer = max(buffer, 1)
-	s := &dbSubscription{sub: db.Subscribe(buffer), ch: make(chan Event, buffer), done: make(chan struct{})}
-	go s.run()
-	return s
-}
-
-func (s *dbSubscription) run() {
-	defer close(s.ch)
-	for {
-		select {
-		case e, ok := <-s.sub.Events():
-			if !ok {
-				return
-			}
-			select {
-			case s.ch <- EventFromSA(e):
-			default:
-				s.dropped.Add(1)
-			}
-		case <-s.done:
-			return
-		}
+// ReadSubscribe reads a SUBSCRIBE request: the kinds of events wanted,
+// every kind without EVENT_MASK.
+func ReadSubscribe(attrs []Attr) (EventMask, error) {
+	r := newReader(attrs)
+	mask := AllEvents
+	if v, ok := r.u32(AttrEventMask); ok {
+		mask = EventMask(v)
 	}
-}
-
-func (s *dbSubscription) Events() <-chan Event { return s.ch }
-
-func (s *dbSubscription) Dropped() uint64 { return s.sub.Dropped() + s.dropped.Load() }
-
-func (s *dbSubscription) Close() {
-	s.once.Do(func() {
-		s.sub.Close()
-		close(s.done)
-	})
+	return mask, r.error()
 }

@@ -1,10 +1,10 @@
-package control
+package wire
 
 import "github.com/espd/espd/sa"
 
-// putPolicy appends a policy: the POLICY_ADD and POLICY_UPDATE requests
+// PutPolicy appends a policy: the POLICY_ADD and POLICY_UPDATE requests
 // and the POLICY_GET reply (index is 0 in requests).
-func putPolicy(b *Builder, p sa.Policy) {
+func PutPolicy(b *Builder, p sa.Policy) {
 	putSelector(b, AttrSelector, p.Selector)
 	b.U32(AttrDir, dirToWire[p.Dir])
 	b.U32(AttrAction, actionToWire[p.Action])
@@ -43,8 +43,8 @@ func readPolicySelector(r *reader) (sa.Selector, bool) {
 	return readSelector(r, Attr{Type: AttrSelector, Value: v}), true
 }
 
-// readPolicy reads POLICY_ADD, POLICY_UPDATE and the POLICY_GET reply.
-func readPolicy(attrs []Attr) (sa.Policy, error) {
+// ReadPolicy reads POLICY_ADD, POLICY_UPDATE and the POLICY_GET reply.
+func ReadPolicy(attrs []Attr) (sa.Policy, error) {
 	r := newReader(attrs)
 	var p sa.Policy
 	var ok bool
@@ -72,9 +72,9 @@ func readPolicy(attrs []Attr) (sa.Policy, error) {
 	return p, r.error()
 }
 
-// putPolicyID appends what names a policy: its selector, direction and
+// PutPolicyID appends what names a policy: its selector, direction and
 // interface ID.
-func putPolicyID(b *Builder, id sa.PolicyID) {
+func PutPolicyID(b *Builder, id sa.PolicyID) {
 	putSelector(b, AttrSelector, id.Selector)
 	b.U32(AttrDir, dirToWire[id.Dir])
 	if id.IfID != 0 {
@@ -82,8 +82,8 @@ func putPolicyID(b *Builder, id sa.PolicyID) {
 	}
 }
 
-// readPolicyID reads POLICY_DEL and POLICY_GET requests.
-func readPolicyID(attrs []Attr) (sa.PolicyID, error) {
+// ReadPolicyID reads POLICY_DEL and POLICY_GET requests.
+func ReadPolicyID(attrs []Attr) (sa.PolicyID, error) {
 	r := newReader(attrs)
 	var id sa.PolicyID
 	var ok bool

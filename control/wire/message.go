@@ -1,10 +1,9 @@
-package control
+package wire
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 )
 
 // Header is the fixed 16-byte header that starts every message.
@@ -92,43 +91,3 @@ func Decode(b []byte) (*Message, error) {
 	}
 	return &Message{Version: h.Version, Type: h.Type, Flags: h.Flags, Seq: h.Seq, Attrs: attrs}, nil
 }
-
-// ReadMessage reads one message from r into buf (grown as needed) and
-// decodes it. A message larger than MaxMessageSize is not read: the error
-// wraps ErrOversized and the header is returned so that the caller can skip
-// the body. Framing errors (bad magic, bad length) wrap ErrBadMagic or
-// ErrFraming; io errors are returned as they are.
-func ReadMessage(r io.Reader, buf []byte) (*Message, Header, []byte, error) {
-	if cap(buf) < HeaderLen {
-		buf = make([]byte, HeaderLen, 4096)
-	}
-	buf = buf[:HeaderLen]
-	if _, err := io.ReadFull(r, buf); err != nil {
-		return nil, Header{}, buf, err
-	}
-	h, err := ParseHeader(buf)
-	if err != nil {
-		return nil, h, buf, err
-	}
-	if h.Oversized() {
-		return nil, h, buf, fmt.Errorf("%w: %d bytes, the maximum is %d", ErrOversized, h.Length, MaxMessageSize)
-	}
-	if cap(buf) < int(h.Length) {
-		nb := make([]byte, h.Length)
-		copy(nb, buf)
-		buf = nb
-	}
-	buf = buf[:h.Length]
-	if _, err := io.ReadFull(r, buf[HeaderLen:]); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return nil, h, buf, err
-	}
-	m, err := Decode(buf)
-	return m, h, buf, err
-}
-
-// ErrOversized is wrapped by ReadMessage's error for a message larger than
-// MaxMessageSize.
-var ErrOversized = errors.New("message too large")

@@ -1,4 +1,4 @@
-package control
+package wire
 
 import (
 	"bytes"
@@ -13,48 +13,48 @@ func decodeTyped(m *Message) error {
 	switch m.Type {
 	case MsgHello:
 		if reply {
-			_, err = readHelloReply(m.Attrs)
+			_, err = ReadHelloReply(m.Attrs)
 		} else {
-			_, err = readHelloVersions(m)
+			_, err = ReadHello(m)
 		}
 	case MsgError:
-		_, err = readError(m.Attrs)
+		_, err = ReadError(m.Attrs)
 	case MsgEvent:
-		_, err = readEvent(m.Attrs)
+		_, err = ReadEvent(m.Attrs)
 	case MsgSAAdd:
-		_, err = readSAAdd(m.Attrs)
+		_, err = ReadSAAdd(m.Attrs)
 	case MsgSAUpdate:
-		_, err = readSAUpdate(m.Attrs)
+		_, err = ReadSAUpdate(m.Attrs)
 	case MsgSAGet, MsgSAList:
 		if reply {
-			_, err = readSAInfo(m.Attrs)
+			_, err = ReadSAInfo(m.Attrs)
 		} else {
 			r := newReader(m.Attrs)
-			readSAID(r)
+			readStateID(r)
 			err = r.error()
 		}
 	case MsgSADel:
 		r := newReader(m.Attrs)
-		readSAID(r)
+		readStateID(r)
 		err = r.error()
 	case MsgPolicyAdd, MsgPolicyUpdate:
-		_, err = readPolicy(m.Attrs)
+		_, err = ReadPolicy(m.Attrs)
 	case MsgPolicyDel:
-		_, err = readPolicyID(m.Attrs)
+		_, err = ReadPolicyID(m.Attrs)
 	case MsgPolicyGet, MsgPolicyList:
 		if reply {
-			_, err = readPolicy(m.Attrs)
+			_, err = ReadPolicy(m.Attrs)
 		} else {
-			_, err = readPolicyID(m.Attrs)
+			_, err = ReadPolicyID(m.Attrs)
 		}
 	case MsgStats:
 		r := newReader(m.Attrs)
 		if n, ok := r.nest(AttrGlobalStats, spaceGlobalStats); ok {
-			readGlobalStats(n)
+			readGlobalCounters(n)
 			r.absorb(n)
 		}
 		if n, ok := r.nest(AttrSAStats, spaceSAStats); ok {
-			readSAStats(n)
+			readSACounters(n)
 			r.absorb(n)
 		}
 		err = r.error()
@@ -87,7 +87,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		switch m.Type {
 		case MsgSAAdd:
-			c, _ := readSAAdd(m.Attrs)
+			c, _ := ReadSAAdd(m.Attrs)
 			b := NewBuilder(Version, MsgSAAdd, 0, 1)
 			putSAConfig(b, c, true)
 			msg, err := b.Bytes()
@@ -98,14 +98,14 @@ func FuzzDecode(f *testing.F) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c2, err := readSAAdd(m2.Attrs)
+			c2, err := ReadSAAdd(m2.Attrs)
 			if err != nil || !sameConfig(c, c2) {
 				t.Fatalf("SA_ADD round trip: %v\n got %v\nwant %v", err, c2, c)
 			}
 		case MsgPolicyAdd:
-			p, _ := readPolicy(m.Attrs)
+			p, _ := ReadPolicy(m.Attrs)
 			b := NewBuilder(Version, MsgPolicyAdd, 0, 1)
-			putPolicy(b, p)
+			PutPolicy(b, p)
 			msg, err := b.Bytes()
 			if err != nil {
 				t.Fatal(err)
@@ -114,7 +114,7 @@ func FuzzDecode(f *testing.F) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p2, err := readPolicy(m2.Attrs)
+			p2, err := ReadPolicy(m2.Attrs)
 			if err != nil || p2 != p {
 				t.Fatalf("policy round trip: %v\n got %v\nwant %v", err, p2, p)
 			}

@@ -1,4 +1,4 @@
-package control
+package wire
 
 import (
 	"reflect"
@@ -27,7 +27,7 @@ func TestSAAddDefaults(t *testing.T) {
 	want.EncKey, want.IntegKey = make([]byte, 20), []byte{}
 
 	m := decode(t, encode(t, MsgSAAdd, 0, 1, required))
-	got, err := readSAAdd(m.Attrs)
+	got, err := ReadSAAdd(m.Attrs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestSAAddDefaults(t *testing.T) {
 		b.U32(AttrDSCP, 46) // without COPY_DSCP: a fixed DSCP
 		b.U32(AttrDF, dfToWire[esp.DFSet])
 	}))
-	got, err = readSAAdd(m.Attrs)
+	got, err = ReadSAAdd(m.Attrs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
-package control
+package wire
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/espd/espd/sa"
@@ -122,7 +123,7 @@ func readDrops(r *reader, d *[sa.NumDropReasons]uint64) {
 	}
 }
 
-func putSAStats(b *Builder, st sa.Stats, replayTop uint64, bitmap []byte) {
+func putSACounters(b *Builder, st sa.Stats, replayTop uint64, bitmap []byte) {
 	b.Nest(AttrSAStats)
 	if w, ok := stateToWire[st.State]; ok {
 		b.U32(StState, w)
@@ -154,7 +155,7 @@ func readTime(r *reader, t AttrType) time.Time {
 	return timeFromWire(v)
 }
 
-func readSAStats(r *reader) (sa.Stats, uint64, []byte) {
+func readSACounters(r *reader) (sa.Stats, uint64, []byte) {
 	var st sa.Stats
 	if v, ok := r.u32(StState); ok {
 		s, valid := stateFromWire(v)
@@ -175,7 +176,8 @@ func readSAStats(r *reader) (sa.Stats, uint64, []byte) {
 	return st, top, bitmap
 }
 
-func putGlobalStats(b *Builder, g GlobalStats) {
+// PutGlobalStats appends the first part of a STATS reply: GLOBAL_STATS.
+func PutGlobalStats(b *Builder, g GlobalStats) {
 	b.Nest(AttrGlobalStats)
 	b.U64(GsInvalidSPI, g.InvalidSPI)
 	b.U64(GsMalformed, g.Malformed)
@@ -194,7 +196,7 @@ func putGlobalStats(b *Builder, g GlobalStats) {
 	b.End()
 }
 
-func readGlobalStats(r *reader) GlobalStats {
+func readGlobalCounters(r *reader) GlobalStats {
 	var g GlobalStats
 	g.InvalidSPI, _ = r.u64(GsInvalidSPI)
 	g.Malformed, _ = r.u64(GsMalformed)
@@ -219,4 +221,70 @@ func readGlobalStats(r *reader) GlobalStats {
 	g.Bytes, _ = r.u64(GsBytes)
 	readDrops(r, &g.Drops)
 	return g
+}
+
+// ReadGlobalStats reads the first part of a STATS reply.
+func ReadGlobalStats(attrs []Attr) (GlobalStats, error) {
+	r := newReader(attrs)
+	var g GlobalStats
+	n, ok := r.nest(AttrGlobalStats, spaceGlobalStats)
+	r.require(AttrGlobalStats, ok)
+	if ok {
+		g = readGlobalCounters(n)
+		r.absorb(n)
+	}
+	return g, r.error()
+}
+
+// PutSAStats appends one per-state part of a STATS reply: what names the
+// state and its counters.
+func PutSAStats(b *Builder, in SAInfo) {
+	b.U32(AttrSPI, in.Config.SPI)
+	b.Addr(AttrSrc, in.Config.Src)
+	b.Addr(AttrDst, in.Config.Dst)
+	b.U32(AttrDir, dirToWire[in.Config.Dir])
+	b.U32(AttrReqID, in.Config.ReqID)
+	if in.Config.IfID != 0 {
+		b.U32(AttrIfID, in.Config.IfID)
+	}
+	putSACounters(b, in.Stats, in.ReplayTop, in.ReplayBitmap)
+}
+
+// ReadSAStats reads a per-state part of a STATS reply; of in.Config only
+// SPI, Src, Dst, Dir, ReqID and IfID are filled in (an SPI reservation has
+// no Dst).
+func ReadSAStats(attrs []Attr) (SAInfo, error) {
+	r := newReader(attrs)
+	var in SAInfo
+	var ok bool
+	in.Config.SPI, ok = r.u32(AttrSPI)
+	r.require(AttrSPI, ok)
+	in.Config.Dst, _ = r.addr(AttrDst) // none for an SPI reservation
+	in.Config.Src, _ = r.addr(AttrSrc)
+	if v, ok := r.u32(AttrDir); ok {
+		in.Config.Dir, _ = dirFromWire(v)
+	}
+	in.Config.ReqID, _ = r.u32(AttrReqID)
+	in.Config.IfID, _ = r.u32(AttrIfID)
+	if n, ok := r.nest(AttrSAStats, spaceSAStats); ok {
+		in.Stats, in.ReplayTop, in.ReplayBitmap = readSACounters(n)
+		r.absorb(n)
+	}
+	return in, r.error()
+}
+
+// ReadStatsRequest reads a STATS request: one state named by SPI and DST
+// (PutSAID), one is true, or none for every state. Only one of the two is
+// EINVAL.
+func ReadStatsRequest(attrs []Attr) (spi uint32, dst netip.Addr, one bool, err error) {
+	r := newReader(attrs)
+	spi, hasSPI := r.u32(AttrSPI)
+	dst, hasDst := r.addr(AttrDst)
+	if err := r.error(); err != nil {
+		return 0, netip.Addr{}, false, err
+	}
+	if hasSPI != hasDst {
+		return 0, netip.Addr{}, false, &Error{Code: EINVAL, Msg: "STATS names one state with both SPI and DST, or none", Attr: AttrSPI}
+	}
+	return spi, dst, hasSPI, nil
 }

@@ -1,4 +1,4 @@
-package control
+package wire
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 // TestDocExample checks the worked example of docs/control-protocol.md
 // against the codec.
 func TestDocExample(t *testing.T) {
-	doc, err := docblock.Blocks("../docs/control-protocol.md")
+	doc, err := docblock.Blocks("../../docs/control-protocol.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestDocExample(t *testing.T) {
 		encode(t, MsgSPIAlloc, FlagReply, 7, func(b *Builder) { b.U32(AttrSPI, 0xc3a5f00d) }),
 		encode(t, MsgSADel, 0, 8, func(b *Builder) { b.U32(AttrSPI, 0xc3a5f00d); b.Addr(AttrDst, v4b) }),
 		encode(t, MsgError, FlagReply, 8, func(b *Builder) {
-			putError(b, &Error{Code: ENOENT, Msg: "no such state", Type: MsgSADel})
+			PutError(b, &Error{Code: ENOENT, Msg: "no such state", Type: MsgSADel})
 		}),
 	}
 	if len(blocks) != len(want) {
