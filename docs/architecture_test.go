@@ -205,3 +205,43 @@ func TestDataplaneTakesItsIO(t *testing.T) {
 		}
 	}
 }
+
+// TestWireIsPure holds control/wire to "pure": its non-test files import
+// nothing that does I/O or coordinates goroutines (net but net/netip, os,
+// io, syscall, golang.org/x/sys, sync, context) and start no goroutine.
+// The control socket's I/O is package control's.
+func TestWireIsPure(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("../control/wire/*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("control/wire's files: %v %v", files, err)
+	}
+	impure := func(path string) bool {
+		for _, p := range []string{"net", "os", "io", "syscall", "golang.org/x/sys", "sync", "context"} {
+			if path == p || strings.HasPrefix(path, p+"/") {
+				return path != "net/netip"
+			}
+		}
+		return false
+	}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			if path, _ := strconv.Unquote(imp.Path.Value); impure(path) {
+				t.Errorf("%s imports %s: the codec does no I/O", name, path)
+			}
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if g, ok := n.(*ast.GoStmt); ok {
+				t.Errorf("%s: a go statement: the codec starts no goroutine", fset.Position(g.Pos()))
+			}
+			return true
+		})
+	}
+}
