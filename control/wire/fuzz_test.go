@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 )
 
@@ -28,15 +29,17 @@ func decodeTyped(m *Message) error {
 	case MsgSAGet, MsgSAList:
 		if reply {
 			_, err = ReadSAInfo(m.Attrs)
-		} else {
-			r := newReader(m.Attrs)
-			readStateID(r)
-			err = r.error()
+		} else if m.Type == MsgSAGet {
+			_, _, err = ReadSAID(m.Attrs)
 		}
 	case MsgSADel:
-		r := newReader(m.Attrs)
-		readStateID(r)
-		err = r.error()
+		_, _, err = ReadSAID(m.Attrs)
+	case MsgSPIAlloc:
+		if reply {
+			_, err = ReadSPI(m.Attrs)
+		} else {
+			_, _, err = ReadSPIRange(m.Attrs)
+		}
 	case MsgPolicyAdd, MsgPolicyUpdate:
 		_, err = ReadPolicy(m.Attrs)
 	case MsgPolicyDel:
@@ -48,16 +51,24 @@ func decodeTyped(m *Message) error {
 			_, err = ReadPolicyID(m.Attrs)
 		}
 	case MsgStats:
-		r := newReader(m.Attrs)
-		if n, ok := r.nest(AttrGlobalStats, spaceGlobalStats); ok {
-			readGlobalCounters(n)
-			r.absorb(n)
+		switch {
+		case !reply:
+			_, _, _, err = ReadStatsRequest(m.Attrs)
+		case slices.ContainsFunc(m.Attrs, func(a Attr) bool { return a.Type == AttrGlobalStats }):
+			_, err = ReadGlobalStats(m.Attrs) // the first part
+		default:
+			_, err = ReadSAStats(m.Attrs)
 		}
-		if n, ok := r.nest(AttrSAStats, spaceSAStats); ok {
-			readSACounters(n)
-			r.absorb(n)
+	case MsgSubscribe:
+		if !reply {
+			_, err = ReadSubscribe(m.Attrs)
 		}
-		err = r.error()
+	case MsgIKERegister:
+		if reply {
+			_, _, err = ReadIKEPorts(m.Attrs)
+		}
+	case MsgIKEPacket:
+		_, _, _, err = ReadIKEPacket(m.Attrs)
 	}
 	return err
 }

@@ -172,13 +172,25 @@ func sampleMessages(t testing.TB) [][]byte {
 	for _, e := range sampleEvents() {
 		add(MsgEvent, 0, func(b *Builder) { PutEvent(b, e) })
 	}
-	add(MsgIKEPacket, 0, func(b *Builder) { b.Raw(200, []byte("ike")) })
-	// Sequence-number settings and read-back (added last: the seed
-	// corpus names messages by type and position).
+	add(MsgIKEPacket, 0, func(b *Builder) {
+		PutIKEPacket(b, netip.MustParseAddrPort("198.18.0.2:4500"), netip.MustParseAddrPort("198.18.0.1:4500"), []byte{0, 0, 0, 0, 0x11})
+		b.Raw(200, []byte("ike")) // unknown: skipped
+	})
+	// Sequence-number settings and read-back, and below the rest (added
+	// after the others: the seed corpus names messages by type and
+	// position).
 	add(MsgSAAdd, 0, func(b *Builder) { putSAConfig(b, oseqConfig(t), true) })
 	add(MsgSAAdd, 0, func(b *Builder) { putSAConfig(b, replayConfig(t), true) })
 	add(MsgSAGet, FlagReply, func(b *Builder) {
 		PutSAInfo(b, SAInfo{Config: gcmConfig(t, 9), ReplayTop: 1<<32 + 100, ReplayBitmap: []byte{5, 0, 0xff, 0, 0, 0, 0, 1}})
+	})
+	// What the server and the client once read with the attribute reader
+	// itself.
+	add(MsgSPIAlloc, FlagReply, func(b *Builder) { PutSPI(b, 0xC3A5F00D) })
+	add(MsgStats, 0, func(b *Builder) { PutSAID(b, cfg.SPI, cfg.Dst) })
+	add(MsgIKERegister, FlagReply, func(b *Builder) { PutIKEPorts(b, 500, 4500) })
+	add(MsgIKEPacket, 0, func(b *Builder) {
+		PutIKEPacket(b, netip.AddrPortFrom(netip.Addr{}, 500), netip.MustParseAddrPort("[2001:db8::2]:500"), []byte{0xbb})
 	})
 	return out
 }
