@@ -38,7 +38,7 @@ var movedElsewhere = map[string]struct {
 	"espd_dataplane_handed_off_total": {"dataplane/outbound.go classifyOut and inbound.go classifyIn, for a batch handed to the workers",
 		"dataplane/pipeline_test.go", "TestOrderAcrossHandOff", "HandedOff"},
 	"espd_dataplane_read_errors_total": {"dataplane/outbound.go readTUN and inbound.go readOuter, when a TUN or outer socket read fails",
-		"dataplane/pipeline_test.go", "TestReadErrorsCounted", "ReadErrors"},
+		"dataplane/outer_test.go", "TestReadErrorsCounted", "ReadErrors"},
 	"espd_dataplane_tun_super_reads_total": {"tun's Read of a TSO/USO super-packet (tun.Stats.SuperReads, copied by dataplane.Device.Stats)",
 		"tun/offload_test.go", "TestCoalesceAndSplit", "SuperReads"},
 	"espd_dataplane_tun_queue_drops_total": {"the kernel, when the TUN's transmit queue is full (tun.Stats.QueueDrops, the interface's tx_dropped, copied by dataplane.Device.Stats)",
