@@ -73,37 +73,9 @@ func (r *ReplayWindow) Top() uint64 { return r.top.Load() }
 // one more when seqLo lies below the window, or one less when the window
 // spans a 2^32 boundary and seqLo lies in its older part. A guess that is
 // wrong fails the ICV check, which covers the high bits.
-//
-// Compared with the Linux kernel's xfrm_replay_seqhi (6.1), with top the
-// highest number seen (the replay-seq a state was given, or 0) and its
-// low half tl, high half th:
-//
-//   - Window within one subspace (tl >= W-1), seqLo at or above the
-//     bottom: th, as the kernel. Below the bottom: th+1, as the kernel,
-//     except at th = 2^32-1, where the kernel wraps to 0 and Infer keeps
-//     2^32-1 (no number follows 2^64-1; either guess fails the ICV).
-//   - Window spanning two subspaces (tl < W-1), seqLo below the bottom
-//     (tl-W+1 modulo 2^32): th, as the kernel. At or above it: th-1 when
-//     th > 0, as the kernel. With th = 0, and so for a state that has seen
-//     nothing (top 0), the kernel still takes th-1 and infers a high half
-//     of 2^32-1, while Infer infers 0: a peer that counts up from its
-//     initial number cannot send a number with high half 2^32-1 before
-//     one with high half 0, so 0 is the only guess that can be right. A
-//     peer whose first packets carry numbers just below 2^32, at or above
-//     the window's bottom (2^32-W+1, e.g. 2^32-3), is therefore received
-//     by espd, which then follows it across 2^32 (its top is then in the
-//     last part of high half 0: the first case), while the kernel fails
-//     their ICV, keeps an empty state, and after the crossing infers high
-//     half 0 where the peer has gone on to 1: it receives nothing from
-//     such a peer unless given the peer's starting point as its
-//     replay-seq (Merge does that for espd).
-//   - A window that is off (size 0): Infer uses W = NominalInferWidth.
-//     The kernel refuses an ESN state whose replay window is 0.
-//
-// The kernel's window is exactly its replay-window; espd's is rounded up
-// to a multiple of 64 (NewReplayWindow), which moves the bottom and so
-// where the cases above begin: compare the two with window sizes that are
-// multiples of 64.
+// It agrees with the kernel's xfrm_replay_seqhi except where no guess
+// but its own can be right (docs/xfrm-interop.md, "Inferring the high
+// half of an ESN").
 func (r *ReplayWindow) Infer(seqLo uint32) uint64 {
 	if !r.esn {
 		return uint64(seqLo)
