@@ -1,93 +1,29 @@
 package wire
 
 import (
-	"bytes"
 	"net/netip"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/espd/espd/crypto"
-	"github.com/espd/espd/esp"
+	"github.com/espd/espd/control/wire/wiretest"
 	"github.com/espd/espd/packet"
 	"github.com/espd/espd/sa"
 )
 
+// The shared samples (control/wire/wiretest), under the names the tests use.
 var (
-	v4a = netip.MustParseAddr("198.18.0.1")
-	v4b = netip.MustParseAddr("198.18.0.2")
-	v6a = netip.MustParseAddr("2001:db8::1")
-	v6b = netip.MustParseAddr("2001:db8::2")
+	v4a, v4b, v6a, v6b = wiretest.V4A, wiretest.V4B, wiretest.V6A, wiretest.V6B
+
+	mustSuite    = wiretest.MustSuite
+	key          = wiretest.Key
+	fullConfig   = wiretest.FullConfig
+	gcmConfig    = wiretest.GCMConfig
+	oseqConfig   = wiretest.OSeqConfig
+	replayConfig = wiretest.ReplayConfig
+	fullPolicy   = wiretest.FullPolicy
+	sameConfig   = wiretest.SameConfig
 )
-
-func mustSuite(t testing.TB, name string) crypto.Suite {
-	t.Helper()
-	s, err := crypto.ParseSuite(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func key(n int, seed byte) []byte {
-	k := make([]byte, n)
-	for i := range k {
-		k[i] = seed + byte(i)
-	}
-	return k
-}
-
-// fullConfig sets every field of a state to a non-zero value.
-func fullConfig(t testing.TB) sa.Config {
-	s := mustSuite(t, "aes256-sha384-esn")
-	return sa.Config{
-		SPI: 0xC0010203, Dir: sa.DirOut, Src: v4a, Dst: v4b, Suite: s,
-		EncKey: key(s.EncKeyLen(), 1), IntegKey: key(s.IntegKeyLen(), 100),
-		ReplayWindow: 128, EncapSrcPort: 4500, EncapDstPort: 4501, ReqID: 7, IfID: 42,
-		Selectors: []sa.Selector{
-			{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.19.0.0/16"),
-				Proto: 6, SrcPorts: sa.PortRange{Lo: 1024, Hi: 65535}, DstPorts: sa.PortRange{Lo: 443, Hi: 443}},
-			{Src: netip.MustParsePrefix("2001:db8:1::/48"), Dst: netip.MustParsePrefix("2001:db8:2::/64")},
-			{},
-		},
-		Soft: sa.Lifetime{Bytes: 1 << 30, Packets: 1 << 20, AddTime: 50 * time.Minute, UseTime: 20 * time.Minute},
-		Hard: sa.Lifetime{Bytes: 2 << 30, Packets: 2 << 20, AddTime: time.Hour, UseTime: 30*time.Minute + 1},
-		TTL:  33, CopyDSCP: true, DSCP: 46, ECN: true, DF: esp.DFClear, TFCPadTo: 1400,
-	}
-}
-
-// gcmConfig is a small inbound IPv6 state.
-func gcmConfig(t testing.TB, spi uint32) sa.Config {
-	s := mustSuite(t, "aes128gcm16")
-	return sa.Config{SPI: spi, Dir: sa.DirIn, Src: v6a, Dst: v6b, Suite: s,
-		EncKey: key(s.EncKeyLen(), 9), ReplayWindow: 64, ReqID: 2}
-}
-
-// oseqConfig is an outbound ESN state with the largest oseq it can take.
-func oseqConfig(t testing.TB) sa.Config {
-	c := fullConfig(t)
-	c.SPI = 0xC0010204
-	c.OSeq = 1<<64 - 2
-	return c
-}
-
-// replayConfig is an inbound ESN state given a replay state.
-func replayConfig(t testing.TB) sa.Config {
-	c := gcmConfig(t, 0x1235)
-	c.Suite.ESN = true
-	c.ReplaySeq = 1<<64 - 1
-	c.ReplayBitmap = []byte{0x05, 0, 0, 0, 0, 0, 0, 0x80}
-	return c
-}
-
-func fullPolicy() sa.Policy {
-	return sa.Policy{
-		Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.19.0.0/16"),
-			Proto: 17, SrcPorts: sa.PortRange{Lo: 5000, Hi: 5010}, DstPorts: sa.PortRange{Lo: 53, Hi: 53}},
-		Dir: sa.DirFwd, Action: sa.ActionDrop, Priority: 99, ReqID: 5, Index: 0x102,
-		TmplSrc: v4a, TmplDst: v4b, IfID: 42,
-	}
-}
 
 func sampleStats() sa.Stats {
 	st := sa.Stats{State: sa.StateSoftExpired, Packets: 10, Bytes: 12345,
@@ -193,25 +129,4 @@ func sampleMessages(t testing.TB) [][]byte {
 		PutIKEPacket(b, netip.AddrPortFrom(netip.Addr{}, 500), netip.MustParseAddrPort("[2001:db8::2]:500"), []byte{0xbb})
 	})
 	return out
-}
-
-// sameConfig compares configurations, keys included, treating nil and
-// empty keys alike.
-func sameConfig(a, b sa.Config) bool {
-	if !bytes.Equal(a.EncKey, b.EncKey) || !bytes.Equal(a.IntegKey, b.IntegKey) {
-		return false
-	}
-	a.EncKey, a.IntegKey, b.EncKey, b.IntegKey = nil, nil, nil, nil
-	if len(a.Selectors) == 0 && len(b.Selectors) == 0 {
-		a.Selectors, b.Selectors = nil, nil
-	}
-	if !slices.Equal(a.Selectors, b.Selectors) {
-		return false
-	}
-	a.Selectors, b.Selectors = nil, nil
-	return a.SPI == b.SPI && a.Dir == b.Dir && a.Src == b.Src && a.Dst == b.Dst && a.Suite == b.Suite &&
-		a.ReplayWindow == b.ReplayWindow && a.EncapSrcPort == b.EncapSrcPort && a.EncapDstPort == b.EncapDstPort &&
-		a.ReqID == b.ReqID && a.Soft == b.Soft && a.Hard == b.Hard && a.TTL == b.TTL &&
-		a.CopyDSCP == b.CopyDSCP && a.DSCP == b.DSCP && a.ECN == b.ECN && a.DF == b.DF && a.TFCPadTo == b.TFCPadTo &&
-		a.OSeq == b.OSeq && a.ReplaySeq == b.ReplaySeq && bytes.Equal(a.ReplayBitmap, b.ReplayBitmap) && a.Negotiated == b.Negotiated
 }
