@@ -68,12 +68,11 @@ type kernelIO struct {
 // openIO creates the TUN device, the policy routing and the outer sockets
 // in the calling thread's network namespace; batch is the data plane's
 // batch size. On error it closes what it opened.
-func openIO(cfg *IOConfig, batch int, log *slog.Logger) (k *kernelIO, err error) {
-	k = &kernelIO{}
+func openIO(cfg *IOConfig, batch int, log *slog.Logger) (_ *kernelIO, err error) {
+	k := &kernelIO{}
 	defer func() {
 		if err != nil {
 			k.close()
-			k = nil
 		}
 	}()
 	if k.tun, err = tun.Create(cfg.TUN); err != nil {
