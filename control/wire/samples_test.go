@@ -15,8 +15,6 @@ import (
 var (
 	v4a, v4b, v6a, v6b = wiretest.V4A, wiretest.V4B, wiretest.V6A, wiretest.V6B
 
-	mustSuite    = wiretest.MustSuite
-	key          = wiretest.Key
 	fullConfig   = wiretest.FullConfig
 	gcmConfig    = wiretest.GCMConfig
 	oseqConfig   = wiretest.OSeqConfig
