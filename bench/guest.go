@@ -84,14 +84,15 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// moduleRoot is the directory of the espd module the harness runs in.
+// moduleRoot is the directory of the espd module (the checkout's root)
+// whose espd the harness builds.
 func moduleRoot(ctx context.Context) (string, error) {
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	gomod := strings.TrimSpace(string(out))
-	if err != nil || gomod == "" || gomod == os.DevNull {
-		return "", fmt.Errorf("-xfrm-guest: run the harness inside the espd module (go env GOMOD: %q, %v)", gomod, err)
+	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/espd/espd").Output()
+	dir := strings.TrimSpace(string(out))
+	if err != nil || dir == "" {
+		return "", fmt.Errorf("-xfrm-guest: run the harness from an espd checkout (go list -m github.com/espd/espd: %q, %v)", dir, err)
 	}
-	return filepath.Dir(gomod), nil
+	return dir, nil
 }
 
 // goBuildStatic builds a static binary (CGO_ENABLED=0) for the guest, with

@@ -141,8 +141,9 @@ build_arch() {
 	amd64|arm64) goarch=$arch ;;
 	armhf) goarch=arm goarm=7 ;;
 	esac
+	# GOWORK=off: from the daemon's go.mod alone, not the workspace that adds bench/.
 	for b in espd espctl; do
-		(cd "$repo" && GOEXPERIMENT=runtimesecret CGO_ENABLED=0 GOOS=linux GOARCH=$goarch GOARM=$goarm \
+		(cd "$repo" && GOWORK=off GOEXPERIMENT=runtimesecret CGO_ENABLED=0 GOOS=linux GOARCH=$goarch GOARM=$goarm \
 			go build -trimpath -ldflags='-s -w' -o "$s/$b" "./cmd/$b")
 		# The build information must say what this script asked for.
 		info=$(go version -m "$s/$b")

@@ -5,7 +5,7 @@
 // alone. It needs root and network namespaces (testbed) and builds
 // ./cmd/espd; run it with
 //
-//	go test -run XXX -bench ManyStates -benchtime 1x ./dataplane/scalebench
+//	go test -run XXX -bench ManyStates -benchtime 1x ./bench/scalebench
 //
 // It is a separate package so that `go test ./dataplane` stays quick.
 package scalebench
