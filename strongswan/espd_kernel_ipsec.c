@@ -7,6 +7,17 @@
  * option) any later version.  See COPYING.
  */
 
+/*
+ * Why one file of about 2,200 lines: this is one strongSwan object, the
+ * kernel_ipsec_t backend (SAs, policies, the reconcile of charon's CHILD_SAs
+ * against espd's state), written in strongSwan's METHOD style, where every
+ * method takes the object's private struct. Splitting it would publish that
+ * struct in a header for every part to share; strongSwan's own kernel
+ * backends (kernel_netlink_ipsec.c, kernel_pfkey_ipsec.c) are one file each
+ * too. The sections below follow the interface: SAs, policies, sockets,
+ * reconcile.
+ */
+
 #include "espd_kernel_ipsec.h"
 #include "espd_plugin.h"
 #include "espd_conn.h"

@@ -7,6 +7,13 @@
  * option) any later version.  See COPYING.
  */
 
+/*
+ * Why one file of about 700 lines: this is one strongSwan object, the
+ * socket_t that carries charon's IKE packets over espd's hand-off (register,
+ * receive, send, the packets held while espd is away), in strongSwan's
+ * METHOD style over one private struct, which a split would have to publish.
+ */
+
 #include "espd_socket.h"
 #include "espd_plugin.h"
 #include "espd_conn.h"
