@@ -278,7 +278,7 @@ func (db *DB) plan(ch *Changes, adds []*SA) (*txPlan, error) {
 				o = inSPI[s.spi]
 			}
 			if o != nil {
-				return nil, fmt.Errorf("sa: inbound SPI 0x%08x is in use by the state to %v", s.spi, o.params.Load().cfg.Dst)
+				return nil, kindErrorf(ErrStateExists, "sa: inbound SPI 0x%08x is in use by the state to %v", s.spi, o.params.Load().cfg.Dst)
 			}
 			inSPI[s.spi] = s
 		}
@@ -305,7 +305,7 @@ func (db *DB) plan(ch *Changes, adds []*SA) (*txPlan, error) {
 
 // keyInUse is the error for a state whose key o already has.
 func keyInUse(s, o *SA) error {
-	return fmt.Errorf("sa: state spi 0x%08x dir %v: key already in use by state spi 0x%08x dir %v; every SA needs its own key", s.spi, s.dir, o.spi, o.dir)
+	return kindErrorf(ErrKeyReuse, "sa: state spi 0x%08x dir %v: key already in use by state spi 0x%08x dir %v; every SA needs its own key", s.spi, s.dir, o.spi, o.dir)
 }
 
 // continues finds the removed state that the new state s (adds[i])
@@ -313,7 +313,7 @@ func keyInUse(s, o *SA) error {
 func (pl *txPlan) continues(i int, s *SA, e *keyEntry, gone map[*SA]bool) error {
 	var src *SA
 	if e.live != nil && gone[e.live] && e.live.dir != s.dir {
-		return fmt.Errorf("sa: state spi 0x%08x dir %v: its key is that of state spi 0x%08x dir %v, which it replaces; a key cannot change direction (both ends would number packets under it): use a new key", s.spi, s.dir, e.live.spi, e.live.dir)
+		return kindErrorf(ErrKeyReuse, "sa: state spi 0x%08x dir %v: its key is that of state spi 0x%08x dir %v, which it replaces; a key cannot change direction (both ends would number packets under it): use a new key", s.spi, s.dir, e.live.spi, e.live.dir)
 	}
 	if e.live != nil && gone[e.live] {
 		src = e.live
@@ -325,7 +325,7 @@ func (pl *txPlan) continues(i int, s *SA, e *keyEntry, gone map[*SA]bool) error 
 	}
 	if s.dir == DirOut && !s.params.Load().cfg.Negotiated && src.params.Load().cfg.Negotiated {
 		// Its key's record would stay negotiated, which may expire.
-		return fieldErrorf(FieldNegotiated, "sa: state spi 0x%08x: its key is that of state spi 0x%08x, negotiated by IKE, which it continues as a manually keyed state; a negotiated key must not be installed by hand (its sequence numbers are forgotten after the store's retention): use a new key", s.spi, src.spi)
+		return &FieldError{Field: FieldNegotiated, Err: kindErrorf(ErrKeyReuse, "sa: state spi 0x%08x: its key is that of state spi 0x%08x, negotiated by IKE, which it continues as a manually keyed state; a negotiated key must not be installed by hand (its sequence numbers are forgotten after the store's retention): use a new key", s.spi, src.spi)}
 	}
 	if s.dir == DirOut {
 		// The most src may have sent: its last number once sealed, its
@@ -335,12 +335,12 @@ func (pl *txPlan) continues(i int, s *SA, e *keyEntry, gone map[*SA]bool) error 
 			bound = min(src.seqLimit.Load(), src.seqMax)
 		}
 		if bound >= s.seqMax {
-			return fmt.Errorf("sa: state spi 0x%08x: its key continues state spi 0x%08x, which may have sent sequence numbers up to %d, more than %v can number; keep ESN on or use a new key", s.spi, src.spi, bound, s.suite)
+			return kindErrorf(ErrKeyReuse, "sa: state spi 0x%08x: its key continues state spi 0x%08x, which may have sent sequence numbers up to %d, more than %v can number; keep ESN on or use a new key", s.spi, src.spi, bound, s.suite)
 		}
 	} else if !s.suite.ESN {
 		// Leave room for the peer to go on while the change commits.
 		if top := src.ReplayTop(); top >= 1<<32-1<<20 {
-			return fmt.Errorf("sa: state spi 0x%08x: its key continues state spi 0x%08x, whose peer has sent sequence numbers up to %d; without ESN they would start again: keep ESN on or use a new key", s.spi, src.spi, top)
+			return kindErrorf(ErrKeyReuse, "sa: state spi 0x%08x: its key continues state spi 0x%08x, whose peer has sent sequence numbers up to %d; without ESN they would start again: keep ESN on or use a new key", s.spi, src.spi, top)
 		}
 	}
 	pl.src[i] = src

@@ -76,7 +76,7 @@ func TestApplyESNOffRefused(t *testing.T) {
 	setSeq(s, 1<<32+5)
 	c.Suite = gcm128
 	err := db.Apply(Changes{DeleteSAs: []StateID{{0x5600, remote}}, AddSAs: []Config{c}})
-	if err == nil || !strings.Contains(err.Error(), "keep ESN on or use a new key") {
+	if !errors.Is(err, ErrKeyReuse) || !strings.Contains(err.Error(), "keep ESN on or use a new key") {
 		t.Fatalf("ESN off above 2^32: %v", err)
 	}
 	if !s.Alive() || len(db.SAs()) != 1 {
@@ -92,7 +92,7 @@ func TestApplyESNOffRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	ci.Suite = gcm128
-	if err := db.Apply(Changes{DeleteSAs: []StateID{{0x5601, local}}, AddSAs: []Config{ci}}); err == nil || !strings.Contains(err.Error(), "keep ESN on") {
+	if err := db.Apply(Changes{DeleteSAs: []StateID{{0x5601, local}}, AddSAs: []Config{ci}}); !errors.Is(err, ErrKeyReuse) {
 		t.Fatalf("inbound ESN off above 2^32: %v", err)
 	}
 
@@ -100,7 +100,7 @@ func TestApplyESNOffRefused(t *testing.T) {
 	co := testConfig(0x5602, DirOut, 1)
 	mustAdd(t, db, co)
 	co.Dir, co.Src, co.Dst = DirIn, remote, local
-	if err := db.Apply(Changes{DeleteSAs: []StateID{{0x5602, remote}}, AddSAs: []Config{co}}); err == nil || !strings.Contains(err.Error(), "cannot change direction") {
+	if err := db.Apply(Changes{DeleteSAs: []StateID{{0x5602, remote}}, AddSAs: []Config{co}}); !errors.Is(err, ErrKeyReuse) {
 		t.Fatalf("direction change under one key: %v", err)
 	}
 }

@@ -138,6 +138,11 @@ func (e *FieldError) Error() string { return e.Err.Error() }
 // Unwrap returns Err.
 func (e *FieldError) Unwrap() error { return e.Err }
 
+// immutable returns a *FieldError for field, classed ErrImmutable.
+func immutable(field, format string, args ...any) error {
+	return &FieldError{Field: field, Err: kindErrorf(ErrImmutable, format, args...)}
+}
+
 // fieldErrorf returns a *FieldError for field with a formatted message.
 func fieldErrorf(field, format string, args ...any) error {
 	return &FieldError{Field: field, Err: fmt.Errorf(format, args...)}
@@ -203,7 +208,10 @@ func (c Config) Validate() error { return c.validate(false) }
 
 // validate reports what makes c unusable as a state, never quoting a key.
 // With update, nil keys are accepted (unchanged).
-func (c *Config) validate(update bool) error {
+func (c *Config) validate(update bool) error { return classed(ErrInvalid, c.check(update)) }
+
+// check is validate's checks, unclassed.
+func (c *Config) check(update bool) error {
 	if c.Dir != DirIn && c.Dir != DirOut {
 		return fmt.Errorf("sa: state direction must be in or out, not %v", c.Dir)
 	}

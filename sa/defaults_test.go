@@ -1,6 +1,7 @@
 package sa
 
 import (
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -39,7 +40,7 @@ func TestValidateReserved(t *testing.T) {
 	for _, spi := range []uint32{0, 1, 2, 100, 255} {
 		c := testConfig(spi, DirIn, 1)
 		for name, err := range map[string]error{"Validate": c.Validate(), "AddSA": addErr(db, c)} {
-			if err == nil || !strings.Contains(err.Error(), "reserved") || !strings.Contains(err.Error(), "RFC 4303") {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "RFC 4303") {
 				t.Errorf("%s of SPI %d: %v, want a refusal naming RFC 4303", name, spi, err)
 			}
 		}
@@ -52,7 +53,7 @@ func TestValidateReserved(t *testing.T) {
 		c := testConfig(0x1000, DirIn, 1)
 		c.ReplayWindow = w
 		for name, err := range map[string]error{"Validate": c.Validate(), "AddSA": addErr(db, c)} {
-			if err == nil || !strings.Contains(err.Error(), "above the maximum of 65536") {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "maximum of 65536") {
 				t.Errorf("%s of window %d: %v, want a refusal naming the maximum", name, w, err)
 			}
 		}
@@ -72,7 +73,7 @@ func TestValidateReserved(t *testing.T) {
 	up := testConfig(0x2000, DirIn, 1)
 	up.EncKey = nil
 	up.ReplayWindow = esp.MaxReplayWindow + 64
-	if err := db.UpdateSA(up); err == nil || !strings.Contains(err.Error(), "above the maximum") {
+	if err := db.UpdateSA(up); !errors.Is(err, ErrInvalid) {
 		t.Errorf("UpdateSA with window %d: %v", up.ReplayWindow, err)
 	}
 }

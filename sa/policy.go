@@ -35,8 +35,11 @@ type Policy struct {
 // ID returns what identifies p among the installed policies.
 func (p Policy) ID() PolicyID { return PolicyID{Selector: p.Selector, Dir: p.Dir, IfID: p.IfID} }
 
-// Validate reports what makes p unusable.
-func (p Policy) Validate() error {
+// Validate reports what makes p unusable (classed ErrInvalid).
+func (p Policy) Validate() error { return classed(ErrInvalid, p.check()) }
+
+// check is Validate's checks, unclassed.
+func (p Policy) check() error {
 	if p.Dir >= numDirections {
 		return fmt.Errorf("sa: policy direction %v is not in, out or fwd", p.Dir)
 	}

@@ -12,22 +12,6 @@ import (
 	"github.com/espd/espd/packet"
 )
 
-// ErrPolicyExists is returned (wrapped) by AddPolicy for a policy whose
-// selector and direction are already installed.
-var ErrPolicyExists = errors.New("policy exists")
-
-// ErrNotFound is returned (wrapped) when a state or policy to update or
-// delete is not installed.
-var ErrNotFound = errors.New("not found")
-
-// ErrStateExists is returned (wrapped) when a state with the same SPI and
-// destination is already installed.
-var ErrStateExists = errors.New("state already exists")
-
-// ErrNoSPI is returned (wrapped) by AllocSPI when every SPI of the range
-// is taken.
-var ErrNoSPI = errors.New("no free SPI")
-
 // spdb is the policy half of DB.
 type spdb struct {
 	mu sync.Mutex

@@ -144,19 +144,19 @@ func (s *SA) checkUpdate(c *Config) error {
 	esnOnly.ESN = s.suite.ESN
 	switch {
 	case c.Suite != s.suite && esnOnly == s.suite:
-		return fieldErrorf(FieldESN, "sa: state spi 0x%08x: UpdateSA cannot turn ESN %s (%v to %v): a state's sequence numbers keep their width; delete the state and add a new one", s.spi, onOff(c.Suite.ESN), s.suite, c.Suite)
+		return immutable(FieldESN, "sa: state spi 0x%08x: UpdateSA cannot turn ESN %s (%v to %v): a state's sequence numbers keep their width; delete the state and add a new one", s.spi, onOff(c.Suite.ESN), s.suite, c.Suite)
 	case c.Suite != s.suite:
-		return fieldErrorf(FieldSuite, "sa: state spi 0x%08x: UpdateSA cannot change the algorithms (%v to %v): delete the state and add a new one", s.spi, s.suite, c.Suite)
+		return immutable(FieldSuite, "sa: state spi 0x%08x: UpdateSA cannot change the algorithms (%v to %v): delete the state and add a new one", s.spi, s.suite, c.Suite)
 	case (c.EncKey != nil || c.IntegKey != nil) && crypto.KeyFingerprint(c.EncKey, c.IntegKey) != s.fp:
-		return fieldErrorf(FieldKeys, "sa: state spi 0x%08x: UpdateSA cannot change the keys: delete the state and add a new one", s.spi)
+		return immutable(FieldKeys, "sa: state spi 0x%08x: UpdateSA cannot change the keys: delete the state and add a new one", s.spi)
 	case c.ReqID != s.reqid:
-		return fieldErrorf(FieldReqID, "sa: state spi 0x%08x: UpdateSA cannot change the reqid (%d to %d): delete the state and add a new one", s.spi, s.reqid, c.ReqID)
+		return immutable(FieldReqID, "sa: state spi 0x%08x: UpdateSA cannot change the reqid (%d to %d): delete the state and add a new one", s.spi, s.reqid, c.ReqID)
 	case c.IfID != s.ifID:
-		return fieldErrorf(FieldIfID, "sa: state spi 0x%08x: UpdateSA cannot change the interface ID (%d to %d): delete the state and add a new one", s.spi, s.ifID, c.IfID)
+		return immutable(FieldIfID, "sa: state spi 0x%08x: UpdateSA cannot change the interface ID (%d to %d): delete the state and add a new one", s.spi, s.ifID, c.IfID)
 	case s.dir == DirIn && c.ReplayWindow != old.cfg.ReplayWindow:
-		return fieldErrorf(FieldReplayWindow, "sa: state spi 0x%08x: UpdateSA cannot change the replay window (%d to %d): delete the state and add a new one", s.spi, old.cfg.ReplayWindow, c.ReplayWindow)
+		return immutable(FieldReplayWindow, "sa: state spi 0x%08x: UpdateSA cannot change the replay window (%d to %d): delete the state and add a new one", s.spi, old.cfg.ReplayWindow, c.ReplayWindow)
 	case c.Negotiated != old.cfg.Negotiated:
-		return fieldErrorf(FieldNegotiated, "sa: state spi 0x%08x: UpdateSA cannot change whether its keys were negotiated (%s to %s): the origin of a key decides how long its sequence numbers are remembered; delete the state and add a new one with a new key", s.spi, origin(old.cfg.Negotiated), origin(c.Negotiated))
+		return immutable(FieldNegotiated, "sa: state spi 0x%08x: UpdateSA cannot change whether its keys were negotiated (%s to %s): the origin of a key decides how long its sequence numbers are remembered; delete the state and add a new one with a new key", s.spi, origin(old.cfg.Negotiated), origin(c.Negotiated))
 	}
 	return nil
 }

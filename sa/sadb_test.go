@@ -3,7 +3,6 @@ package sa
 import (
 	"errors"
 	"net/netip"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -118,7 +117,7 @@ func TestAddSADuplicates(t *testing.T) {
 	}
 	other := testConfig(0x3000, DirIn, 2)
 	other.Dst = netip.MustParseAddr("198.18.0.9")
-	if _, err := db.AddSA(other); err == nil || !strings.Contains(err.Error(), "in use") {
+	if _, err := db.AddSA(other); !errors.Is(err, ErrStateExists) {
 		t.Errorf("same inbound SPI, other dst: %v", err)
 	}
 	// An outbound state may have the SPI of an inbound one: the peer chose it.

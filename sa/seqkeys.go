@@ -184,7 +184,7 @@ func (db *DB) resumeSeq(s *SA, floor uint64) error {
 	}
 	hw = max(hw, floor)
 	if hw >= s.seqMax {
-		return fmt.Errorf("sa: state spi 0x%08x: key %s has used every sequence number %v can number (up to %d); it needs a new key", s.spi, fpString(s.fp), s.suite, hw)
+		return kindErrorf(ErrKeyExhausted, "sa: state spi 0x%08x: key %s has used every sequence number %v can number (up to %d); it needs a new key", s.spi, fpString(s.fp), s.suite, hw)
 	}
 	limit := db.seqNext(hw, s.seqMax)
 	if err := db.opts.Seq.Reserve(s.fp, limit); err != nil {
@@ -206,7 +206,7 @@ func (db *DB) checkDirection(s *SA) error {
 		if s.dir == DirIn {
 			other = DirOut
 		}
-		return fmt.Errorf("sa: state spi 0x%08x dir %v: key %s was used dir %v before (by a state since deleted, or before a restart); a key serves one direction for ever, since the other end numbers its packets under it too: use a new key: %w", s.spi, s.dir, fpString(s.fp), other, ErrKeyDirection)
+		return kindErrorf(ErrKeyReuse, "sa: state spi 0x%08x dir %v: key %s was used dir %v before (by a state since deleted, or before a restart); a key serves one direction for ever, since the other end numbers its packets under it too: use a new key: %w", s.spi, s.dir, fpString(s.fp), other, ErrKeyDirection)
 	}
 	return nil
 }

@@ -1,8 +1,6 @@
 package sa
 
 import (
-	"errors"
-	"fmt"
 	"sync"
 
 	"github.com/espd/espd/crypto"
@@ -41,10 +39,6 @@ type SeqStore interface {
 	Used(fp crypto.Fingerprint) (out, in bool, err error)
 }
 
-// ErrKeyDirection is the error (wrapped) of a state whose key served the
-// other direction before.
-var ErrKeyDirection = errors.New("a key serves one direction")
-
 // MemSeqStore is a SeqStore kept in memory: it makes the rules hold for
 // the life of the process (a key re-added after delete, or whose state is
 // replaced, continues above its old counter) but forgets everything at
@@ -63,7 +57,7 @@ func NewMemSeqStore() *MemSeqStore {
 // use records that fp serves d, unless it served the other direction.
 func (m *MemSeqStore) use(fp crypto.Fingerprint, d Direction) error {
 	if u, ok := m.dir[fp]; ok && u != d {
-		return fmt.Errorf("sa: key %s served dir %v: it cannot serve dir %v: %w", fpString(fp), u, d, ErrKeyDirection)
+		return kindErrorf(ErrKeyReuse, "sa: key %s served dir %v: it cannot serve dir %v: %w", fpString(fp), u, d, ErrKeyDirection)
 	}
 	m.dir[fp] = d
 	return nil

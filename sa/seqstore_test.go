@@ -315,7 +315,7 @@ func TestSeqStoreFailureRefusesState(t *testing.T) {
 	c := testConfig(0x5302, DirOut, 1)
 	st.high[fpOf(c)] = 1<<32 - 1
 	db := newStoreDB(t, st, 0)
-	if _, err := db.AddSA(c); err == nil || !strings.Contains(err.Error(), "used every sequence number") {
+	if _, err := db.AddSA(c); !errors.Is(err, ErrKeyExhausted) {
 		t.Errorf("exhausted key: %v", err)
 	}
 	c.Suite = gcm128ESN // with ESN it goes on
@@ -335,7 +335,7 @@ func TestDuplicateKeyRefused(t *testing.T) {
 		b.EncKey = a.EncKey
 		_, err := db.AddSA(b)
 		want := fmt.Sprintf("key already in use by state spi 0x00005400 dir %v; every SA needs its own key", dirs[0])
-		if err == nil || !strings.Contains(err.Error(), want) {
+		if !errors.Is(err, ErrKeyReuse) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%v then %v: %v", dirs[0], dirs[1], err)
 		}
 		if len(db.SAs()) != 1 {
@@ -344,7 +344,7 @@ func TestDuplicateKeyRefused(t *testing.T) {
 		// Apply refuses two new states with one key as well.
 		c1, c2 := testConfig(0x5402, DirOut, 3), testConfig(0x5403, dirs[1], 3)
 		c2.EncKey = c1.EncKey
-		if err := db.Apply(Changes{AddSAs: []Config{c1, c2}}); err == nil || !strings.Contains(err.Error(), "key already in use") {
+		if err := db.Apply(Changes{AddSAs: []Config{c1, c2}}); !errors.Is(err, ErrKeyReuse) {
 			t.Errorf("Apply with one key twice: %v", err)
 		}
 		if err := db.DeleteSA(first.SPI(), first.Config().Dst); err != nil {
@@ -397,7 +397,7 @@ func TestStateKeepsNoKeyCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.EncKey = testStateKey(len(c.EncKey), 0x5f01, DirOut)
-	if err := db.UpdateSA(c); err == nil || !strings.Contains(err.Error(), "cannot change the keys") {
+	if err := db.UpdateSA(c); !isField(err, ErrImmutable, FieldKeys) {
 		t.Errorf("UpdateSA with another key: %v", err)
 	}
 }
@@ -436,7 +436,7 @@ func TestSeqOriginReachesStore(t *testing.T) {
 
 	up := s.Config()
 	up.Negotiated = false
-	if err := db.UpdateSA(up); err == nil || !strings.Contains(err.Error(), "negotiated") {
+	if err := db.UpdateSA(up); !isField(err, ErrImmutable, FieldNegotiated) {
 		t.Errorf("UpdateSA turning a negotiated state manual: %v, want an error", err)
 	}
 	up = s.Config()
@@ -449,7 +449,7 @@ func TestSeqOriginReachesStore(t *testing.T) {
 	again := neg
 	again.Negotiated = false
 	err := db.Apply(Changes{DeleteSAs: []StateID{{0x5601, remote}}, AddSAs: []Config{again}})
-	if err == nil || !strings.Contains(err.Error(), "negotiated by IKE") {
+	if !isField(err, ErrKeyReuse, FieldNegotiated) {
 		t.Errorf("manual state continuing a negotiated key: %v, want an error", err)
 	}
 	if !s.Alive() {

@@ -97,6 +97,9 @@ func TestUpdateSARefusals(t *testing.T) {
 			t.Errorf("UpdateSA changed the %s", what)
 			continue
 		}
+		if !errors.Is(err, ErrImmutable) {
+			t.Errorf("%s: %v, want ErrImmutable", what, err)
+		}
 		if !strings.Contains(err.Error(), "delete the state and add a new one") {
 			t.Errorf("%s: error %q does not say what to do", what, err)
 		}
