@@ -25,14 +25,14 @@ func prepareDir(dir string) error {
 		return fmt.Errorf("seqstore: state directory: %w", err)
 	}
 	if !fi.IsDir() {
-		return fmt.Errorf("seqstore: state directory %s is not a directory", dir)
+		return fmt.Errorf("seqstore: state directory %s is not a directory: %w", dir, ErrUnsafeDir)
 	}
 	if fi.Mode().Perm()&0o022 != 0 {
-		return fmt.Errorf("seqstore: state directory %s has mode %04o: others could replace the record of used sequence numbers; make it writable by its owner only (chmod go-w)", dir, fi.Mode().Perm())
+		return fmt.Errorf("seqstore: state directory %s has mode %04o: others could replace the record of used sequence numbers; make it writable by its owner only (chmod go-w): %w", dir, fi.Mode().Perm(), ErrUnsafeDir)
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		if uid := os.Geteuid(); st.Uid != uint32(uid) && st.Uid != 0 {
-			return fmt.Errorf("seqstore: state directory %s is owned by uid %d, not by espd's user (uid %d) or root", dir, st.Uid, uid)
+			return fmt.Errorf("seqstore: state directory %s is owned by uid %d, not by espd's user (uid %d) or root: %w", dir, st.Uid, uid, ErrUnsafeDir)
 		}
 	}
 	return nil

@@ -53,6 +53,9 @@ var (
 	ErrCorrupt = errors.New("sequence-number store corrupt")
 	// ErrLocked: another espd holds the state directory.
 	ErrLocked = errors.New("state directory locked")
+	// ErrUnsafeDir: the state directory is not a directory, or others
+	// could write to it (its mode or its owner).
+	ErrUnsafeDir = errors.New("state directory unsafe")
 	// ErrClosed: the Store was closed.
 	ErrClosed = errors.New("seqstore: closed")
 )

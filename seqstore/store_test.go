@@ -233,7 +233,7 @@ func TestDirectoryChecks(t *testing.T) {
 	dir := t.TempDir()
 	must(t, os.Chmod(dir, 0o777))
 	_, err := Open(dir, Options{})
-	if err == nil || !strings.Contains(err.Error(), "chmod go-w") {
+	if !errors.Is(err, ErrUnsafeDir) || !strings.Contains(err.Error(), "chmod go-w") {
 		t.Errorf("world-writable directory: %v, want a refusal", err)
 	}
 	must(t, os.Chmod(dir, 0o770))
@@ -251,7 +251,7 @@ func TestDirectoryChecks(t *testing.T) {
 	if os.Geteuid() == 0 {
 		must(t, os.Chmod(dir, 0o700))
 		must(t, os.Chown(dir, 65534, 65534))
-		if _, err := Open(dir, Options{}); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+		if _, err := Open(dir, Options{}); !errors.Is(err, ErrUnsafeDir) || !strings.Contains(err.Error(), "owned by uid 65534") {
 			t.Errorf("directory of another user: %v, want a refusal", err)
 		}
 	}
