@@ -204,7 +204,7 @@ func sourceVersion() string {
 // version names the binary a system runs, for the JSON.
 func version(name string, env *system.Env) string {
 	switch name {
-	case "libipsec", "espd-charon":
+	case "libipsec", "libipsec-noaesni", "espd-charon":
 		out, err := exec.Command("dpkg-query", "-W", "-f", "${Version}", "strongswan-charon").Output()
 		if err != nil || len(out) == 0 {
 			return "strongSwan (version unknown)"

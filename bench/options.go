@@ -73,7 +73,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		noAESNI, ipv6        bool
 	)
 	fs.StringVar(&systems, "systems", defaultSystems, "systems to compare, comma-separated, or \"all\": "+strings.Join(systemNames(), ", "))
-	fs.BoolVar(&noAESNI, "noaesni", false, "add espd and wireguard-go with AES-NI, PCLMULQDQ and AVX2 off (GODEBUG="+system.NoAESNI+")")
+	fs.BoolVar(&noAESNI, "noaesni", false, "add espd and the no-AES-NI twin (AES-NI, PCLMULQDQ, AVX2 off) of every system given that has one")
 	fs.StringVar(&suites, "suites", defaultSuites, "ESP suites, comma-separated (strongSwan names); 3des-* and camellia*-* run for XFRM only (espd refuses them)")
 	fs.StringVar(&mss, "mss", defaultMSS, "TCP MSS values, comma-separated; max is the path's own")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time of each TCP run")
@@ -263,9 +263,13 @@ func parseSystems(list string, noAESNI bool) ([]string, error) {
 		want[name] = true
 	}
 	if noAESNI {
+		// espd's raw ESP always; the no-AES-NI twin of every other
+		// system given that does its crypto in software.
 		want["espd-noaesni"] = true
-		if want["wireguard-go"] {
-			want["wireguard-go-noaesni"] = true
+		for _, k := range known {
+			if twin := k + "-noaesni"; want[k] && slices.Contains(known, twin) {
+				want[twin] = true
+			}
 		}
 	}
 	var out []string

@@ -87,6 +87,13 @@ func TestOptions(t *testing.T) {
 	if want := []string{"espd", "espd-noaesni", "wireguard-go", "wireguard-go-noaesni"}; !slices.Equal(o.systems, want) {
 		t.Errorf("-noaesni systems %v, want %v", o.systems, want)
 	}
+	o2, err := parseOptions([]string{"-systems", "routing,espd-udp,libipsec", "-noaesni"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"routing", "espd-noaesni", "espd-udp", "espd-udp-noaesni", "libipsec", "libipsec-noaesni"}; !slices.Equal(o2.systems, want) {
+		t.Errorf("-noaesni twins: systems %v, want %v", o2.systems, want)
+	}
 	if len(o.suites) != 7 || !slices.Equal(o.mss, []int{0, 1000, 500, 200}) || o.reps != 3 || o.family != 6 {
 		t.Errorf("defaults: %+v", o)
 	}

@@ -197,8 +197,8 @@ type Ratio struct {
 }
 
 // DefaultRatios are the comparisons the report prints when both systems
-// ran: espd against each peer, and espd without AES-NI against
-// wireguard-go without it.
+// ran: espd against each peer, espd's two modes without AES-NI against
+// the peers without it, and each mode against the other.
 var DefaultRatios = []Ratio{
 	{"espd", "wireguard-go"},
 	{"espd", "libipsec"},
@@ -206,8 +206,10 @@ var DefaultRatios = []Ratio{
 	{"espd", "espd-charon"},
 	{"espd", "routing"},
 	{"espd-noaesni", "wireguard-go-noaesni"},
-	{"espd-noaesni", "libipsec"},
+	{"espd-udp-noaesni", "wireguard-go-noaesni"},
+	{"espd-noaesni", "libipsec-noaesni"},
 	{"espd-udp", "espd"},
+	{"espd-udp-noaesni", "espd-noaesni"},
 }
 
 // Ratios is the table of throughput ratios of medians from this run, one

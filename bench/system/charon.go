@@ -39,7 +39,8 @@ const (
 // Charon runs a charon on each gateway, in its own mount namespace with a
 // private /run, negotiating IKEv2 with a pre-shared key; gwA initiates.
 type Charon struct {
-	kind CharonKind
+	kind    CharonKind
+	noAESNI bool // libipsec without AES-NI, PCLMULQDQ and AVX2
 
 	env  *Env
 	top  *testbed.Topology
@@ -52,10 +53,23 @@ type Charon struct {
 // NewCharon returns the charon system of the given kind.
 func NewCharon(kind CharonKind) *Charon { return &Charon{kind: kind} }
 
+// NewLibipsecNoAESNI returns kernel-libipsec as on a CPU without AES-NI,
+// carry-less multiplication and AVX2: charon loads no aesni plugin and
+// OpenSSL runs with those bits masked (OpenSSLNoAESNI).
+func NewLibipsecNoAESNI() *Charon { return &Charon{kind: CharonLibipsec, noAESNI: true} }
+
+// OpenSSLNoAESNI is the OPENSSL_ia32cap mask that turns off OpenSSL's
+// AES-NI (bit 57) and PCLMULQDQ (bit 33) code, and its AVX2 code (bit 5 of
+// the second word), as NoAESNI does for Go.
+const OpenSSLNoAESNI = "~0x200000200000000:~0x20"
+
 // Name implements System.
 func (c *Charon) Name() string {
 	if c.kind == CharonEspd {
 		return "espd-charon"
+	}
+	if c.noAESNI {
+		return "libipsec-noaesni"
 	}
 	return "libipsec"
 }
@@ -64,6 +78,9 @@ func (c *Charon) Name() string {
 func (c *Charon) Label() string {
 	if c.kind == CharonEspd {
 		return "espd keyed by charon"
+	}
+	if c.noAESNI {
+		return "strongSwan kernel-libipsec, no AES-NI/AVX2"
 	}
 	return "strongSwan kernel-libipsec"
 }
@@ -240,6 +257,9 @@ func (c *Charon) startCharon(ctx context.Context, node *testbed.Node, i int) (*c
 	os.Remove(filepath.Join(dir, "charon.vici"))
 	var load []string
 	for _, pl := range charonPlugins {
+		if pl == "aesni" && c.noAESNI {
+			continue
+		}
 		if _, err := os.Stat(filepath.Join(CharonPluginDir, "libstrongswan-"+pl+".so")); err == nil {
 			load = append(load, pl)
 		}
@@ -268,7 +288,11 @@ func (c *Charon) startCharon(ctx context.Context, node *testbed.Node, i int) (*c
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		return nil, err
 	}
-	script := fmt.Sprintf("mount --bind %s /run && exec env STRONGSWAN_CONF=%s %s", run, confPath, CharonBin)
+	env := "STRONGSWAN_CONF=" + confPath
+	if c.noAESNI {
+		env += " OPENSSL_ia32cap=" + OpenSSLNoAESNI
+	}
+	script := fmt.Sprintf("mount --bind %s /run && exec env %s %s", run, env, CharonBin)
 	var err error
 	p.proc, err = node.Start(filepath.Join(dir, "charon.out"), "unshare", "-m", "--propagation", "private", "sh", "-c", script)
 	if err != nil {
