@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/espd/espd/control"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/testbed"
 )
@@ -400,7 +401,8 @@ func (c *Charon) Counters(ctx context.Context) (Counters, bool, error) {
 	defer cancel()
 	var cnt Counters
 	for i, p := range c.espd {
-		st, err := p.ctl.Stats(ctx)
+		var st control.Stats
+		err := p.use(ctx, func(c *control.Client) (err error) { st, err = c.Stats(ctx); return err })
 		if err != nil {
 			return cnt, true, err
 		}

@@ -105,12 +105,26 @@ func (e *Espd) Setup(ctx context.Context, env *Env) error {
 	return nil
 }
 
-// espdProc is one running espd with its control connection.
+// espdProc is one running espd.
 type espdProc struct {
 	node *testbed.Node
 	sock string
 	proc *testbed.Process
-	ctl  *control.Client
+}
+
+// use runs f over a control connection of its own. The harness leaves one
+// espd alone while the other systems run, often for longer than the control
+// socket's idle timeout (a minute), after which espd closes a connection it
+// was holding; a connection per operation has no idle time.
+func (p *espdProc) use(ctx context.Context, f func(*control.Client) error) error {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	c, err := control.Dial(dctx, p.sock)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("espd on %s: %w", p.node.Role, err)
+	}
+	defer c.Close()
+	return f(c)
 }
 
 // startEspd starts espd in node and connects to its control socket.
@@ -138,12 +152,7 @@ func startEspd(ctx context.Context, bin string, node *testbed.Node, dir, godebug
 	if err != nil {
 		return p, err
 	}
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if p.ctl, err = control.Dial(dctx, p.sock); err != nil {
-		return p, fmt.Errorf("espd on %s: %w", node.Role, err)
-	}
-	return p, nil
+	return p, p.use(ctx, func(*control.Client) error { return nil })
 }
 
 func (p *espdProc) close() error {
@@ -151,9 +160,6 @@ func (p *espdProc) close() error {
 		return nil
 	}
 	var errs []error
-	if p.ctl != nil {
-		p.ctl.Close()
-	}
 	if p.proc != nil {
 		if err := p.proc.Stop(10 * time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("espd on %s: %w\n%s", p.node.Role, err, lastLines(p.proc.Log(), 10)))
@@ -213,10 +219,10 @@ func (e *Espd) Key(ctx context.Context, s crypto.Suite) error {
 		return err
 	}
 	a, b := e.a.sides()
-	if err := keyEspd(ctx, e.gw[0].ctl, s, a, b, SPIAB, SPIBA, e.encap); err != nil {
+	if err := e.gw[0].use(ctx, func(c *control.Client) error { return keyEspd(ctx, c, s, a, b, SPIAB, SPIBA, e.encap) }); err != nil {
 		return fmt.Errorf("espd on gwA: %w", err)
 	}
-	if err := keyEspd(ctx, e.gw[1].ctl, s, b, a, SPIBA, SPIAB, e.encap); err != nil {
+	if err := e.gw[1].use(ctx, func(c *control.Client) error { return keyEspd(ctx, c, s, b, a, SPIBA, SPIAB, e.encap) }); err != nil {
 		return fmt.Errorf("espd on gwB: %w", err)
 	}
 	return nil
@@ -228,8 +234,10 @@ func (e *Espd) Unkey(ctx context.Context) error {
 	defer cancel()
 	var errs []error
 	for _, p := range e.gw {
-		if p != nil && p.ctl != nil {
-			errs = append(errs, p.ctl.FlushPolicies(ctx), p.ctl.FlushSAs(ctx))
+		if p != nil && p.proc != nil {
+			errs = append(errs, p.use(ctx, func(c *control.Client) error {
+				return errors.Join(c.FlushPolicies(ctx), c.FlushSAs(ctx))
+			}))
 		}
 	}
 	return errors.Join(errs...)
@@ -260,11 +268,12 @@ func espdCounters(ctx context.Context, a, b *espdProc, spi uint32, dst netip.Add
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var c Counters
-	sta, err := a.ctl.SAStats(ctx, spi, dst)
+	var sta, stb control.Stats
+	err := a.use(ctx, func(c *control.Client) (err error) { sta, err = c.SAStats(ctx, spi, dst); return err })
 	if err != nil {
 		return c, fmt.Errorf("espd on gwA: %w", err)
 	}
-	stb, err := b.ctl.SAStats(ctx, spi, dst)
+	err = b.use(ctx, func(c *control.Client) (err error) { stb, err = c.SAStats(ctx, spi, dst); return err })
 	if err != nil {
 		return c, fmt.Errorf("espd on gwB: %w", err)
 	}

@@ -20,7 +20,9 @@ func (e *Espd) KeyTunnels(ctx context.Context, s crypto.Suite, n int) error {
 	}
 	e.tunnels = n
 	for side, p := range e.gw {
-		if err := keyEspdTunnels(ctx, p.ctl, s, e.env.Family, e.a, side == 1, n, e.encap); err != nil {
+		if err := p.use(ctx, func(c *control.Client) error {
+			return keyEspdTunnels(ctx, c, s, e.env.Family, e.a, side == 1, n, e.encap)
+		}); err != nil {
 			return fmt.Errorf("espd on %s: %w", p.node.Role, err)
 		}
 	}
@@ -74,7 +76,8 @@ func (e *Espd) TunnelCounters(ctx context.Context) ([]Counters, bool, error) {
 	defer cancel()
 	var per [2]map[uint32]sa.Stats
 	for side, p := range e.gw {
-		st, err := p.ctl.Stats(ctx)
+		var st control.Stats
+		err := p.use(ctx, func(c *control.Client) (err error) { st, err = c.Stats(ctx); return err })
 		if err != nil {
 			return nil, true, fmt.Errorf("espd on %s: %w", p.node.Role, err)
 		}
