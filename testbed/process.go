@@ -26,8 +26,10 @@ type Process struct {
 
 	cmd      *exec.Cmd
 	log      *os.File
-	done     chan struct{}
-	waitErr  error
+	done     chan struct{} // closed when the process has exited (not yet reaped)
+	exit     exitStatus    // set before done is closed
+	waitErr  error         // set before done is closed
+	reapOnce sync.Once
 	stopOnce sync.Once
 	stopErr  error
 	stopping atomic.Bool
@@ -62,8 +64,8 @@ func (n *Node) Start(logPath string, argv ...string) (*Process, error) {
 		done:    make(chan struct{}),
 	}
 	go func() {
-		p.waitErr = cmd.Wait()
-		f.Close()
+		p.exit = waitExited(cmd.Process.Pid)
+		p.waitErr = p.exit.err()
 		close(p.done)
 	}()
 	n.mu.Lock()
@@ -110,10 +112,7 @@ func (p *Process) Stop(grace time.Duration) error {
 		if grace <= 0 {
 			grace = DefaultStopGrace
 		}
-		defer func() {
-			// Whatever the process left behind in its group.
-			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		}()
+		defer p.reap()
 		select {
 		case <-p.done:
 			if p.waitErr != nil {
@@ -125,7 +124,7 @@ func (p *Process) Stop(grace time.Duration) error {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.done:
-			if p.waitErr != nil && !diedOf(p.cmd.ProcessState, syscall.SIGTERM) {
+			if p.waitErr != nil && p.exit.signal != syscall.SIGTERM {
 				p.stopErr = fmt.Errorf("testbed: %s exited after SIGTERM: %w", p.Name, p.waitErr)
 			}
 		case <-time.After(grace):
@@ -142,15 +141,10 @@ func (p *Process) Stop(grace time.Duration) error {
 func (p *Process) ExitCode() (int, bool) {
 	select {
 	case <-p.done:
-		return p.cmd.ProcessState.ExitCode(), true
+		return p.exit.code(), true
 	default:
 		return 0, false
 	}
-}
-
-func diedOf(ps *os.ProcessState, sig syscall.Signal) bool {
-	ws, ok := ps.Sys().(syscall.WaitStatus)
-	return ok && ws.Signaled() && ws.Signal() == sig
 }
 
 // Log returns the process's log so far.
@@ -176,4 +170,19 @@ func (n *Node) stopAll() error {
 		errs = append(errs, procs[i].Stop(0))
 	}
 	return errors.Join(errs...)
+}
+
+// reap kills what the process left behind in its group and then reaps it.
+// Until it is reaped, the exited process keeps its PID, and so its
+// process group's ID, from being given to another process: the group
+// kill cannot reach a process that merely reuses the number (with
+// kernel.pid_max at 32768 and many processes per test, a stale one
+// would, and test binaries run side by side).
+func (p *Process) reap() {
+	<-p.done
+	p.reapOnce.Do(func() {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		_ = p.cmd.Wait()
+		p.log.Close()
+	})
 }
