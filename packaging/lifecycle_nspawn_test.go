@@ -1,12 +1,14 @@
 package packaging
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -439,6 +441,9 @@ func (bed *packageBed) waitRecovered(t *testing.T, ev *lifecycleEvent, pingers [
 	t.Helper()
 	var up time.Time
 	if !testbed.Poll(60*time.Second, 200*time.Millisecond, func() bool {
+		for _, p := range pingers {
+			p.revive(t)
+		}
 		if up.IsZero() {
 			if !bed.tunnelUp("A") || !bed.tunnelUp("B") {
 				return false
@@ -461,6 +466,10 @@ func (bed *packageBed) waitRecovered(t *testing.T, ev *lifecycleEvent, pingers [
 			out, _ := n.Run(t.Context(), "sh", "-c", "ip addr; ip -4 route; ip -6 route; ip neigh")
 			t.Logf("%s:\n%s", n.Role, out)
 		}
+		bed.logLANs(t)
+		for _, p := range pingers {
+			t.Logf("%s: ping %s", p.name, p.state())
+		}
 		t.Fatalf("%s: the tunnel was not back within 60 s (up in espd on both gateways: %v)", ev.name, !up.IsZero())
 	}
 	ev.recovered = time.Now()
@@ -470,3 +479,30 @@ var (
 	pingReply   = regexp.MustCompile(`^\[(\d+)\.(\d+)\] \d+ bytes from .* time=([0-9.]+) ms`)
 	pingNoReply = regexp.MustCompile(`^\[(\d+)\.(\d+)\] no answer yet`)
 )
+
+// logLANs logs what the LAN links carry for 2 s at each end, and the
+// neighbour tables and counters of the four namespaces: whether a LAN host
+// still sends and whether its gateway hears it.
+func (bed *packageBed) logLANs(t *testing.T) {
+	t.Helper()
+	ends := []struct {
+		n      *testbed.Node
+		ifname string
+	}{{bed.top.Client, "eth0"}, {bed.top.GwA, testbed.IfLAN}, {bed.top.GwB, testbed.IfLAN}, {bed.top.Server, "eth0"}}
+	out := make([]string, len(ends))
+	var wg sync.WaitGroup
+	for i, e := range ends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			o, _ := e.n.Run(ctx, "sh", "-c", "timeout 2 tcpdump -enli "+e.ifname+" -c 20 2>&1; ip -s -s neigh; ip -s link show "+e.ifname)
+			out[i] = o
+		}()
+	}
+	wg.Wait()
+	for i, e := range ends {
+		t.Logf("%s %s:\n%s", e.n.Role, e.ifname, testbed.Tail(out[i], 40))
+	}
+}

@@ -33,7 +33,12 @@ func waitPassing(pingers []*pinger, since time.Time, timeout time.Duration) bool
 // that were answered, from its output.
 type pinger struct {
 	name string
-	log  string
+	node *testbed.Node
+	dir  string
+	dst  netip.Addr
+	runs int              // pings started
+	log  string           // the current ping's output
+	proc *testbed.Process // the current ping
 	off  int
 	// sent holds the send times of the answered requests (reply time less
 	// the round trip); last is the latest time ping said it sent one.
@@ -44,20 +49,57 @@ type pinger struct {
 // startPinger starts pinging dst from n.
 func startPinger(t *testing.T, n *testbed.Node, dir string, dst netip.Addr) *pinger {
 	t.Helper()
-	p := &pinger{name: n.Role + "->" + dst.String(), log: filepath.Join(dir, fmt.Sprintf("ping-%s-%s.log", n.Role, dst))}
+	p := &pinger{name: n.Role + "->" + dst.String(), node: n, dir: dir, dst: dst}
+	p.start(t)
+	return p
+}
+
+// start starts a ping with a log of its own.
+func (p *pinger) start(t *testing.T) {
+	t.Helper()
 	fam := "-4"
-	if dst.Is6() {
+	if p.dst.Is6() {
 		fam = "-6"
 	}
+	p.runs++
+	p.log = filepath.Join(p.dir, fmt.Sprintf("ping-%s-%s-%d.log", p.node.Role, p.dst, p.runs))
+	p.off = 0
 	// -D: a time stamp on each line; -O: a line for each request not
-	// answered before the next one is sent.
-	proc, err := n.Start(p.log, "ping", fam, "-n", "-D", "-O", "-i", "0.05", "-c", "18000", "-w", "900", dst.String())
+	// answered before the next one is sent. -c bounds it, not -w: with a
+	// deadline iputils ping ends at the first ICMP error it receives, and
+	// a gateway that reboots may send one.
+	proc, err := p.node.Start(p.log, "ping", fam, "-n", "-D", "-O", "-i", "0.05", "-c", "18000", p.dst.String())
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.proc = proc
 	t.Cleanup(func() { proc.Stop(5 * time.Second) })
-	return p
 }
+
+// revive starts the ping again if it has ended or has said nothing for
+// pingerStall, and says so: the traffic is the test's instrument, and
+// recovery is measured by the replies to requests sent since an event,
+// whichever ping sent them.
+func (p *pinger) revive(t *testing.T) {
+	t.Helper()
+	p.update()
+	done, err := p.proc.Exited()
+	stalled := !p.last.IsZero() && time.Since(p.last) > pingerStall
+	if !done && !stalled {
+		return
+	}
+	why := fmt.Sprintf("exited (%v)", err)
+	if !done {
+		why = fmt.Sprintf("has sent nothing since %s", p.last.Format("15:04:05.000"))
+	}
+	t.Logf("%s: ping %s; its output ends:\n%s\nstarting it again", p.name, why, testbed.Tail(p.proc.Log(), 10))
+	p.proc.Stop(5 * time.Second)
+	p.start(t)
+}
+
+// pingerStall is how long a running ping may go without a line (it writes
+// one for every request, 20 a second) before revive restarts it.
+const pingerStall = 3 * time.Second
 
 // update reads what ping wrote since the last call.
 func (p *pinger) update() {
@@ -137,4 +179,13 @@ func (p *pinger) longestSilence(from, to time.Time) time.Duration {
 		prev = s
 	}
 	return gap
+}
+
+// state says whether the ping still runs and, if it has ended, how, with
+// the end of its output.
+func (p *pinger) state() string {
+	if done, err := p.proc.Exited(); done {
+		return fmt.Sprintf("exited (%v); its output ends:\n%s", err, testbed.Tail(p.proc.Log(), 10))
+	}
+	return "running"
 }

@@ -58,7 +58,7 @@ func (g *gateway) restartCharon(o charonOptions, conn connection, kill bool) {
 // transit link.
 func pinger(t *testing.T, n *testbed.Node, dir string, dst string) *testbed.Process {
 	t.Helper()
-	p, err := n.Start(filepath.Join(dir, fmt.Sprintf("ping-%s-%d.log", n.Role, time.Now().UnixNano())), "ping", "-n", "-q", "-i", "0.05", "-w", "600", dst)
+	p, err := n.Start(filepath.Join(dir, fmt.Sprintf("ping-%s-%d.log", n.Role, time.Now().UnixNano())), "ping", "-n", "-q", "-i", "0.05", "-c", "12000", dst)
 	if err != nil {
 		t.Fatal(err)
 	}
