@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -80,6 +81,10 @@ func (n *Node) StartCapture(ifname string, o CaptureOptions) (*Capture, error) {
 		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 			return fmt.Errorf("SO_RCVTIMEO: %w", err)
 		}
+		// The kernel's time of each frame, not the reader's.
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
+			return fmt.Errorf("SO_TIMESTAMPNS: %w", err)
+		}
 		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index}); err != nil {
 			return fmt.Errorf("bind to %s: %w", ifname, err)
 		}
@@ -102,6 +107,7 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 func (c *Capture) loop() {
 	defer close(c.done)
 	buf := make([]byte, 1<<16)
+	oob := make([]byte, unix.CmsgSpace(int(unsafe.Sizeof(unix.Timespec{}))))
 	for {
 		// After Stop, drain what the socket holds without waiting.
 		stopping := c.stop.Load()
@@ -109,7 +115,7 @@ func (c *Capture) loop() {
 		if stopping {
 			flags |= unix.MSG_DONTWAIT
 		}
-		k, from, err := unix.Recvfrom(c.fd, buf, flags)
+		k, oobn, _, from, err := unix.Recvmsg(c.fd, buf, oob, flags)
 		if err != nil {
 			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 				if stopping {
@@ -122,7 +128,7 @@ func (c *Capture) loop() {
 			c.mu.Unlock()
 			return
 		}
-		now := time.Now()
+		now := frameTime(oob[:oobn])
 		ll, _ := from.(*unix.SockaddrLinklayer)
 		got := min(k, len(buf))
 		f := Frame{Time: now, Len: k}
@@ -144,6 +150,19 @@ func (c *Capture) loop() {
 		}
 		c.mu.Unlock()
 	}
+}
+
+// frameTime is the kernel's time stamp of a frame (SCM_TIMESTAMPNS in
+// oob), or now if there is none.
+func frameTime(oob []byte) time.Time {
+	msgs, _ := unix.ParseSocketControlMessage(oob)
+	for _, m := range msgs {
+		if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SCM_TIMESTAMPNS && len(m.Data) >= int(unsafe.Sizeof(unix.Timespec{})) {
+			ts := *(*unix.Timespec)(unsafe.Pointer(&m.Data[0]))
+			return time.Unix(ts.Unix())
+		}
+	}
+	return time.Now()
 }
 
 // Frames returns a copy of the frames recorded so far, classified.

@@ -55,6 +55,8 @@ const (
 
 // Frame is one captured frame, parsed.
 type Frame struct {
+	// Time is when the kernel passed the frame to the capture (its time
+	// stamp, on the wall clock).
 	Time time.Time
 	// Outgoing is true for frames the namespace sent, false for those it
 	// received.
@@ -348,4 +350,39 @@ func (r *CaptureResult) Leaks(inner ...netip.Addr) []Frame {
 		}
 	}
 	return out
+}
+
+// ParseFrame parses the IP packet p as a capture would have seen it at
+// time at, sent (outgoing) or received by the namespace: for tools and
+// tests that analyse frames they did not capture.
+func ParseFrame(p []byte, at time.Time, outgoing bool) Frame {
+	f := Frame{Time: at, Outgoing: outgoing, Len: len(p), Data: p}
+	if len(p) > 0 {
+		f.EtherType = EtherTypeIPv4
+		if p[0]>>4 == 6 {
+			f.EtherType = EtherTypeIPv6
+		}
+	}
+	f.parse(p)
+	return f
+}
+
+// Echo returns the identifier and sequence number of an ICMP or ICMPv6
+// echo request or reply, whether it is a reply, and false for any other
+// frame.
+func (f *Frame) Echo() (id, seq uint16, reply, ok bool) {
+	var req, rep uint16
+	switch f.Proto {
+	case 1:
+		req, rep = 8, 0
+	case 58:
+		req, rep = 128, 129
+	default:
+		return 0, 0, false, false
+	}
+	p := f.payloadOff
+	if (f.Fragment && !f.FirstFragment) || (f.SrcPort != req && f.SrcPort != rep) || p <= 0 || len(f.Data) < p+8 {
+		return 0, 0, false, false
+	}
+	return binary.BigEndian.Uint16(f.Data[p+4:]), binary.BigEndian.Uint16(f.Data[p+6:]), f.SrcPort == rep, true
 }

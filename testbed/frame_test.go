@@ -4,6 +4,10 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 func parsed(ethertype uint16, pkt []byte) Frame {
@@ -146,6 +150,63 @@ func TestLeaks(t *testing.T) {
 		t.Errorf("leaks: %d", len(leaks))
 		for _, f := range leaks {
 			t.Log(f.String())
+		}
+	}
+}
+
+// TestFrameTime reads the kernel's time stamp from a control message and
+// falls back to the reader's time without one.
+func TestFrameTime(t *testing.T) {
+	want := time.Date(2026, 12, 6, 1, 2, 3, 456789012, time.UTC)
+	ts := unix.NsecToTimespec(want.UnixNano())
+	oob := make([]byte, unix.CmsgSpace(int(unsafe.Sizeof(ts))))
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+	h.Level, h.Type = unix.SOL_SOCKET, unix.SCM_TIMESTAMPNS
+	h.SetLen(unix.CmsgLen(int(unsafe.Sizeof(ts))))
+	*(*unix.Timespec)(unsafe.Pointer(&oob[unix.CmsgLen(0)])) = ts
+	if got := frameTime(oob); !got.Equal(want) {
+		t.Errorf("frameTime = %v, want %v", got, want)
+	}
+	before := time.Now()
+	if got := frameTime(nil); got.Before(before) || got.After(time.Now()) {
+		t.Errorf("frameTime(nil) = %v, want now", got)
+	}
+}
+
+// TestEcho finds an echo's identifier and sequence in both families and
+// nothing in other frames.
+func TestEcho(t *testing.T) {
+	echo := func(typ byte, id, seq uint16) []byte {
+		b := []byte{typ, 0, 0, 0, byte(id >> 8), byte(id), byte(seq >> 8), byte(seq), 'x'}
+		return b
+	}
+	a4, b4 := netip.MustParseAddr("198.18.1.2"), netip.MustParseAddr("198.18.2.2")
+	a6, b6 := netip.MustParseAddr("2001:db8:1::2"), netip.MustParseAddr("2001:db8:2::2")
+	for _, c := range []struct {
+		src, dst     netip.Addr
+		proto        uint8
+		payload      []byte
+		id, seq      uint16
+		reply, found bool
+	}{
+		{a4, b4, 1, echo(8, 7, 300), 7, 300, false, true},
+		{b4, a4, 1, echo(0, 7, 300), 7, 300, true, true},
+		{a6, b6, 58, echo(128, 9, 1), 9, 1, false, true},
+		{b6, a6, 58, echo(129, 9, 1), 9, 1, true, true},
+		{a4, b4, 1, echo(3, 7, 300), 0, 0, false, false},     // unreachable
+		{a6, b6, 58, echo(135, 9, 1), 0, 0, false, false},    // neighbour solicitation
+		{a4, b4, 17, echo(8, 7, 300), 0, 0, false, false},    // UDP
+		{a4, b4, 1, echo(8, 7, 300)[:6], 0, 0, false, false}, // truncated
+	} {
+		p, err := BuildIP(c.src, c.dst, c.proto, c.payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := ParseFrame(p, time.Now(), true)
+		id, seq, reply, ok := f.Echo()
+		if ok != c.found || id != c.id || seq != c.seq || reply != c.reply {
+			t.Errorf("%v->%v proto %d % x: Echo() = %d, %d, %v, %v; want %d, %d, %v, %v",
+				c.src, c.dst, c.proto, c.payload, id, seq, reply, ok, c.id, c.seq, c.reply, c.found)
 		}
 	}
 }
