@@ -60,7 +60,7 @@ func guestArgs(o *options) []string {
 		"-mss", strings.Join(mss, ","),
 		"-duration", o.duration.String(), "-omit", o.omit.String(), "-udp-duration", o.udpDuration.String(),
 		"-reps", strconv.Itoa(o.reps), "-tool", o.tool,
-		"-udp=" + strconv.FormatBool(o.udp), "-ping=" + strconv.FormatBool(o.ping), "-ping-count", strconv.Itoa(o.pingCount),
+		"-udp=" + strconv.FormatBool(o.udp), "-ping=" + strconv.FormatBool(o.ping), "-ping-count", strconv.Itoa(o.pingCount), "-ping-hops=" + strconv.FormatBool(o.pingHops),
 		"-6=" + strconv.FormatBool(o.family == testbed.IPv6),
 		"-espd", guestEspd, "-out", guestOut,
 	}

@@ -180,10 +180,27 @@ func (h *harness) runStep(ctx context.Context, st step, suite crypto.Suite) {
 			}
 		case report.KindPing:
 			var rtt load.RTT
-			rtt, err = load.Ping(ctx, top.Client, dst, h.o.pingCount)
+			var hc *load.HopCapture
+			if h.o.pingHops {
+				hc, err = load.StartHopCapture(top)
+			}
+			if err == nil {
+				rtt, err = load.Ping(ctx, top.Client, dst, h.o.pingCount)
+			}
 			us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 			r.RTTMinUs, r.RTTAvgUs, r.RTTMaxUs = us(rtt.Min), us(rtt.Avg), us(rtt.Max)
 			result = fmt.Sprintf("rtt avg %.0f µs", us(rtt.Avg))
+			if hc != nil {
+				hops, herr := hc.Stop(rtt)
+				if err == nil && herr != nil {
+					err = herr
+				}
+				if m := load.MedianHops(hops); err == nil {
+					r.Hops = &report.Hops{AOutUs: us(m.AOut), BInUs: us(m.BIn), ServerUs: us(m.Server), BOutUs: us(m.BOut),
+						AInUs: us(m.AIn), WireUs: us(m.Wire), ClientUs: us(m.Client), Followed: len(hops)}
+					result += fmt.Sprintf("; A %.0f+%.0f, B %.0f+%.0f µs", us(m.AOut), us(m.AIn), us(m.BIn), us(m.BOut))
+				}
+			}
 		}
 	}
 	if err == nil && hasCounters {

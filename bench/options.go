@@ -35,6 +35,7 @@ type options struct {
 	tool        string
 	udp, ping   bool
 	pingCount   int
+	pingHops    bool
 	family      testbed.Family
 	out         string
 	jsonPath    string
@@ -84,6 +85,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.udp, "udp", true, "measure the rate of 64-byte UDP datagrams through each tunnel")
 	fs.BoolVar(&o.ping, "ping", true, "measure ping round-trip time through each idle tunnel")
 	fs.IntVar(&o.pingCount, "ping-count", 20, "echo requests per ping run")
+	fs.BoolVar(&o.pingHops, "ping-hops", false, "with -ping, capture the gateways' links and report where each round trip goes")
 	fs.BoolVar(&ipv6, "6", false, "IPv6 inside and outside the tunnels (2001:db8::/32) instead of IPv4")
 	fs.StringVar(&o.out, "out", "bench-out", "directory of the outputs")
 	fs.StringVar(&o.jsonPath, "json", "", "JSON file of every run (default OUT/results.json)")

@@ -17,7 +17,7 @@ func TestSummarize(t *testing.T) {
 	if r.Min != 41*us || r.Avg != 62*us || r.Max != 101*us || r.Mdev.Round(100*time.Nanosecond) != 27600*time.Nanosecond || r.Received != 3 {
 		t.Errorf("summarize = %+v", r)
 	}
-	if r := summarize(nil); r != (RTT{}) {
+	if r := summarize(nil); r.Received != 0 || r.Min != 0 || r.Avg != 0 || r.Max != 0 || r.Mdev != 0 {
 		t.Errorf("summarize(nil) = %+v", r)
 	}
 }

@@ -23,6 +23,10 @@ import (
 type RTT struct {
 	Min, Avg, Max, Mdev   time.Duration
 	Transmitted, Received int
+	// ID is the requests' ICMP identifier; Each the round trip of each
+	// request by sequence number (0: not answered).
+	ID   uint16
+	Each []time.Duration
 }
 
 // Ping timing: requests go PingInterval apart, and the last one's reply is
@@ -148,6 +152,7 @@ func Ping(ctx context.Context, node *testbed.Node, dst netip.Addr, count int) (R
 	}
 	r := summarize(answered)
 	r.Transmitted = transmitted
+	r.ID, r.Each = uint16(id), rtts
 	if r.Received != transmitted {
 		return r, fmt.Errorf("load: ping %v from %s: %d of %d answered", dst, node.Role, r.Received, r.Transmitted)
 	}

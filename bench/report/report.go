@@ -100,6 +100,8 @@ type Run struct {
 	RTTMinUs float64 `json:"rtt_min_us,omitempty"`
 	RTTAvgUs float64 `json:"rtt_avg_us,omitempty"`
 	RTTMaxUs float64 `json:"rtt_max_us,omitempty"`
+	// Hops: where the round trip went (-ping-hops), medians over the run.
+	Hops *Hops `json:"hops,omitempty"`
 
 	CPU *CPU        `json:"cpu,omitempty"`
 	SA  *SACounters `json:"sa,omitempty"`
@@ -274,4 +276,18 @@ func (r *Report) Stat(k Key) Stat {
 		st.CPUA, st.CPUB, st.Softirq, st.Host = Median(ca), Median(cb), Median(sirq), Median(host)
 	}
 	return st
+}
+
+// Hops is where an echo's round trip went, in microseconds, from the
+// kernel's time stamps at the gateways' LAN and transit interfaces (A: the
+// client's gateway, B: the server's).
+type Hops struct {
+	AOutUs   float64 `json:"a_out_us"`  // A: request, LAN link to transit link
+	BInUs    float64 `json:"b_in_us"`   // B: request, transit link to LAN link
+	ServerUs float64 `json:"server_us"` // B's LAN link to the server and back
+	BOutUs   float64 `json:"b_out_us"`  // B: reply, LAN link to transit link
+	AInUs    float64 `json:"a_in_us"`   // A: reply, transit link to LAN link
+	WireUs   float64 `json:"wire_us"`   // both crossings of the transit link
+	ClientUs float64 `json:"client_us"` // the client and its link
+	Followed int     `json:"followed"`  // requests followed
 }

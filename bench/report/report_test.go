@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -224,5 +225,35 @@ func TestEmulated(t *testing.T) {
 	}
 	if r.Emulated = ""; len(r.Tables()) != len(ts)+1 || strings.Contains(r.Header()[0], "Emulated") {
 		t.Error("a run that is not emulated is labelled, or lost its ratios")
+	}
+}
+
+// TestHopTable: the hop table appears only with hops, one row per system
+// and suite that has them, each cell the median over its runs.
+func TestHopTable(t *testing.T) {
+	r := sample()
+	if h := r.HopTable(); len(h.Rows) != 0 {
+		t.Fatalf("hop table without hops: %v", h.Rows)
+	}
+	for _, v := range []float64{100, 300, 200} {
+		r.Runs = append(r.Runs, Run{System: "espd", Suite: "aes128gcm16", Kind: KindPing, RTTAvgUs: 4 * v,
+			Hops: &Hops{AOutUs: v, BInUs: v + 1, ServerUs: 30, BOutUs: v + 2, AInUs: v + 3, WireUs: 4, ClientUs: 50, Followed: 20}})
+	}
+	r.Runs = append(r.Runs, Run{System: "espd", Suite: "aes128gcm16", Kind: KindPing, Error: "timeout",
+		Hops: &Hops{AOutUs: 9999}})
+	h := r.HopTable()
+	if len(h.Rows) != 1 {
+		t.Fatalf("hop table rows %v, want espd aes128gcm16 only", h.Rows)
+	}
+	want := []string{"espd", "aes128gcm16", "800", "200", "201", "30", "202", "203", "4", "50", "20"}
+	if !slices.Equal(h.Rows[0], want) {
+		t.Errorf("hop row %q, want %q", h.Rows[0], want)
+	}
+	found := false
+	for _, tb := range r.Tables() {
+		found = found || strings.HasPrefix(tb.Title, "Where the ping's round trip goes")
+	}
+	if !found {
+		t.Errorf("Tables() lacks the hop table")
 	}
 }

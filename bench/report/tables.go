@@ -190,6 +190,42 @@ func (r *Report) Small() Table {
 	return t
 }
 
+// HopTable is where the idle tunnel's round trip goes (-ping-hops): per
+// system and suite, the median over the ping runs of each run's median
+// hop, in microseconds. It has no rows without hops.
+func (r *Report) HopTable() Table {
+	t := Table{
+		Title: "Where the ping's round trip goes: medians, µs (gateway A: the client's; out: LAN to transit link, in: transit to LAN)",
+		Head:  []string{"system", "suite", "RTT", "A out", "B in", "server", "B out", "A in", "transit link", "client", "followed"},
+	}
+	for _, rw := range r.rows() {
+		if rw.Note != "" {
+			continue
+		}
+		var rtt, followed []float64
+		var f [7][]float64
+		for _, run := range r.Runs {
+			if run.Kind != KindPing || run.System != rw.Sys.Name || (rw.Sys.PerSuite && run.Suite != rw.Suite) || !run.OK() || run.Hops == nil {
+				continue
+			}
+			h := run.Hops
+			rtt, followed = append(rtt, run.RTTAvgUs), append(followed, float64(h.Followed))
+			for i, v := range []float64{h.AOutUs, h.BInUs, h.ServerUs, h.BOutUs, h.AInUs, h.WireUs, h.ClientUs} {
+				f[i] = append(f[i], v)
+			}
+		}
+		if len(rtt) == 0 {
+			continue
+		}
+		cells := []string{rw.Sys.Label, rw.suiteCell(), fmt.Sprintf("%.0f", Median(rtt))}
+		for i := range f {
+			cells = append(cells, fmt.Sprintf("%.0f", Median(f[i])))
+		}
+		t.Rows = append(t.Rows, append(cells, fmt.Sprintf("%.0f", Median(followed))))
+	}
+	return t
+}
+
 // Ratio is one comparison: a subject system against a peer, same suite
 // (or the peer's own cipher).
 type Ratio struct {
@@ -271,6 +307,9 @@ func (r *Report) Tables() []Table {
 		ts = []Table{r.Throughput(), r.Cost()}
 		if r.UDP || r.Ping {
 			ts = append(ts, r.Small())
+		}
+		if h := r.HopTable(); len(h.Rows) > 0 {
+			ts = append(ts, h)
 		}
 		// Ratios compare speeds, which an emulated run does not measure.
 		if rt := r.Ratios(DefaultRatios); len(rt.Rows) > 0 && r.Emulated == "" {
