@@ -15,14 +15,7 @@ import (
 // group and only then reaps it. A group kill after the reap could reach an
 // unrelated process that was given the number since.
 func TestProcessExitKeepsPID(t *testing.T) {
-	if err := Available(); err != nil {
-		t.Skip(err)
-	}
-	n, err := NewNode("etbproc", "host")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Remove()
+	n := processNode(t)
 	dir := t.TempDir()
 	pidFile := filepath.Join(dir, "child.pid")
 	// The leader exits 3 and leaves a sleep behind in its group.
@@ -72,14 +65,7 @@ func TestProcessExitKeepsPID(t *testing.T) {
 
 // TestProcessSignalExit: a signal's end is reported as exec.ExitError would.
 func TestProcessSignalExit(t *testing.T) {
-	if err := Available(); err != nil {
-		t.Skip(err)
-	}
-	n, err := NewNode("etbproc", "host")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Remove()
+	n := processNode(t)
 	p, err := n.Start(filepath.Join(t.TempDir(), "log"), "sleep", "600")
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +73,11 @@ func TestProcessSignalExit(t *testing.T) {
 	if err := p.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-p.Done()
+	select {
+	case <-p.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("sleep did not end within 30 s of SIGKILL")
+	}
 	if code, _ := p.ExitCode(); code != -1 {
 		t.Errorf("ExitCode() = %d, want -1", code)
 	}
@@ -97,4 +87,19 @@ func TestProcessSignalExit(t *testing.T) {
 	if err := p.Stop(time.Second); err == nil {
 		t.Errorf("Stop() after SIGKILL = nil, want the signal reported")
 	}
+}
+
+// processNode is a namespace of its own for a process test, removed
+// (its processes stopped) when the test ends.
+func processNode(t *testing.T) *Node {
+	t.Helper()
+	if err := Available(); err != nil {
+		t.Skip(err)
+	}
+	n, err := NewNode("etbproc", "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Remove() })
+	return n
 }
