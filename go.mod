@@ -23,6 +23,7 @@ require (
 )
 
 require (
+	github.com/cilium/ebpf v0.22.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.69.0
 )

@@ -1,0 +1,239 @@
+// Package afxdp is espd's receive path below the socket API: an XDP
+// program on each outer device hands the frames of espd's own inbound
+// states (raw ESP and, if asked, ESP-in-UDP) to AF_XDP sockets, one per
+// receive queue, and passes every other frame to the kernel. Its
+// receivers are conn.Receivers beside the kernel's sockets, which keep
+// receiving what the program passes (fragments, IKE, keepalives, states
+// not yet in its map, devices or queues without a socket).
+//
+// The program is attached through a BPF link, so it goes with the
+// process. docs/afxdp.md says what changes for the firewall.
+package afxdp
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync/atomic"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/espd/espd/conn"
+)
+
+// Config says where to attach.
+type Config struct {
+	// Devices are the outer interfaces to receive on.
+	Devices []string
+	// EncapPort, if not 0, also hands over ESP-in-UDP to this port.
+	EncapPort uint16
+	// Frames is the number of UMEM frames (and ring entries) per queue,
+	// rounded up to a power of two; 0 means DefaultFrames.
+	Frames int
+	// MaxStates bounds the number of inbound states in the program's map;
+	// 0 means DefaultMaxStates.
+	MaxStates int
+}
+
+// Defaults of Config.
+const (
+	DefaultFrames    = 2048
+	DefaultMaxStates = 65536
+)
+
+// Attachment says how a device was attached.
+type Attachment struct {
+	Device string
+	// Mode is "native" (the driver runs the program) or "generic" (the
+	// kernel runs it on each socket buffer, slower).
+	Mode string
+	// Queues is the number of receive queues with a socket; ZeroCopy
+	// reports that they bound in zero-copy mode (else copy mode).
+	Queues   int
+	ZeroCopy bool
+}
+
+// Path is the AF_XDP receive path on a set of devices.
+type Path struct {
+	states   *ebpf.Map
+	maps     []*ebpf.Map
+	progs    []*ebpf.Program
+	links    []link.Link
+	socks    []*socket
+	recv     []conn.Receiver
+	attached []Attachment
+	counts   counts
+	inMap    map[[4]byte][stateValueLen]byte // what SetStates put in states
+}
+
+// counts are the receivers' own counters.
+type counts struct {
+	frames, reads atomic.Uint64
+}
+
+// ErrUnavailable wraps every reason the path cannot be opened: no BPF or
+// AF_XDP in the kernel, a missing capability, a device that refuses XDP.
+// The caller falls back to the sockets alone.
+var ErrUnavailable = errors.New("afxdp: unavailable")
+
+// Open loads the program, attaches it to every device and binds a socket
+// to each of its receive queues. It fails, closing what it opened, if any
+// device cannot be attached.
+func Open(cfg Config) (_ *Path, err error) {
+	if len(cfg.Devices) == 0 {
+		return nil, fmt.Errorf("%w: no device", ErrUnavailable)
+	}
+	frames := cfg.Frames
+	if frames <= 0 {
+		frames = DefaultFrames
+	}
+	frames = 1 << bits.Len(uint(frames-1))
+	maxStates := cfg.MaxStates
+	if maxStates <= 0 {
+		maxStates = DefaultMaxStates
+	}
+	p := &Path{inMap: map[[4]byte][stateValueLen]byte{}}
+	defer func() {
+		if err != nil {
+			p.Close()
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+	}()
+	p.states, err = ebpf.NewMap(&ebpf.MapSpec{
+		Name: "espd_states", Type: ebpf.Hash, KeySize: 4, ValueSize: stateValueLen,
+		MaxEntries: uint32(maxStates),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("states map: %w", needs(err))
+	}
+	for _, dev := range cfg.Devices {
+		a, err := p.attach(dev, cfg.EncapPort, uint32(frames))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", dev, err)
+		}
+		p.attached = append(p.attached, a)
+	}
+	return p, nil
+}
+
+// attach attaches the program to dev and binds its queues' sockets.
+func (p *Path) attach(dev string, encapPort uint16, frames uint32) (Attachment, error) {
+	a := Attachment{Device: dev}
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		return a, err
+	}
+	attrs := l.Attrs()
+	queues := max(attrs.NumRxQueues, 1)
+	xsks, err := ebpf.NewMap(&ebpf.MapSpec{
+		Name: "espd_xsks", Type: ebpf.XSKMap, KeySize: 4, ValueSize: 4, MaxEntries: uint32(queues),
+	})
+	if err != nil {
+		return a, fmt.Errorf("socket map: %w", needs(err))
+	}
+	p.maps = append(p.maps, xsks)
+	prog, err := loadProgram(p.states, xsks, encapPort, maxFrame, xdpPass)
+	if err != nil {
+		return a, needs(err)
+	}
+	p.progs = append(p.progs, prog)
+	var lk link.Link
+	for _, mode := range []struct {
+		name  string
+		flags link.XDPAttachFlags
+	}{{"native", link.XDPDriverMode}, {"generic", link.XDPGenericMode}} {
+		lk, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: attrs.Index, Flags: mode.flags})
+		if err == nil {
+			a.Mode = mode.name
+			break
+		}
+	}
+	if err != nil {
+		return a, fmt.Errorf("attach XDP: %w", needs(err))
+	}
+	p.links = append(p.links, lk)
+	a.ZeroCopy = true
+	for q := range queues {
+		s, err := openSocket(attrs.Index, q, frames)
+		if err != nil {
+			if q > 0 && errors.Is(err, unix.EINVAL) {
+				break // fewer queues in use than allocated; the rest pass to the kernel
+			}
+			return a, needs(err)
+		}
+		p.socks = append(p.socks, s)
+		if err := xsks.Put(uint32(q), uint32(s.file.Fd())); err != nil {
+			return a, fmt.Errorf("socket map: %w", err)
+		}
+		a.Queues++
+		a.ZeroCopy = a.ZeroCopy && s.zeroCopy
+		p.recv = append(p.recv, newReceiver(s, encapPort, &p.counts))
+	}
+	return a, nil
+}
+
+// needs says which capability a permission error lacks.
+func needs(err error) error {
+	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+		return fmt.Errorf("%w (needs CAP_BPF, CAP_NET_ADMIN and CAP_NET_RAW)", err)
+	}
+	return err
+}
+
+// Receivers returns one conn.Receiver per bound queue.
+func (p *Path) Receivers() []conn.Receiver { return p.recv }
+
+// Attached returns how each device was attached.
+func (p *Path) Attached() []Attachment { return p.attached }
+
+// Stats are the path's counters.
+type Stats struct {
+	// Frames counts the frames the receivers took, Reads the batches.
+	Frames, Reads uint64
+	// Dropped counts frames the kernel dropped for want of a free UMEM
+	// frame or RX ring entry (XDP_STATISTICS rx_dropped, rx_ring_full
+	// and rx_fill_ring_empty_descs, summed over the sockets).
+	Dropped uint64
+}
+
+// Stats returns the path's counters.
+func (p *Path) Stats() Stats {
+	st := Stats{Frames: p.counts.frames.Load(), Reads: p.counts.reads.Load()}
+	for _, s := range p.socks {
+		if k, err := s.stats(); err == nil {
+			st.Dropped += k.Rx_dropped + k.Rx_ring_full + k.Rx_fill_ring_empty_descs
+		}
+	}
+	return st
+}
+
+// Close detaches the programs and closes the sockets; blocked Receives
+// return an error. Frames in flight at that moment are lost, as in a
+// socket's queue.
+func (p *Path) Close() error {
+	var errs []error
+	for _, l := range p.links {
+		errs = append(errs, l.Close())
+	}
+	p.links = nil
+	for _, r := range p.recv {
+		errs = append(errs, r.Close())
+	}
+	p.recv, p.socks = nil, nil
+	for _, pr := range p.progs {
+		errs = append(errs, pr.Close())
+	}
+	p.progs = nil
+	for _, m := range p.maps {
+		errs = append(errs, m.Close())
+	}
+	p.maps = nil
+	if p.states != nil {
+		errs = append(errs, p.states.Close())
+		p.states = nil
+	}
+	return errors.Join(errs...)
+}
