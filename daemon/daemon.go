@@ -174,6 +174,10 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 	go func() { defer wg.Done(); d.db.Run(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); d.logEvents(ctx) }()
+	if d.kio.xdp != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); syncXDP(ctx, d.db, d.kio.xdp, d.log.With("component", "dataplane")) }()
+	}
 
 	recorded := d.recordedInterfaces()
 	if d.opts.ConfigPath != "" {

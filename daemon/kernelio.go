@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/espd/espd/conn"
+	"github.com/espd/espd/conn/afxdp"
 	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/routing"
 	"github.com/espd/espd/tun"
@@ -40,6 +41,12 @@ type IOConfig struct {
 	// NoGSO sends ESP-in-UDP packet by packet and receives it without
 	// UDP_GRO (conn.SocketConfig).
 	NoGSO bool
+	// XDP names the outer devices on which espd receives the ESP of its
+	// inbound states through AF_XDP (package afxdp), beside the sockets;
+	// if that cannot be opened, espd logs why and uses the sockets alone.
+	XDP []string
+	// XDPEncap also takes ESP-in-UDP through AF_XDP.
+	XDPEncap bool
 }
 
 func (c *IOConfig) setDefaults() {
@@ -63,6 +70,7 @@ type kernelIO struct {
 	tun    *tun.Device
 	router *routing.Router
 	socks  *conn.Sockets
+	xdp    *afxdp.Path // nil unless IOConfig.XDP and it opened
 }
 
 // openIO creates the TUN device, the policy routing and the outer sockets
@@ -105,12 +113,17 @@ func openIO(cfg *IOConfig, batch int, log *slog.Logger) (_ *kernelIO, err error)
 	if err != nil {
 		return nil, err
 	}
+	k.xdp = openXDP(cfg, log)
 	return k, nil
 }
 
 // dataplaneIO is the data plane's share of k.
 func (k *kernelIO) dataplaneIO() dataplane.IO {
-	return dataplane.IO{TUN: k.tun, Bind: k.socks, PathMTU: k.router.PathMTU, DeliverIKE: k.socks.DeliverIKE}
+	var bind conn.Bind = k.socks
+	if k.xdp != nil {
+		bind = newXDPBind(k.socks, k.xdp)
+	}
+	return dataplane.IO{TUN: k.tun, Bind: bind, PathMTU: k.router.PathMTU, DeliverIKE: k.socks.DeliverIKE}
 }
 
 // close closes the router first (routes into the TUN go, holds stay:
@@ -121,6 +134,9 @@ func (k *kernelIO) close() error {
 	errs = append(errs, k.closeRouter())
 	if k.tun != nil {
 		errs = append(errs, k.tun.Close())
+	}
+	if k.xdp != nil {
+		errs = append(errs, k.xdp.Close())
 	}
 	if k.socks != nil {
 		errs = append(errs, k.socks.Close())

@@ -61,6 +61,9 @@ func (d *Daemon) metricsHandler() http.Handler {
 	if h := d.ike.Load(); h != nil { // Run starts the hand-off first
 		m.reg.MustRegister(&ikeCollector{hub: h})
 	}
+	if len(d.opts.IO.XDP) > 0 && d.kio != nil {
+		m.reg.MustRegister(&xdpCollector{path: d.kio.xdp})
+	}
 	mux.Handle("/metrics", m)
 	return mux
 }

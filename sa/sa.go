@@ -84,6 +84,9 @@ func (s *SA) SPI() uint32 { return s.spi }
 // Dir returns DirIn or DirOut.
 func (s *SA) Dir() Direction { return s.dir }
 
+// Dst returns the state's outer destination address.
+func (s *SA) Dst() netip.Addr { return s.params.Load().cfg.Dst }
+
 // ReqID returns the state's reqid.
 func (s *SA) ReqID() uint32 { return s.reqid }
 

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -58,6 +59,16 @@ func run(args []string) error {
 	fs.IntVar(&kio.Table, "table", 0, "routing table of the routes into the TUN (0: default)")
 	fs.IntVar(&kio.RecvBuffer, "recv-buffer", daemon.DefaultRecvBuffer, "forced SO_RCVBUF of the outer sockets, bytes (negative: kernel default)")
 	fs.BoolVar(&kio.NoIPv6, "no-ipv6", false, "open no IPv6 sockets and install no IPv6 rule")
+	fs.Func("xdp", "receive ESP on these outer `devices` (comma-separated) through AF_XDP", func(v string) error {
+		kio.XDP = nil
+		for _, d := range strings.Split(v, ",") {
+			if d = strings.TrimSpace(d); d != "" {
+				kio.XDP = append(kio.XDP, d)
+			}
+		}
+		return nil
+	})
+	fs.BoolVar(&kio.XDPEncap, "xdp-udp", false, "with --xdp, also receive ESP-in-UDP through AF_XDP")
 	fs.DurationVar(&dp.Keepalive, "keepalive", dataplane.DefaultKeepalive, "NAT keepalive interval for UDP-encapsulated SAs (negative: off)")
 	fs.StringVar(&opts.Control.Path, "socket", control.DefaultSocketPath, "control socket path")
 	fs.StringVar(&opts.Control.Group, "socket-group", "", "group (name or gid) that may use the control socket too")

@@ -1,0 +1,143 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/espd/espd/conn"
+	"github.com/espd/espd/conn/afxdp"
+	"github.com/espd/espd/sa"
+)
+
+// xdpBind is the outer sockets with the AF_XDP receivers beside theirs
+// (IOConfig.XDP): the data plane reads both and sends through the
+// sockets.
+type xdpBind struct {
+	*conn.Sockets
+	path *afxdp.Path
+	recv []conn.Receiver
+}
+
+func newXDPBind(s *conn.Sockets, p *afxdp.Path) *xdpBind {
+	return &xdpBind{Sockets: s, path: p, recv: append(append([]conn.Receiver(nil), s.Receivers()...), p.Receivers()...)}
+}
+
+// Receivers implements conn.Bind.
+func (b *xdpBind) Receivers() []conn.Receiver { return b.recv }
+
+// Close implements conn.Bind: the programs go first, so that the kernel's
+// sockets take every frame until they close too.
+func (b *xdpBind) Close() error {
+	return errors.Join(b.path.Close(), b.Sockets.Close())
+}
+
+// openXDP opens the AF_XDP path of cfg, or returns nil after logging why
+// espd receives through the sockets alone.
+func openXDP(cfg *IOConfig, log *slog.Logger) *afxdp.Path {
+	if len(cfg.XDP) == 0 {
+		return nil
+	}
+	xcfg := afxdp.Config{Devices: cfg.XDP}
+	if cfg.XDPEncap {
+		xcfg.EncapPort = cfg.EncapPort
+	}
+	p, err := afxdp.Open(xcfg)
+	if err != nil {
+		log.Warn("AF_XDP receive unavailable: receiving through the sockets alone (espd_xdp_fallback is 1)",
+			"devices", cfg.XDP, "err", err)
+		return nil
+	}
+	for _, a := range p.Attached() {
+		log.Info("receiving ESP through AF_XDP", "device", a.Device, "mode", a.Mode,
+			"queues", a.Queues, "zerocopy", a.ZeroCopy, "esp_in_udp", cfg.XDPEncap)
+	}
+	return p
+}
+
+// xdpSyncInterval is how often the program's map follows the inbound
+// states. A state not yet in it is received through the sockets.
+const xdpSyncInterval = 250 * time.Millisecond
+
+// syncXDP keeps p's map equal to db's inbound states until ctx is done.
+func syncXDP(ctx context.Context, db *sa.DB, p *afxdp.Path, log *slog.Logger) {
+	t := time.NewTicker(xdpSyncInterval)
+	defer t.Stop()
+	var states []afxdp.State
+	failing := false
+	for {
+		states = inboundStates(db, states[:0])
+		if err := p.SetStates(states); err != nil {
+			if !failing {
+				log.Warn("AF_XDP state map not updated; the states left out are received through the sockets", "err", err)
+			}
+			failing = true
+		} else {
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// inboundStates appends db's live inbound states to states.
+func inboundStates(db *sa.DB, states []afxdp.State) []afxdp.State {
+	for _, s := range db.SAs() {
+		if s.Dir() == sa.DirIn && s.Alive() {
+			states = append(states, afxdp.State{SPI: s.SPI(), Dst: s.Dst()})
+		}
+	}
+	return states
+}
+
+// The AF_XDP path's series, exported when --xdp names devices.
+var (
+	descXDPFallback = prometheus.NewDesc("espd_xdp_fallback",
+		"1 if --xdp names devices but the AF_XDP path could not be opened (espd receives through the sockets alone; the log says why), else 0.", nil, nil)
+	descXDPDevices = prometheus.NewDesc("espd_xdp_devices",
+		"Devices whose ESP espd receives through AF_XDP, by attach mode (native or generic).", []string{"mode"}, nil)
+	descXDPFrames = prometheus.NewDesc("espd_xdp_frames_total",
+		"Frames the AF_XDP receivers took (each also counts in espd_dataplane_rx_packets_total).", nil, nil)
+	descXDPDropped = prometheus.NewDesc("espd_xdp_dropped_total",
+		"Frames the kernel dropped on their way to an AF_XDP receiver for want of a free frame or ring entry (XDP_STATISTICS).", nil, nil)
+)
+
+// xdpCollector exports the AF_XDP path's series; path is nil after a
+// fallback.
+type xdpCollector struct {
+	path *afxdp.Path
+}
+
+// Describe implements prometheus.Collector.
+func (c *xdpCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descXDPFallback, descXDPDevices, descXDPFrames, descXDPDropped} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *xdpCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge, counter := prometheus.GaugeValue, prometheus.CounterValue
+	fallback := 1.0
+	modes := map[string]float64{"native": 0, "generic": 0}
+	var st afxdp.Stats
+	if c.path != nil {
+		fallback = 0
+		for _, a := range c.path.Attached() {
+			modes[a.Mode]++
+		}
+		st = c.path.Stats()
+	}
+	ch <- prometheus.MustNewConstMetric(descXDPFallback, gauge, fallback)
+	for m, n := range modes {
+		ch <- prometheus.MustNewConstMetric(descXDPDevices, gauge, n, m)
+	}
+	ch <- prometheus.MustNewConstMetric(descXDPFrames, counter, float64(st.Frames))
+	ch <- prometheus.MustNewConstMetric(descXDPDropped, counter, float64(st.Dropped))
+}
