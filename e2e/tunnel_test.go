@@ -66,8 +66,9 @@ type tunnelOpts struct {
 	// hardBytes, if set, is the hard byte lifetime of gwA's outbound state.
 	hardBytes  uint64
 	transitMTU int
-	// espdArgs are extra espd flags for both gateways.
-	espdArgs []string
+	// espdArgs are extra espd flags for both gateways, espdArgsB for gwB
+	// only.
+	espdArgs, espdArgsB []string
 }
 
 // tunnel is a running espd on each gateway, keyed with espctl.
@@ -157,7 +158,7 @@ func newTunnel(t *testing.T, o tunnelOpts) *tunnel {
 	tn.aOuter = testbed.Pick(o.outer, testbed.GwATransitV4.Addr(), testbed.GwATransitV6.Addr())
 	tn.bOuter = testbed.Pick(o.outer, testbed.GwBTransitV4.Addr(), testbed.GwBTransitV6.Addr())
 	tn.a = startEspd(t, tn.top.GwA, o.espdArgs...)
-	tn.b = startEspd(t, tn.top.GwB, o.espdArgs...)
+	tn.b = startEspd(t, tn.top.GwB, append(append([]string(nil), o.espdArgs...), o.espdArgsB...)...)
 
 	abEnc, abInt := randKey(t, kl[0]), randKey(t, kl[1])
 	baEnc, baInt := randKey(t, kl[0]), randKey(t, kl[1])
@@ -190,7 +191,7 @@ func newTunnel(t *testing.T, o tunnelOpts) *tunnel {
 	for _, p := range tn.bPolicies {
 		tn.b.addPolicy(t, p)
 	}
-	t.Logf("tunnel %s, %s outer, %s, inner %v, espd args %v", o.suite, o.outer, map[bool]string{false: "raw ESP", true: "ESP-in-UDP"}[o.encap], o.inner, o.espdArgs)
+	t.Logf("tunnel %s, %s outer, %s, inner %v, espd args %v, gwB also %v", o.suite, o.outer, map[bool]string{false: "raw ESP", true: "ESP-in-UDP"}[o.encap], o.inner, o.espdArgs, o.espdArgsB)
 	return tn
 }
 
