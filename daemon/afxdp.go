@@ -41,7 +41,7 @@ func openXDP(cfg *IOConfig, log *slog.Logger) *afxdp.Path {
 	if len(cfg.XDP) == 0 {
 		return nil
 	}
-	xcfg := afxdp.Config{Devices: cfg.XDP}
+	xcfg := afxdp.Config{Devices: cfg.XDP, Mode: cfg.XDPMode}
 	if cfg.XDPEncap {
 		xcfg.EncapPort = cfg.EncapPort
 	}

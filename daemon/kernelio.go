@@ -47,6 +47,8 @@ type IOConfig struct {
 	XDP []string
 	// XDPEncap also takes ESP-in-UDP through AF_XDP.
 	XDPEncap bool
+	// XDPMode is afxdp.Config.Mode.
+	XDPMode string
 }
 
 func (c *IOConfig) setDefaults() {

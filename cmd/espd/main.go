@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/espd/espd/conn"
+	"github.com/espd/espd/conn/afxdp"
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/daemon"
 	"github.com/espd/espd/dataplane"
@@ -69,6 +70,13 @@ func run(args []string) error {
 		return nil
 	})
 	fs.BoolVar(&kio.XDPEncap, "xdp-udp", false, "with --xdp, also receive ESP-in-UDP through AF_XDP")
+	fs.Func("xdp-mode", "how --xdp attaches: auto, native or generic", func(v string) error {
+		if v != "auto" && v != afxdp.ModeNative && v != afxdp.ModeGeneric {
+			return fmt.Errorf("want auto, native or generic")
+		}
+		kio.XDPMode = strings.TrimPrefix(v, "auto")
+		return nil
+	})
 	fs.DurationVar(&dp.Keepalive, "keepalive", dataplane.DefaultKeepalive, "NAT keepalive interval for UDP-encapsulated SAs (negative: off)")
 	fs.StringVar(&opts.Control.Path, "socket", control.DefaultSocketPath, "control socket path")
 	fs.StringVar(&opts.Control.Group, "socket-group", "", "group (name or gid) that may use the control socket too")

@@ -36,6 +36,31 @@ type Config struct {
 	// MaxStates bounds the number of inbound states in the program's map;
 	// 0 means DefaultMaxStates.
 	MaxStates int
+	// Mode is how the program is attached: ModeNative, ModeGeneric, or
+	// ModeAuto (""): generic on a veth, where it measured faster
+	// (docs/afxdp.md), native elsewhere; each falls back to the other.
+	Mode string
+}
+
+// Attach modes (Config.Mode, Attachment.Mode).
+const (
+	ModeAuto    = ""
+	ModeNative  = "native"
+	ModeGeneric = "generic"
+)
+
+var attachFlags = map[string]link.XDPAttachFlags{ModeNative: link.XDPDriverMode, ModeGeneric: link.XDPGenericMode}
+
+// attachOrder returns the modes to try, in order, for mode on a device
+// of the link type typ.
+func attachOrder(mode, typ string) []string {
+	switch {
+	case mode == ModeNative || mode == ModeGeneric:
+		return []string{mode}
+	case typ == "veth":
+		return []string{ModeGeneric, ModeNative}
+	}
+	return []string{ModeNative, ModeGeneric}
 }
 
 // Defaults of Config.
@@ -47,8 +72,8 @@ const (
 // Attachment says how a device was attached.
 type Attachment struct {
 	Device string
-	// Mode is "native" (the driver runs the program) or "generic" (the
-	// kernel runs it on each socket buffer, slower).
+	// Mode is ModeNative (the driver runs the program) or ModeGeneric
+	// (the kernel runs it on each socket buffer).
 	Mode string
 	// Queues is the number of receive queues with a socket; ZeroCopy
 	// reports that they bound in zero-copy mode (else copy mode).
@@ -86,6 +111,9 @@ func Open(cfg Config) (_ *Path, err error) {
 	if len(cfg.Devices) == 0 {
 		return nil, fmt.Errorf("%w: no device", ErrUnavailable)
 	}
+	if _, ok := attachFlags[cfg.Mode]; !ok && cfg.Mode != ModeAuto {
+		return nil, fmt.Errorf("afxdp: attach mode %q: want native, generic or auto", cfg.Mode)
+	}
 	frames := cfg.Frames
 	if frames <= 0 {
 		frames = DefaultFrames
@@ -110,7 +138,7 @@ func Open(cfg Config) (_ *Path, err error) {
 		return nil, fmt.Errorf("states map: %w", needs(err))
 	}
 	for _, dev := range cfg.Devices {
-		a, err := p.attach(dev, cfg.EncapPort, uint32(frames))
+		a, err := p.attach(dev, cfg.Mode, cfg.EncapPort, uint32(frames))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", dev, err)
 		}
@@ -120,7 +148,7 @@ func Open(cfg Config) (_ *Path, err error) {
 }
 
 // attach attaches the program to dev and binds its queues' sockets.
-func (p *Path) attach(dev string, encapPort uint16, frames uint32) (Attachment, error) {
+func (p *Path) attach(dev, mode string, encapPort uint16, frames uint32) (Attachment, error) {
 	a := Attachment{Device: dev}
 	l, err := netlink.LinkByName(dev)
 	if err != nil {
@@ -141,13 +169,10 @@ func (p *Path) attach(dev string, encapPort uint16, frames uint32) (Attachment, 
 	}
 	p.progs = append(p.progs, prog)
 	var lk link.Link
-	for _, mode := range []struct {
-		name  string
-		flags link.XDPAttachFlags
-	}{{"native", link.XDPDriverMode}, {"generic", link.XDPGenericMode}} {
-		lk, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: attrs.Index, Flags: mode.flags})
+	for _, mode := range attachOrder(mode, l.Type()) {
+		lk, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: attrs.Index, Flags: attachFlags[mode]})
 		if err == nil {
-			a.Mode = mode.name
+			a.Mode = mode
 			break
 		}
 	}

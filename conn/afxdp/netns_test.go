@@ -2,6 +2,7 @@ package afxdp
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -119,13 +120,23 @@ func kernelSPIs(fd int, v4 bool) []uint32 {
 // a veth to a Path: the frames of its states arrive on its receivers
 // whole, with their outer addresses, ports and TOS; others (another SPI,
 // IKE, a keepalive) reach the kernel's sockets; after Close everything
-// does.
+// does. In both attach modes, and auto, which is generic on a veth.
 func TestReceive(t *testing.T) {
+	for _, mode := range []string{ModeNative, ModeGeneric, ModeAuto} {
+		t.Run("mode-"+cmp.Or(mode, "auto"), func(t *testing.T) { testReceive(t, mode) })
+	}
+}
+
+func testReceive(t *testing.T, mode string) {
 	peer, self := vethPair(t)
-	p := openIn(t, self, Config{Devices: []string{"b0"}, EncapPort: 4500})
+	p := openIn(t, self, Config{Devices: []string{"b0"}, EncapPort: 4500, Mode: mode})
 	a := p.Attached()
-	if len(a) != 1 || a[0].Queues < 1 {
-		t.Fatalf("attached %+v", a)
+	wantMode := mode
+	if mode == ModeAuto {
+		wantMode = ModeGeneric
+	}
+	if len(a) != 1 || a[0].Queues < 1 || a[0].Mode != wantMode {
+		t.Fatalf("attached %+v, want mode %s", a, wantMode)
 	}
 	t.Logf("attached %+v", a[0])
 	if err := p.SetStates([]State{{SPI: 0x1001, Dst: self4}, {SPI: 0x1002, Dst: self6}}); err != nil {
