@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/espd/espd/bench/report"
 	"github.com/espd/espd/crypto"
 )
 
@@ -94,6 +95,13 @@ func TestOptions(t *testing.T) {
 	if want := []string{"routing", "espd-noaesni", "espd-udp", "espd-udp-noaesni", "libipsec", "libipsec-noaesni"}; !slices.Equal(o2.systems, want) {
 		t.Errorf("-noaesni twins: systems %v, want %v", o2.systems, want)
 	}
+	o3, err := parseOptions([]string{"-systems", "espd-xdp,espd-udp", "-noaesni"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"espd-noaesni", "espd-xdp", "espd-xdp-noaesni", "espd-udp", "espd-udp-noaesni"}; !slices.Equal(o3.systems, want) {
+		t.Errorf("-noaesni twin of espd-xdp: systems %v, want %v", o3.systems, want)
+	}
 	if len(o.suites) != 7 || !slices.Equal(o.mss, []int{0, 1000, 500, 200}) || o.reps != 3 || o.family != 6 {
 		t.Errorf("defaults: %+v", o)
 	}
@@ -119,6 +127,31 @@ func TestOptions(t *testing.T) {
 	} {
 		if _, err := parseOptions(bad, &stderr); err == nil {
 			t.Errorf("parseOptions(%q) accepted", bad)
+		}
+	}
+}
+
+// TestDefaultRatiosSystems: every system the report's default ratios
+// compare is one the harness knows, the AF_XDP systems among them.
+func TestDefaultRatiosSystems(t *testing.T) {
+	known := systemNames()
+	for _, name := range []string{"espd-xdp", "espd-xdp-noaesni"} {
+		if !slices.Contains(known, name) {
+			t.Errorf("systems %v lack %s", known, name)
+		}
+	}
+	for _, p := range report.DefaultRatios {
+		if !slices.Contains(known, p.Subject) || !slices.Contains(known, p.Peer) || p.Subject == p.Peer {
+			t.Errorf("ratio %s vs %s: not two known systems", p.Subject, p.Peer)
+		}
+	}
+	for _, want := range []report.Ratio{
+		{Subject: "espd-xdp", Peer: "espd-udp"}, {Subject: "espd-xdp-noaesni", Peer: "espd-udp-noaesni"},
+		{Subject: "espd-xdp", Peer: "espd"}, {Subject: "espd-xdp-noaesni", Peer: "espd-noaesni"},
+		{Subject: "espd-xdp-noaesni", Peer: "wireguard-go-noaesni"},
+	} {
+		if !slices.Contains(report.DefaultRatios, want) {
+			t.Errorf("default ratios lack %s vs %s", want.Subject, want.Peer)
 		}
 	}
 }

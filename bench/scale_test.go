@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/espd/espd/bench/report"
@@ -45,6 +46,23 @@ func TestScaleOptions(t *testing.T) {
 	if !slices.Equal(o.systems, []string{"routing", "espd"}) || o.suites[0].String() != "chacha20poly1305" ||
 		!slices.Equal(o.mss, []int{1000}) || o.reps != 5 {
 		t.Errorf("-scale with explicit flags: %+v", o)
+	}
+	// The AF_XDP systems are not among the defaults but may be named, and
+	// carry many tunnels.
+	if d := strings.Split(defaultScaleSystems, ","); slices.Contains(d, "espd-xdp") || slices.Contains(d, "espd-xdp-noaesni") {
+		t.Errorf("scale defaults %v name an AF_XDP system", d)
+	}
+	o, err = parseOptions([]string{"-tunnels", "256", "-systems", "espd-xdp,espd-xdp-noaesni"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.scale.on || !slices.Equal(o.scale.points, pts(256, 1)) || !slices.Equal(o.systems, []string{"espd-xdp", "espd-xdp-noaesni"}) {
+		t.Errorf("-tunnels 256 -systems espd-xdp,espd-xdp-noaesni: %+v", o)
+	}
+	for _, s := range system.All() {
+		if _, ok := s.(system.Tunnels); slices.Contains(o.systems, s.Name()) && !ok {
+			t.Errorf("%s carries one tunnel only", s.Name())
+		}
 	}
 	// -tunnels and -streams: one point, and the scale mode.
 	o, err = parseOptions([]string{"-tunnels", "4", "-streams", "2"}, &stderr)

@@ -257,3 +257,52 @@ func TestHopTable(t *testing.T) {
 		t.Errorf("Tables() lacks the hop table")
 	}
 }
+
+// TestRatiosXDP: the default ratios put espd's AF_XDP receive (with and
+// without AES-NI) as the subject against raw ESP over the raw socket,
+// ESP-in-UDP and, without AES-NI, wireguard-go.
+func TestRatiosXDP(t *testing.T) {
+	r := &Report{Suites: []string{"aes128gcm16"}, MSS: []int{0}}
+	for _, s := range []struct {
+		name, label string
+		mbits       float64
+	}{
+		{"espd", "espd", 2000},
+		{"espd-noaesni", "espd, no AES-NI/AVX2", 500},
+		{"espd-xdp", "espd, raw ESP, AF_XDP receive", 3200},
+		{"espd-xdp-noaesni", "espd, raw ESP, AF_XDP receive, no AES-NI/AVX2", 800},
+		{"espd-udp", "espd, ESP-in-UDP", 1600},
+		{"espd-udp-noaesni", "espd, ESP-in-UDP, no AES-NI/AVX2", 400},
+		{"wireguard-go-noaesni", "wireguard-go, no AES-NI/AVX2", 200},
+	} {
+		sys := System{Name: s.name, Label: s.label, PerSuite: true}
+		suite := "aes128gcm16"
+		if strings.HasPrefix(s.name, "wireguard-go") {
+			sys.PerSuite, sys.Cipher, suite = false, "WireGuard", ""
+		}
+		r.Systems = append(r.Systems, sys)
+		r.Runs = append(r.Runs, Run{System: s.name, Suite: suite, Kind: KindTCP, Rep: 1, BitsPerSecond: s.mbits * 1e6, Seconds: 5})
+	}
+	rows := map[string]string{}
+	for _, row := range r.Ratios(DefaultRatios).Rows {
+		rows[row[0]] = row[2]
+	}
+	for pair, want := range map[string]string{
+		"espd, raw ESP, AF_XDP receive vs espd, ESP-in-UDP":                                 "2.00x",
+		"espd, raw ESP, AF_XDP receive vs espd":                                             "1.60x",
+		"espd, raw ESP, AF_XDP receive, no AES-NI/AVX2 vs espd, ESP-in-UDP, no AES-NI/AVX2": "2.00x",
+		"espd, raw ESP, AF_XDP receive, no AES-NI/AVX2 vs espd, no AES-NI/AVX2":             "1.60x",
+		"espd, raw ESP, AF_XDP receive, no AES-NI/AVX2 vs wireguard-go, no AES-NI/AVX2":     "4.00x",
+		"espd, ESP-in-UDP vs espd":                                                          "0.80x",
+		"espd, no AES-NI/AVX2 vs wireguard-go, no AES-NI/AVX2":                              "2.50x",
+	} {
+		if rows[pair] != want {
+			t.Errorf("ratio %q = %q, want %q (rows %v)", pair, rows[pair], want, rows)
+		}
+	}
+	for pair := range rows {
+		if strings.Contains(pair, "vs espd, raw ESP, AF_XDP") {
+			t.Errorf("espd-xdp is a peer in %q, want it the subject", pair)
+		}
+	}
+}

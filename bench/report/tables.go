@@ -233,8 +233,10 @@ type Ratio struct {
 }
 
 // DefaultRatios are the comparisons the report prints when both systems
-// ran: espd against each peer, espd's two modes without AES-NI against
-// the peers without it, and each mode against the other.
+// ran: espd against each peer, espd's modes without AES-NI against the
+// peers without it, ESP-in-UDP against raw ESP, and raw ESP received
+// through AF_XDP (espd-xdp) against both of the others, with and without
+// AES-NI.
 var DefaultRatios = []Ratio{
 	{"espd", "wireguard-go"},
 	{"espd", "libipsec"},
@@ -246,6 +248,11 @@ var DefaultRatios = []Ratio{
 	{"espd-noaesni", "libipsec-noaesni"},
 	{"espd-udp", "espd"},
 	{"espd-udp-noaesni", "espd-noaesni"},
+	{"espd-xdp", "espd-udp"},
+	{"espd-xdp-noaesni", "espd-udp-noaesni"},
+	{"espd-xdp", "espd"},
+	{"espd-xdp-noaesni", "espd-noaesni"},
+	{"espd-xdp-noaesni", "wireguard-go-noaesni"},
 }
 
 // Ratios is the table of throughput ratios of medians from this run, one

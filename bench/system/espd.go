@@ -27,13 +27,19 @@ const (
 // espdTUN is the TUN device of every espd the harness starts.
 const espdTUN = "esp0"
 
+// xdpDev is the interface the AF_XDP systems' espd receives raw ESP on
+// (-xdp): each gateway's transit link, which testbed.New names IfTransit
+// in gwA and in gwB alike.
+const xdpDev = testbed.IfTransit
+
 // Espd is espd on both gateways, keyed through its control socket with
 // the Go client.
 type Espd struct {
 	name, label string
 	godebug     string
 	encap       bool
-	baseline    bool // runs Env.BaselineBin instead of Env.EspdBin
+	baseline    bool   // runs Env.BaselineBin instead of Env.EspdBin
+	xdp         string // if set, receives raw ESP through AF_XDP on xdpDev (-xdp) attached in this -xdp-mode
 
 	top *testbed.Topology
 	gw  [2]*espdProc
@@ -48,6 +54,14 @@ type Espd struct {
 // GODEBUG of the espd processes; encap selects ESP-in-UDP.
 func NewEspd(name, label, godebug string, encap bool) *Espd {
 	return &Espd{name: name, label: label, godebug: godebug, encap: encap}
+}
+
+// NewEspdXDP returns the raw-ESP espd system called name whose espd
+// receives ESP on each gateway's transit link through AF_XDP (-xdp),
+// attached in mode (-xdp-mode: auto, native or generic); godebug, if
+// set, is the GODEBUG of the espd processes.
+func NewEspdXDP(name, label, godebug, mode string) *Espd {
+	return &Espd{name: name, label: label, godebug: godebug, xdp: mode}
 }
 
 // Name implements System.
@@ -85,6 +99,17 @@ func (e *Espd) bin(env *Env) string {
 	return env.EspdBin
 }
 
+// flags returns the flags the system's espd gets on either gateway
+// beyond espdArgv's own: env's (espdExtra) and, for the AF_XDP systems,
+// -xdp naming the gateway's transit link.
+func (e *Espd) flags(env *Env) []string {
+	flags := env.espdExtra()
+	if e.xdp != "" {
+		flags = append(flags, "-xdp="+xdpDev, "-xdp-mode="+e.xdp)
+	}
+	return flags
+}
+
 // Setup implements System: a line with espd started on both gateways.
 func (e *Espd) Setup(ctx context.Context, env *Env) error {
 	var err error
@@ -96,7 +121,7 @@ func (e *Espd) Setup(ctx context.Context, env *Env) error {
 		return err
 	}
 	for i, node := range []*testbed.Node{e.top.GwA, e.top.GwB} {
-		p, err := startEspd(ctx, e.bin(env), node, e.dir, e.godebug, env.espdExtra()...)
+		p, err := startEspd(ctx, e.bin(env), node, e.dir, e.godebug, e.flags(env)...)
 		if err != nil {
 			return err
 		}
@@ -127,12 +152,25 @@ func (p *espdProc) use(ctx context.Context, f func(*control.Client) error) error
 	return f(c)
 }
 
-// startEspd starts espd in node and connects to its control socket.
+// espdSocket is the control socket of the espd in the gateway called
+// role whose files are in dir.
+func espdSocket(dir, role string) string { return filepath.Join(dir, "espd-"+role+".sock") }
+
+// espdArgv returns the command line of espd (bin) in the gateway called
+// role, its files in dir: the GODEBUG prefix (godebugEnv), the TUN, the
+// control socket (espdSocket), the log level and the state directory,
+// then extra.
+func espdArgv(bin, dir, role, godebug string, extra ...string) []string {
+	argv := append(godebugEnv(godebug), bin, "--tun", espdTUN, "--socket", espdSocket(dir, role), "--log-level", "warn",
+		"--state-dir", filepath.Join(dir, "espd-"+role+".state"))
+	return append(argv, extra...)
+}
+
+// startEspd starts espd in node (espdArgv) and connects to its control
+// socket.
 func startEspd(ctx context.Context, bin string, node *testbed.Node, dir, godebug string, extra ...string) (*espdProc, error) {
-	p := &espdProc{node: node, sock: filepath.Join(dir, "espd-"+node.Role+".sock")}
-	argv := append(godebugEnv(godebug), bin, "--tun", espdTUN, "--socket", p.sock, "--log-level", "warn",
-		"--state-dir", filepath.Join(dir, "espd-"+node.Role+".state"))
-	argv = append(argv, extra...)
+	p := &espdProc{node: node, sock: espdSocket(dir, node.Role)}
+	argv := espdArgv(bin, dir, node.Role, godebug, extra...)
 	var err error
 	if p.proc, err = node.Start(filepath.Join(dir, "espd-"+node.Role+".log"), argv...); err != nil {
 		return nil, err

@@ -52,7 +52,8 @@ func TestRefusedByEspd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, sys := range []System{NewEspd("espd", "espd", "", false), NewEspd("espd-udp", "espd, ESP-in-UDP", "", true), NewCharon(CharonEspd)} {
+		for _, sys := range []System{NewEspd("espd", "espd", "", false), NewEspd("espd-udp", "espd, ESP-in-UDP", "", true),
+			NewEspdXDP("espd-xdp", "espd, raw ESP, AF_XDP receive", "", "auto"), NewCharon(CharonEspd)} {
 			err := sys.Key(ctx, s)
 			if !IsUnavailable(err) || err.Error() != RefusedByEspd {
 				t.Errorf("%s keyed for %s: %v, want %q", sys.Name(), name, err, RefusedByEspd)
