@@ -90,7 +90,7 @@ func syncXDP(ctx context.Context, db *sa.DB, p *afxdp.Path, log *slog.Logger) {
 func inboundStates(db *sa.DB, states []afxdp.State) []afxdp.State {
 	for _, s := range db.SAs() {
 		if s.Dir() == sa.DirIn && s.Alive() {
-			states = append(states, afxdp.State{SPI: s.SPI(), Dst: s.Dst()})
+			states = append(states, afxdp.State{SPI: s.SPI(), Dst: s.Dst(), Src: s.Peer().Addr()})
 		}
 	}
 	return states

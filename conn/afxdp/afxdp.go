@@ -65,7 +65,7 @@ func attachOrder(mode, typ string) []string {
 
 // Defaults of Config.
 const (
-	DefaultFrames    = 2048
+	DefaultFrames    = 8192 // 16 MiB a queue, twice the sockets' SO_RCVBUF
 	DefaultMaxStates = 65536
 )
 

@@ -139,7 +139,7 @@ func testReceive(t *testing.T, mode string) {
 		t.Fatalf("attached %+v, want mode %s", a, wantMode)
 	}
 	t.Logf("attached %+v", a[0])
-	if err := p.SetStates([]State{{SPI: 0x1001, Dst: self4}, {SPI: 0x1002, Dst: self6}}); err != nil {
+	if err := p.SetStates([]State{{SPI: 0x1001, Dst: self4, Src: peer4}, {SPI: 0x1002, Dst: self6, Src: peer6}}); err != nil {
 		t.Fatal(err)
 	}
 	k4, k6 := kernelESP(t, self, unix.AF_INET), kernelESP(t, self, unix.AF_INET6)

@@ -8,10 +8,14 @@ import (
 	"github.com/cilium/ebpf/asm"
 )
 
-// stateValue is a states map value: the family (4 or 6, host order) and
-// the destination address of an inbound state (IPv4 in the first four
-// bytes), as XFRM identifies a state by (daddr, SPI).
-const stateValueLen = 4 + 16
+// stateValueLen is the size of a states map value: a word (host order)
+// with the family (4 or 6) and anySource, the destination address of an
+// inbound state, as XFRM identifies a state by (daddr, SPI), and its
+// peer's address (IPv4 in the first four bytes of each).
+const stateValueLen = 4 + 16 + 16
+
+// anySource in a value's first word: the state takes any source address.
+const anySource = 0x100
 
 // xdpPass is XDP_PASS, also bpf_redirect_map's action when the queue has
 // no socket.
@@ -26,7 +30,9 @@ const (
 	ip6L4   = ip6Off + 40 // and IPv6 headers followed by ESP or UDP
 	espLen  = 8           // SPI and sequence number
 	udpLen  = 8
+	ip4Src  = ip4Off + 12
 	ip4Dst  = ip4Off + 16
+	ip6Src  = ip6Off + 8
 	ip6Dst  = ip6Off + 24
 	ip6Next = ip6Off + 6
 )
@@ -35,7 +41,8 @@ const (
 // device's queue socket in xsks an untagged, unfragmented IPv4 or IPv6
 // frame of at most maxFrame bytes that carries ESP (or, if encapPort is
 // not 0, non-IKE UDP to encapPort) whose (destination, SPI) is in states;
-// it passes every other frame to the kernel. A frame whose queue has no
+// whose source is the state's peer; it passes every other frame to the
+// kernel, where the firewall sees it. A frame whose queue has no
 // socket gets the action noSocket (xdpPass but in tests).
 func program(states, xsks *ebpf.Map, encapPort uint16, maxFrame int, noSocket int32) asm.Instructions {
 	var port [2]byte
@@ -75,7 +82,7 @@ func program(states, xsks *ebpf.Map, encapPort uint16, maxFrame int, noSocket in
 		asm.LoadMem(asm.R5, asm.R7, ip4Off+9, asm.Byte),
 	)
 	ins = append(ins, transport("v4", ip4L4, encapPort, portLE)...)
-	ins = append(ins, lookup("v4", states, ip4Dst, 1)...)
+	ins = append(ins, lookup("v4", states, ip4Dst, ip4Src, 1)...)
 	// IPv6: version 6, ESP or UDP right after the fixed header.
 	ins = append(ins,
 		asm.Mov.Reg(asm.R4, asm.R7).WithSymbol("v6"),
@@ -93,7 +100,7 @@ func program(states, xsks *ebpf.Map, encapPort uint16, maxFrame int, noSocket in
 		asm.LoadMem(asm.R5, asm.R7, ip6Next, asm.Byte),
 	)
 	ins = append(ins, transport("v6", ip6L4, encapPort, portLE)...)
-	ins = append(ins, lookup("v6", states, ip6Dst, 4)...)
+	ins = append(ins, lookup("v6", states, ip6Dst, ip6Src, 4)...)
 	ins = append(ins,
 		asm.LoadMapPtr(asm.R1, xsks.FD()).WithSymbol("redirect"),
 		asm.LoadMem(asm.R2, asm.R9, 16, asm.Word), // rx_queue_index
@@ -147,9 +154,9 @@ func transport(fam string, l4 int32, encapPort uint16, portLE int32) asm.Instruc
 }
 
 // lookup looks the SPI in R2 up in states and jumps to redirect if the
-// state's family is R6 and its address the words words at dst in the
-// frame.
-func lookup(fam string, states *ebpf.Map, dst int16, words int) asm.Instructions {
+// state's family is R6, its destination the words words at dst in the
+// frame and its peer those at src (or it has anySource).
+func lookup(fam string, states *ebpf.Map, dst, src int16, words int) asm.Instructions {
 	ins := asm.Instructions{
 		asm.StoreMem(asm.RFP, -4, asm.R2, asm.Word).WithSymbol(fam + "lookup"),
 		asm.LoadMapPtr(asm.R1, states.FD()),
@@ -157,13 +164,26 @@ func lookup(fam string, states *ebpf.Map, dst int16, words int) asm.Instructions
 		asm.Add.Imm(asm.R2, -4),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "pass"),
-		asm.LoadMem(asm.R1, asm.R0, 0, asm.Word),
+		asm.LoadMem(asm.R3, asm.R0, 0, asm.Word),
+		asm.Mov.Reg(asm.R1, asm.R3),
+		asm.And.Imm(asm.R1, 0xff),
 		asm.JNE.Reg(asm.R1, asm.R6, "pass"),
 	}
 	for i := range words {
 		ins = append(ins,
 			asm.LoadMem(asm.R1, asm.R0, int16(4+4*i), asm.Word),
 			asm.LoadMem(asm.R2, asm.R7, dst+int16(4*i), asm.Word),
+			asm.JNE.Reg(asm.R1, asm.R2, "pass"),
+		)
+	}
+	ins = append(ins,
+		asm.And.Imm(asm.R3, anySource),
+		asm.JNE.Imm(asm.R3, 0, "redirect"),
+	)
+	for i := range words {
+		ins = append(ins,
+			asm.LoadMem(asm.R1, asm.R0, int16(20+4*i), asm.Word),
+			asm.LoadMem(asm.R2, asm.R7, src+int16(4*i), asm.Word),
 			asm.JNE.Reg(asm.R1, asm.R2, "pass"),
 		)
 	}

@@ -84,9 +84,11 @@ func TestProgram(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer xsks.Close()
-	if err := p.SetStates([]State{{SPI: 0x1001, Dst: self4}, {SPI: 0x1002, Dst: self6}}); err != nil {
+	if err := p.SetStates([]State{{SPI: 0x1001, Dst: self4, Src: peer4}, {SPI: 0x1002, Dst: self6, Src: peer6},
+		{SPI: 0x1004, Dst: self4}}); err != nil {
 		t.Fatal(err)
 	}
+	other4, other6 := netip.MustParseAddr("198.18.1.1"), netip.MustParseAddr("2001:db8:1::1")
 	// The test run has no socket in xsks: a frame the program redirects
 	// gets the fallback action, XDP_DROP here (XDP_PASS in espd).
 	const xdpDrop, redirect = 1, 1
@@ -120,10 +122,15 @@ func TestProgram(t *testing.T) {
 			{"esp4 other destination", frame(t, peer4, netip.MustParseAddr("198.18.0.3"), packet.ProtoESP, espPayload(0x1001, 64)), xdpPass},
 			{"esp6 SPI of the IPv4 state", frame(t, peer6, self6, packet.ProtoESP, espPayload(0x1001, 64)), xdpPass},
 			{"esp6 other destination", frame(t, peer6, netip.MustParseAddr("2001:db8::3"), packet.ProtoESP, espPayload(0x1002, 64)), xdpPass},
+			{"esp4 other source", frame(t, other4, self4, packet.ProtoESP, espPayload(0x1001, 64)), xdpPass},
+			{"esp6 other source", frame(t, other6, self6, packet.ProtoESP, espPayload(0x1002, 64)), xdpPass},
+			{"udp4 other source", frame(t, other4, self4, packet.ProtoUDP, udpPayload(4500, 4500, espPayload(0x1001, 64))), xdpPass},
+			{"esp4 any source", frame(t, other4, self4, packet.ProtoESP, espPayload(0x1004, 64)), redirect},
 			{"esp4 fragment", frag, xdpPass},
 			{"esp4 with options", opts4, xdpPass},
 			{"vlan", vlan, xdpPass},
 			{"esp4 truncated", frame(t, peer4, self4, packet.ProtoESP, espPayload(0x1001, 64))[:ethLen+20+6], xdpPass},
+			{"esp4 filling a frame", frame(t, peer4, self4, packet.ProtoESP, espPayload(0x1001, maxFrame-ethLen-20)), redirect},
 			{"esp4 larger than a frame", frame(t, peer4, self4, packet.ProtoESP, espPayload(0x1001, maxFrame)), xdpPass},
 			{"udp4 esp", frame(t, peer4, self4, packet.ProtoUDP, udpPayload(4500, 4500, espPayload(0x1001, 64))), udp(redirect)},
 			{"udp6 esp", frame(t, peer6, self6, packet.ProtoUDP, udpPayload(4500, 4500, espPayload(0x1002, 64))), udp(redirect)},
@@ -144,7 +151,7 @@ func TestProgram(t *testing.T) {
 		prog.Close()
 	}
 	// A state removed from the map is the kernel's again.
-	if err := p.SetStates([]State{{SPI: 0x1002, Dst: self6}}); err != nil {
+	if err := p.SetStates([]State{{SPI: 0x1002, Dst: self6, Src: peer6}}); err != nil {
 		t.Fatal(err)
 	}
 	prog, err := loadProgram(p.states, xsks, 0, maxFrame, xdpDrop)

@@ -14,9 +14,11 @@ import (
 )
 
 // frameSize is the size of a UMEM frame; a frame holds the kernel's
-// XDP_PACKET_HEADROOM and at most maxFrame bytes of packet.
+// XDP_PACKET_HEADROOM and at most maxFrame bytes of packet (1792: an
+// Ethernet MTU of 1500 fits; the program passes larger frames to the
+// kernel).
 const (
-	frameSize = 4096
+	frameSize = 2048
 	maxFrame  = frameSize - unix.XDP_PACKET_HEADROOM
 )
 

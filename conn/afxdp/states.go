@@ -7,10 +7,11 @@ import (
 	"net/netip"
 )
 
-// State is an inbound state as the program matches it: (Dst, SPI).
+// State is an inbound state as the program matches it: (Dst, SPI), and
+// the peer's address Src, or any source if Src is not valid.
 type State struct {
-	SPI uint32
-	Dst netip.Addr
+	SPI      uint32
+	Dst, Src netip.Addr
 }
 
 // SetStates makes the program's map hold exactly states: the frames of
@@ -22,7 +23,7 @@ func (p *Path) SetStates(states []State) error {
 	for _, s := range states {
 		var k [4]byte
 		binary.BigEndian.PutUint32(k[:], s.SPI)
-		want[k] = stateValue(s.Dst)
+		want[k] = stateValue(s.Dst, s.Src)
 	}
 	var errs []error
 	for k, v := range p.inMap {
@@ -48,17 +49,28 @@ func (p *Path) SetStates(states []State) error {
 	return errors.Join(errs...)
 }
 
-// stateValue is the map value of a state with destination dst.
-func stateValue(dst netip.Addr) (v [stateValueLen]byte) {
-	dst = dst.Unmap()
+// stateValue is the map value of a state with destination dst and peer
+// src (any if not valid).
+func stateValue(dst, src netip.Addr) (v [stateValueLen]byte) {
+	dst, src = dst.Unmap(), src.Unmap()
+	word := uint32(6)
 	if dst.Is4() {
-		binary.NativeEndian.PutUint32(v[:4], 4)
-		a := dst.As4()
-		copy(v[4:], a[:])
-	} else {
-		binary.NativeEndian.PutUint32(v[:4], 6)
-		a := dst.As16()
-		copy(v[4:], a[:])
+		word = 4
 	}
+	if !src.IsValid() || src.IsUnspecified() {
+		word |= anySource
+	}
+	binary.NativeEndian.PutUint32(v[:4], word)
+	put := func(b []byte, a netip.Addr) {
+		if a.Is4() {
+			a4 := a.As4()
+			copy(b, a4[:])
+		} else if a.Is6() {
+			a16 := a.As16()
+			copy(b, a16[:])
+		}
+	}
+	put(v[4:20], dst)
+	put(v[20:36], src)
 	return v
 }
