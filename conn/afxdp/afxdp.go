@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
@@ -92,6 +93,8 @@ type Path struct {
 	attached []Attachment
 	counts   counts
 	inMap    map[[4]byte][stateValueLen]byte // what SetStates put in states
+
+	mu sync.Mutex // Stats against Close
 }
 
 // counts are the receivers' own counters.
@@ -227,6 +230,8 @@ type Stats struct {
 // Stats returns the path's counters.
 func (p *Path) Stats() Stats {
 	st := Stats{Frames: p.counts.frames.Load(), Reads: p.counts.reads.Load()}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	for _, s := range p.socks {
 		if k, err := s.stats(); err == nil {
 			st.Dropped += k.Rx_dropped + k.Rx_ring_full + k.Rx_fill_ring_empty_descs
@@ -239,6 +244,8 @@ func (p *Path) Stats() Stats {
 // return an error. Frames in flight at that moment are lost, as in a
 // socket's queue.
 func (p *Path) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	var errs []error
 	for _, l := range p.links {
 		errs = append(errs, l.Close())

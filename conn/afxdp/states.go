@@ -19,6 +19,11 @@ type State struct {
 // left out to the kernel's. Either way espd receives them, so the map may
 // lag the state database. It is called by one goroutine at a time.
 func (p *Path) SetStates(states []State) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.states == nil {
+		return errors.New("afxdp: path closed")
+	}
 	want := make(map[[4]byte][stateValueLen]byte, len(states))
 	for _, s := range states {
 		var k [4]byte
