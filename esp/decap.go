@@ -44,39 +44,9 @@ type Decapsulator struct {
 // from pushing a slow worker's packets out of the window; the others call
 // Replay.Update right after Open. Open is safe for concurrent use.
 func (d *Decapsulator) Open(pkt []byte, outerTOS uint8) (inner []byte, seq uint64, err error) {
-	t := d.Transform
-	iv, icv, bs := t.IVSize(), t.ICVSize(), t.BlockSize()
-	plain := len(pkt) - HeaderLen - iv - icv
-	if plain < bs || plain%bs != 0 {
-		return nil, 0, ErrMalformed
-	}
-	seq = uint64(binary.BigEndian.Uint32(pkt[4:8]))
-	if d.Replay != nil {
-		seq = d.Replay.Infer(uint32(seq))
-		if err := d.Replay.Check(seq); err != nil {
-			return nil, seq, err
-		}
-	}
-	pt, err := t.Open(pkt, seq)
+	payload, nh, seq, err := d.open(pkt)
 	if err != nil {
-		if err == crypto.ErrMalformed {
-			err = ErrMalformed
-		}
 		return nil, seq, err
-	}
-	if len(pt) < 2 {
-		return nil, seq, ErrMalformed
-	}
-	nh := pt[len(pt)-1]
-	pl := int(pt[len(pt)-2])
-	if pl+2 > len(pt) {
-		return nil, seq, ErrPadding
-	}
-	payload := pt[:len(pt)-2-pl]
-	for i, b := range pt[len(payload) : len(pt)-2] {
-		if b != byte(i+1) {
-			return nil, seq, ErrPadding
-		}
 	}
 	switch nh {
 	case NextHeaderDummy:
@@ -110,6 +80,46 @@ func (d *Decapsulator) Open(pkt []byte, outerTOS uint8) (inner []byte, seq uint6
 		packet.SetECN(inner, ecn)
 	}
 	return inner, seq, nil
+}
+
+// open checks, verifies and decrypts pkt in place, as Open does up to and
+// including the trailer, and returns the payload and its Next Header.
+func (d *Decapsulator) open(pkt []byte) (payload []byte, nh uint8, seq uint64, err error) {
+	t := d.Transform
+	iv, icv, bs := t.IVSize(), t.ICVSize(), t.BlockSize()
+	plain := len(pkt) - HeaderLen - iv - icv
+	if plain < bs || plain%bs != 0 {
+		return nil, 0, 0, ErrMalformed
+	}
+	seq = uint64(binary.BigEndian.Uint32(pkt[4:8]))
+	if d.Replay != nil {
+		seq = d.Replay.Infer(uint32(seq))
+		if err := d.Replay.Check(seq); err != nil {
+			return nil, 0, seq, err
+		}
+	}
+	pt, err := t.Open(pkt, seq)
+	if err != nil {
+		if err == crypto.ErrMalformed {
+			err = ErrMalformed
+		}
+		return nil, 0, seq, err
+	}
+	if len(pt) < 2 {
+		return nil, 0, seq, ErrMalformed
+	}
+	nh = pt[len(pt)-1]
+	pl := int(pt[len(pt)-2])
+	if pl+2 > len(pt) {
+		return nil, 0, seq, ErrPadding
+	}
+	payload = pt[:len(pt)-2-pl]
+	for i, b := range pt[len(payload) : len(pt)-2] {
+		if b != byte(i+1) {
+			return nil, 0, seq, ErrPadding
+		}
+	}
+	return payload, nh, seq, nil
 }
 
 // Authentic reports whether an error of Open leaves the packet authentic:

@@ -162,10 +162,13 @@ func (e *Encapsulator) Encapsulate(buf []byte, off, n int, seq uint64) (Packet, 
 	default:
 		return Packet{}, ErrInner
 	}
-	return e.encapsulate(full, off, n, seq, nh)
+	return e.encapsulate(full, off, n, seq, nh, false)
 }
 
-func (e *Encapsulator) encapsulate(full []byte, off, n int, seq uint64, nh uint8) (Packet, error) {
+// encapsulate seals full[off:off+n] with next header nh. In transport
+// mode the payload is an upper-layer packet: no TFC padding (its length
+// is not always in it, RFC 4303 section 2.4) and no outer fields from it.
+func (e *Encapsulator) encapsulate(full []byte, off, n int, seq uint64, nh uint8, transport bool) (Packet, error) {
 	t := e.Transform
 	ol, _, err := e.outerLen()
 	if err != nil {
@@ -189,7 +192,7 @@ func (e *Encapsulator) encapsulate(full []byte, off, n int, seq uint64, nh uint8
 		clear(full[off : off+n])
 	}
 	p := n
-	if e.TFCPadTo > n {
+	if e.TFCPadTo > n && !transport {
 		p = min(e.TFCPadTo, maxPlain-2)
 	}
 	pl := padLen(p, bs)
@@ -205,7 +208,11 @@ func (e *Encapsulator) encapsulate(full []byte, off, n int, seq uint64, nh uint8
 	tr[len(tr)-1] = nh
 
 	// Outer fields come from the inner header, before it is encrypted.
-	tos, df := e.outerTOS(full[off:off+n], nh)
+	var tos uint8
+	var df bool
+	if !transport {
+		tos, df = e.outerTOS(full[off:off+n], nh)
+	}
 
 	// ESP header, then Seal writes the IV and the ICV.
 	binary.BigEndian.PutUint32(full[espOff:], e.SPI)

@@ -73,6 +73,12 @@ var (
 	// ErrOuter means the Outer addresses are missing or of different
 	// families.
 	ErrOuter = errors.New("esp: outer addresses invalid or of mixed families")
+	// ErrTransport means a packet that transport mode cannot carry: a
+	// fragment, an IPv4 header with options, an IPv6 header followed by
+	// an extension header that belongs in front of ESP, addresses other
+	// than the SA's, or (opening) a Next Header that is not an
+	// upper-layer protocol.
+	ErrTransport = errors.New("esp: packet transport mode cannot carry")
 )
 
 // SPI returns the Security Parameters Index of the ESP packet pkt, which

@@ -40,5 +40,5 @@ func (e *Encapsulator) EncapsulateDummy(buf []byte, off, n int, seq uint64) (Pac
 	if off < 0 || n < 0 || off > cap(buf)-n {
 		return Packet{}, ErrInner
 	}
-	return e.encapsulate(buf[:cap(buf)], off, n, seq, NextHeaderDummy)
+	return e.encapsulate(buf[:cap(buf)], off, n, seq, NextHeaderDummy, false)
 }

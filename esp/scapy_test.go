@@ -79,6 +79,8 @@ type scapyCase struct {
 	Decrypt string `json:"decrypt"`
 	Inner   string `json:"inner"`
 	Seq     uint32 `json:"seq"`
+	// Transport: transport mode (no tunnel header).
+	Transport bool `json:"transport"`
 }
 
 type scapyResult struct {

@@ -11,6 +11,7 @@ type TunnelHeader struct {
 	TOS, TTL         uint8      // TOS or traffic class; TTL or hop limit
 	DF               bool       // IPv4 Don't Fragment
 	ID               uint16     // IPv4 Identification
+	FlowLabel        uint32     // IPv6 flow label (transport mode keeps the packet's)
 }
 
 // Len returns the length of the header: 20 or 40, plus 8 with UDP.
@@ -57,7 +58,7 @@ func PutTunnelHeader(b []byte, start, end int, h TunnelHeader) ([]byte, error) {
 		return nil, ErrTotalLength
 	}
 	if _, err := PutIPv6Header(full, IPv6Header{
-		TrafficClass: h.TOS, PayloadLen: uint16(len(full) - IPv6HeaderLen),
+		TrafficClass: h.TOS, FlowLabel: h.FlowLabel, PayloadLen: uint16(len(full) - IPv6HeaderLen),
 		NextHeader: proto, HopLimit: h.TTL, Src: h.Src, Dst: h.Dst,
 	}); err != nil {
 		return nil, err

@@ -1,14 +1,16 @@
 #!/usr/bin/python3
 """ESP interop peer for esp's TestScapyInterop: scapy's own ESP code (not
 espd's) decrypts the packets espd encapsulated and encrypts packets for
-espd to decapsulate, in tunnel mode, raw or in UDP (RFC 3948).
+espd to decapsulate, in tunnel mode, raw or in UDP (RFC 3948), or in
+transport mode.
 
 Reads {"cases": [...]} as JSON on stdin and writes {"results": [...]} on
 stdout, one result per case:
 
   case:   crypt, auth (scapy algorithm names, auth may be null), ckey,
           akey (hex), spi, esn (bool), esn_hi (high 32 bits), src, dst
-          (outer), sport, dport (0: raw ESP),
+          (outer), sport, dport (0: raw ESP), transport (bool: no tunnel
+          header; inner is then the packet between src and dst),
           decrypt: hex of an outer packet espd built,
           inner: hex of an inner packet, seq: low 32 bits for scapy to use
   result: decrypted: hex of the inner packet scapy recovered,
@@ -26,6 +28,8 @@ from scapy.layers.ipsec import ESP, SecurityAssociation
 def sa_for(c):
     v6 = ":" in c["src"]
     tunnel = IPv6(src=c["src"], dst=c["dst"]) if v6 else IP(src=c["src"], dst=c["dst"])
+    if c.get("transport"):
+        tunnel = None
     nat_t = UDP(sport=c["sport"], dport=c["dport"]) if c["dport"] else None
     return SecurityAssociation(
         ESP, spi=c["spi"],
