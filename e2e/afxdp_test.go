@@ -118,6 +118,32 @@ func TestAFXDPFallback(t *testing.T) {
 	}
 }
 
+// TestAFXDPKill: the program goes with espd. Killed (SIGKILL), espd
+// leaves no XDP program on the transit device, so the kernel receives
+// everything again; started again, it attaches anew.
+func TestAFXDPKill(t *testing.T) {
+	tn := newTunnel(t, tunnelOpts{espdArgsB: []string{"--xdp=" + testbed.IfTransit}})
+	gw := tn.top.GwB
+	attached := func() bool {
+		out, err := gw.IP(context.Background(), "-d", "link", "show", testbed.IfTransit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(out, "xdp")
+	}
+	if !attached() {
+		t.Fatalf("no XDP program on %s while espd runs", testbed.IfTransit)
+	}
+	tn.b.kill(t)
+	if !eventually(10*time.Second, func() bool { return !attached() }) {
+		t.Fatalf("espd was killed and an XDP program is still on %s", testbed.IfTransit)
+	}
+	tn.b = startEspd(t, gw, "--xdp="+testbed.IfTransit)
+	if !eventually(10*time.Second, attached) {
+		t.Fatalf("espd restarted and attached no XDP program to %s", testbed.IfTransit)
+	}
+}
+
 // scrapeMetric reads the unlabelled sample name from the /metrics of the
 // espd in n (metricsAddr).
 func scrapeMetric(n *testbed.Node, name string) (float64, error) {

@@ -3,9 +3,15 @@ package afxdp
 import (
 	"bytes"
 	"cmp"
+	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,7 +25,11 @@ import (
 
 // vethPair builds two namespaces joined by a veth pair, peer (a0) and self
 // (b0), with IPv4 and IPv6 addresses.
-func vethPair(t *testing.T) (peer, self *testbed.Node) {
+func vethPair(t *testing.T) (peer, self *testbed.Node) { return vethQueues(t, 0) }
+
+// vethQueues is vethPair with queues receive and transmit queues on each
+// end (0: the veth's default).
+func vethQueues(t *testing.T, queues int) (peer, self *testbed.Node) {
 	t.Helper()
 	needRoot(t)
 	peer, self = testbed.NewNodeT(t, "xdppeer"), testbed.NewNodeT(t, "xdpself")
@@ -30,7 +40,15 @@ func vethPair(t *testing.T) (peer, self *testbed.Node) {
 			}
 		}
 	}
-	testbed.VethT(t, peer, "a0", self, "b0")
+	if queues == 0 {
+		testbed.VethT(t, peer, "a0", self, "b0")
+	} else {
+		q := strconv.Itoa(queues)
+		peer.MustIP(t, "link", "add", "name", "a0", "numtxqueues", q, "numrxqueues", q, "type", "veth",
+			"peer", "name", "b0", "numtxqueues", q, "numrxqueues", q, "netns", self.Name)
+		peer.MustIP(t, "link", "set", "a0", "up")
+		self.MustIP(t, "link", "set", "b0", "up")
+	}
 	for _, c := range []struct {
 		n         *testbed.Node
 		dev, a, b string
@@ -249,6 +267,118 @@ func udpIP(src, dst netip.Addr, payload []byte) ([]byte, error) {
 		return nil, err
 	}
 	return testbed.BuildIP(src, dst, packet.ProtoUDP, u)
+}
+
+// TestQueues: on a device with four receive queues, Open binds a socket
+// to each and every frame arrives, whichever queue it came in on.
+func TestQueues(t *testing.T) {
+	peer, self := vethQueues(t, 4)
+	p := openIn(t, self, Config{Devices: []string{"b0"}})
+	if a := p.Attached(); len(a) != 1 || a[0].Queues != 4 || len(p.Receivers()) != 4 {
+		t.Fatalf("attached %+v with %d receivers, want 4 queues", a, len(p.Receivers()))
+	}
+	if err := p.SetStates([]State{{SPI: 0x1001, Dst: self4, Src: peer4}}); err != nil {
+		t.Fatal(err)
+	}
+	ch, _ := collect(p)
+	const count = 64
+	for i := range count {
+		pkt, err := testbed.BuildIP(peer4, self4, packet.ProtoESP, testbed.BuildESP(0x1001, uint32(i+1), make([]byte, 48)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := peer.InjectIP(pkt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[uint32]bool{}
+	deadline := time.After(30 * time.Second)
+	for len(seen) < count {
+		select {
+		case m := <-ch:
+			if m.Err != nil {
+				t.Fatal(m.Err)
+			}
+			seen[binary.BigEndian.Uint32(m.Buf[m.Start+4:])] = true
+		case <-deadline:
+			t.Fatalf("%d of %d packets arrived", len(seen), count)
+		}
+	}
+}
+
+// TestFirewallSeesTheRest: netfilter's input chain does not see the
+// frames the program takes (the state's, from its peer), and sees every
+// other frame: the same SPI from another source, to the kernel as before.
+func TestFirewallSeesTheRest(t *testing.T) {
+	if _, err := exec.LookPath("nft"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("nft is required in CI")
+		}
+		t.Skip("no nft")
+	}
+	peer, self := vethPair(t)
+	other4 := netip.MustParseAddr("198.18.0.3")
+	for _, cmd := range [][]string{
+		{"nft", "add", "table", "inet", "t"},
+		{"nft", "add", "chain", "inet", "t", "in", "{ type filter hook input priority 0; }"},
+		{"nft", "add", "rule", "inet", "t", "in", "meta", "l4proto", "esp", "counter"},
+	} {
+		if out, err := self.Run(context.Background(), cmd...); err != nil {
+			t.Fatalf("%v: %v\n%s", cmd, err, out)
+		}
+	}
+	p := openIn(t, self, Config{Devices: []string{"b0"}})
+	if err := p.SetStates([]State{{SPI: 0x1001, Dst: self4, Src: peer4}}); err != nil {
+		t.Fatal(err)
+	}
+	ch, _ := collect(p)
+	const each = 10
+	for i := range 2 * each {
+		src := peer4
+		if i >= each {
+			src = other4
+		}
+		pkt, err := testbed.BuildIP(src, self4, packet.ProtoESP, testbed.BuildESP(0x1001, uint32(i+1), make([]byte, 48)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := peer.InjectIP(pkt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counted := func() int {
+		out, err := self.Run(context.Background(), "nft", "list", "chain", "inet", "t", "in")
+		if err != nil {
+			return -1
+		}
+		f := strings.Fields(out[strings.Index(out, "packets")+len("packets"):])
+		if len(f) == 0 {
+			return -1
+		}
+		n, _ := strconv.Atoi(f[0])
+		return n
+	}
+	if !testbed.Poll(10*time.Second, 20*time.Millisecond, func() bool { return counted() >= each }) {
+		t.Fatalf("the input chain counted %d ESP packets, want the %d from another source", counted(), each)
+	}
+	for range each {
+		select {
+		case m := <-ch:
+			if m.Src.Addr() != peer4 {
+				t.Errorf("AF_XDP took a frame from %v", m.Src)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the peer's frames did not arrive on AF_XDP")
+		}
+	}
+	if n := counted(); n != each {
+		t.Errorf("the input chain counted %d ESP packets, want %d: only those from another source", n, each)
+	}
+	select {
+	case m := <-ch:
+		t.Errorf("AF_XDP took an extra frame from %v", m.Src)
+	default:
+	}
 }
 
 func setTOS(pkt []byte, tos uint8) {
