@@ -53,7 +53,11 @@ func openXDP(cfg *IOConfig, log *slog.Logger) *afxdp.Path {
 	}
 	for _, a := range p.Attached() {
 		log.Info("receiving ESP through AF_XDP", "device", a.Device, "mode", a.Mode,
-			"queues", a.Queues, "zerocopy", a.ZeroCopy, "esp_in_udp", cfg.XDPEncap)
+			"queues", a.Queues, "zerocopy", a.ZeroCopy, "frames", a.Frames, "esp_in_udp", cfg.XDPEncap)
+		if a.Frames < afxdp.DefaultFrames {
+			log.Warn("AF_XDP frames cut to what RLIMIT_MEMLOCK lets the kernel pin: frames may be dropped under load (raise LimitMEMLOCK=, docs/afxdp.md)",
+				"device", a.Device, "frames", a.Frames, "want", afxdp.DefaultFrames)
+		}
 	}
 	return p
 }

@@ -80,6 +80,9 @@ type Attachment struct {
 	// reports that they bound in zero-copy mode (else copy mode).
 	Queues   int
 	ZeroCopy bool
+	// Frames is the number of UMEM frames a queue got: Config.Frames, or
+	// fewer where RLIMIT_MEMLOCK holds less (openFitting).
+	Frames int
 }
 
 // Path is the AF_XDP receive path on a set of devices.
@@ -185,7 +188,7 @@ func (p *Path) attach(dev, mode string, encapPort uint16, frames uint32) (Attach
 	p.links = append(p.links, lk)
 	a.ZeroCopy = true
 	for q := range queues {
-		s, err := openSocket(attrs.Index, q, frames)
+		s, err := openFitting(attrs.Index, q, frames)
 		if err != nil {
 			if q > 0 && errors.Is(err, unix.EINVAL) {
 				break // fewer queues in use than allocated; the rest pass to the kernel
@@ -198,9 +201,27 @@ func (p *Path) attach(dev, mode string, encapPort uint16, frames uint32) (Attach
 		}
 		a.Queues++
 		a.ZeroCopy = a.ZeroCopy && s.zeroCopy
+		a.Frames = int(s.frames)
 		p.recv = append(p.recv, newReceiver(s, encapPort, &p.counts))
 	}
 	return a, nil
+}
+
+// minFrames is the fewest UMEM frames a queue takes (1 MiB).
+const minFrames = 512
+
+// openFitting opens a socket with frames UMEM frames, or with half as
+// many, down to minFrames, while the kernel refuses to pin that much
+// under RLIMIT_MEMLOCK (ENOBUFS; a process with CAP_IPC_LOCK has no
+// limit).
+func openFitting(ifindex, queue int, frames uint32) (*socket, error) {
+	for {
+		s, err := openSocket(ifindex, queue, frames)
+		if err == nil || !errors.Is(err, unix.ENOBUFS) || frames <= minFrames {
+			return s, err
+		}
+		frames /= 2
+	}
 }
 
 // needs says which capability a permission error lacks.

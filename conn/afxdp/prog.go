@@ -53,8 +53,8 @@ func program(states, xsks *ebpf.Map, encapPort uint16, maxFrame int, noSocket in
 		asm.LoadMem(asm.R7, asm.R1, 0, asm.Word),   // data
 		asm.LoadMem(asm.R8, asm.R1, 4, asm.Word),   // data_end
 		asm.Mov.Reg(asm.R4, asm.R7),                // larger than a UMEM frame takes:
-		asm.Add.Imm(asm.R4, int32(maxFrame)),       // the kernel's
-		asm.JGT.Reg(asm.R8, asm.R4, "pass"),        //
+		asm.Add.Imm(asm.R4, int32(maxFrame)),       // the kernel's (the IP
+		asm.JGT.Reg(asm.R8, asm.R4, "pass"),        // lengths are parseFrame's)
 		asm.Mov.Reg(asm.R4, asm.R7),                //
 		asm.Add.Imm(asm.R4, ethLen),                //
 		asm.JGT.Reg(asm.R4, asm.R8, "pass"),        //
@@ -73,11 +73,6 @@ func program(states, xsks *ebpf.Map, encapPort uint16, maxFrame int, noSocket in
 		asm.LoadMem(asm.R5, asm.R7, ip4Off+6, asm.Half),
 		asm.And.Imm(asm.R5, ethType(0x3fff)), // MF and the fragment offset
 		asm.JNE.Imm(asm.R5, 0, "pass"),
-		asm.LoadMem(asm.R5, asm.R7, ip4Off+2, asm.Half), // total length
-		asm.HostTo(asm.BE, asm.R5, asm.Half),
-	)
-	ins = append(ins, whole(ethLen, maxFrame)...)
-	ins = append(ins,
 		asm.Mov.Imm(asm.R6, 4),
 		asm.LoadMem(asm.R5, asm.R7, ip4Off+9, asm.Byte),
 	)
@@ -91,11 +86,6 @@ func program(states, xsks *ebpf.Map, encapPort uint16, maxFrame int, noSocket in
 		asm.LoadMem(asm.R5, asm.R7, ip6Off, asm.Byte),
 		asm.And.Imm(asm.R5, 0xf0),
 		asm.JNE.Imm(asm.R5, 0x60, "pass"),
-		asm.LoadMem(asm.R5, asm.R7, ip6Off+4, asm.Half), // payload length
-		asm.HostTo(asm.BE, asm.R5, asm.Half),
-	)
-	ins = append(ins, whole(ip6L4, maxFrame)...)
-	ins = append(ins,
 		asm.Mov.Imm(asm.R6, 6),
 		asm.LoadMem(asm.R5, asm.R7, ip6Next, asm.Byte),
 	)
@@ -111,19 +101,6 @@ func program(states, xsks *ebpf.Map, encapPort uint16, maxFrame int, noSocket in
 		asm.Return(),
 	)
 	return ins
-}
-
-// whole passes the frame to the kernel unless the IP packet, whose length
-// from off on is in R5, fits in a UMEM frame and in the frame's linear
-// data (a multi-buffer frame, or one cut short, is the kernel's).
-func whole(off int32, maxFrame int) asm.Instructions {
-	return asm.Instructions{
-		asm.JGT.Imm(asm.R5, int32(maxFrame)-off, "pass"),
-		asm.Mov.Reg(asm.R4, asm.R7),
-		asm.Add.Reg(asm.R4, asm.R5),
-		asm.Add.Imm(asm.R4, off),
-		asm.JGT.Reg(asm.R4, asm.R8, "pass"),
-	}
 }
 
 // transport reads the SPI into R2 for the family fam whose transport

@@ -103,6 +103,11 @@ func openSocket(ifindex, queue int, frames uint32) (_ *socket, err error) {
 	}
 	reg := unix.XDPUmemReg{Addr: uint64(uintptr(unsafe.Pointer(&s.umem[0]))), Len: uint64(len(s.umem)), Size: frameSize}
 	if err := setsockopt(fd, unix.XDP_UMEM_REG, unsafe.Pointer(&reg), unsafe.Sizeof(reg)); err != nil {
+		if errors.Is(err, unix.ENOBUFS) {
+			// The kernel pins the UMEM and counts it against the user's
+			// RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK.
+			return nil, fmt.Errorf("XDP_UMEM_REG: %w (its %d MiB a queue exceed RLIMIT_MEMLOCK, systemd's LimitMEMLOCK=)", err, len(s.umem)>>20)
+		}
 		return nil, fmt.Errorf("XDP_UMEM_REG: %w", err)
 	}
 	for _, opt := range []int{unix.XDP_UMEM_FILL_RING, unix.XDP_UMEM_COMPLETION_RING, unix.XDP_RX_RING} {
