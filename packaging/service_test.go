@@ -137,6 +137,40 @@ func setprivArgs(caps []string) []string {
 		"--no-new-privs", "--"}
 }
 
+// limitArgs returns the prlimit command that applies u's LimitMEMLOCK=
+// (soft and hard, as systemd sets it) to the rest of the command line, or
+// nothing if u has none.
+func limitArgs(t *testing.T, u *unitFile) []string {
+	t.Helper()
+	v := u.values("Service", "LimitMEMLOCK")
+	if len(v) == 0 {
+		return nil
+	}
+	n, err := systemdSize(v[len(v)-1])
+	if err != nil {
+		t.Fatalf("%s: LimitMEMLOCK=%s: %v", u.name, v[len(v)-1], err)
+	}
+	// Without CAP_SYS_RESOURCE (as in a container) the test cannot raise
+	// the hard limit as systemd would; it applies as much as it may.
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err == nil && n > rl.Max {
+		t.Logf("%s: LimitMEMLOCK=%s above this process's hard limit, %d bytes: applying that", u.name, v[len(v)-1], rl.Max)
+		n = rl.Max
+	}
+	return []string{"prlimit", "--memlock=" + strconv.FormatUint(n, 10), "--"}
+}
+
+// systemdSize parses a size as systemd does: bytes, or K, M, G (base 1024).
+func systemdSize(s string) (uint64, error) {
+	mult := uint64(1)
+	if i := strings.IndexAny(s, "KMG"); i == len(s)-1 && i > 0 {
+		mult = map[byte]uint64{'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}[s[i]]
+		s = s[:i]
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	return n * mult, err
+}
+
 // devTUN returns a command prefix that gives the rest of the command line
 // a /dev/net/tun that everyone may open (mode 0666), as udev makes it on a
 // system that runs systemd (50-udev-default.rules); a machine without udev
@@ -171,7 +205,7 @@ func startService(t *testing.T, node *testbed.Node, u *unitFile, root string, ca
 	if err := os.Chmod(path, 0o666); err != nil { // sendto needs write permission
 		t.Fatal(err)
 	}
-	argv := append(append(append(devTUN(t), "env", "-i", "NOTIFY_SOCKET="+path), setprivArgs(caps)...), unitArgv(t, u, root)...)
+	argv := append(append(append(append(devTUN(t), "env", "-i", "NOTIFY_SOCKET="+path), limitArgs(t, u)...), setprivArgs(caps)...), unitArgv(t, u, root)...)
 	s.proc, err = node.Start(filepath.Join(root, "espd.log"), argv...)
 	if err != nil {
 		t.Fatal(err)
