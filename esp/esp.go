@@ -57,7 +57,8 @@ var (
 	// ErrECNDrop means the outer header says Congestion Experienced while
 	// the inner packet is not ECN-capable: RFC 6040 section 4.2 drops it.
 	ErrECNDrop = errors.New("esp: CE on a Not-ECT inner packet")
-	// ErrNextHeader means the Next Header is neither IPv4, IPv6 nor 59.
+	// ErrNextHeader means the Next Header is neither IPv4, IPv6 nor 59
+	// (tunnel mode), or not an upper-layer protocol (transport mode).
 	ErrNextHeader = errors.New("esp: unsupported next header")
 	// ErrInner means the inner packet is malformed: too short, a version
 	// that does not match the Next Header, or a length field past the
@@ -75,9 +76,8 @@ var (
 	ErrOuter = errors.New("esp: outer addresses invalid or of mixed families")
 	// ErrTransport means a packet that transport mode cannot carry: a
 	// fragment, an IPv4 header with options, an IPv6 header followed by
-	// an extension header that belongs in front of ESP, addresses other
-	// than the SA's, or (opening) a Next Header that is not an
-	// upper-layer protocol.
+	// an extension header that belongs in front of ESP, or addresses
+	// other than the SA's.
 	ErrTransport = errors.New("esp: packet transport mode cannot carry")
 )
 

@@ -112,7 +112,7 @@ func upperLayer(proto uint8) bool {
 // It returns the IP packet, a sub-slice of buf that starts before start:
 // buf needs IPv6HeaderLen bytes in front of the payload, which the ESP
 // header and IV give with 16 more in front of start. A Next Header that
-// transport mode does not carry gives ErrTransport; the other errors are
+// transport mode does not carry gives ErrNextHeader; the other errors are
 // Open's. ECN: the header keeps h.TOS as it came (RFC 4303 transport mode
 // has no inner header of its own).
 func (d *Decapsulator) OpenTransport(buf []byte, start, end int, h IPHeader) (pkt []byte, seq uint64, err error) {
@@ -127,7 +127,7 @@ func (d *Decapsulator) OpenTransport(buf []byte, start, end int, h IPHeader) (pk
 		return nil, seq, ErrDummy
 	}
 	if !upperLayer(nh) {
-		return nil, seq, ErrTransport
+		return nil, seq, ErrNextHeader
 	}
 	at := start + HeaderLen + d.Transform.IVSize() // where the payload is
 	n := len(payload)

@@ -199,8 +199,8 @@ func TestTransportRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	rbuf := append(make([]byte, 32), buf[:cap(buf)][p.ESP:p.End]...)
-	if _, _, err := d.OpenTransport(rbuf, 32, len(rbuf), h); !errors.Is(err, ErrTransport) {
-		t.Errorf("tunnel-mode packet: %v, want ErrTransport", err)
+	if _, _, err := d.OpenTransport(rbuf, 32, len(rbuf), h); !errors.Is(err, ErrNextHeader) {
+		t.Errorf("tunnel-mode packet: %v, want ErrNextHeader", err)
 	}
 	buf, off = place(in, MaxTrailer)
 	p, err = e.EncapsulateDummy(buf, off, 40, 10)

@@ -21,7 +21,7 @@ const (
 	DropMalformed                    // esp.ErrMalformed, crypto.ErrMalformed, esp.ErrOuter; any error DropReasonOf does not know
 	DropSelector                     // inner packet outside the state's selectors
 	DropNextHeader                   // esp.ErrNextHeader
-	DropInner                        // esp.ErrInner: malformed inner packet
+	DropInner                        // esp.ErrInner, esp.ErrTransport: malformed inner packet, or one transport mode cannot carry
 	DropDummy                        // esp.ErrDummy: TFC dummy packet, dropped by design
 	DropECN                          // esp.ErrECNDrop
 	DropSequence                     // outbound sequence numbers exhausted
@@ -78,7 +78,7 @@ func dropReasonOf(err error) (r DropReason, known bool) {
 		return DropMalformed, true
 	case errors.Is(err, esp.ErrNextHeader):
 		return DropNextHeader, true
-	case errors.Is(err, esp.ErrInner):
+	case errors.Is(err, esp.ErrInner), errors.Is(err, esp.ErrTransport):
 		return DropInner, true
 	case errors.Is(err, esp.ErrDummy):
 		return DropDummy, true

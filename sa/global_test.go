@@ -176,7 +176,7 @@ func TestDropReasonOfTotal(t *testing.T) {
 		"esp.ErrReplay": esp.ErrReplay, "esp.ErrPadding": esp.ErrPadding,
 		"esp.ErrMalformed": esp.ErrMalformed, "esp.ErrDummy": esp.ErrDummy,
 		"esp.ErrECNDrop": esp.ErrECNDrop, "esp.ErrNextHeader": esp.ErrNextHeader,
-		"esp.ErrInner": esp.ErrInner, "esp.ErrHeadroom": esp.ErrHeadroom,
+		"esp.ErrInner": esp.ErrInner, "esp.ErrTransport": esp.ErrTransport, "esp.ErrHeadroom": esp.ErrHeadroom,
 		"esp.ErrTailroom": esp.ErrTailroom, "esp.ErrTooBig": esp.ErrTooBig,
 		"esp.ErrOuter":             esp.ErrOuter,
 		"crypto.ErrAuthentication": crypto.ErrAuthentication,
