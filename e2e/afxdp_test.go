@@ -8,7 +8,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -62,17 +61,7 @@ func TestAFXDP(t *testing.T) {
 				}
 			}()
 			for _, inner := range []testbed.Family{testbed.IPv4, testbed.IPv6} {
-				ping(t, ctx, tn.top, inner, false)
-				ping(t, ctx, tn.top, inner, true)
-				var wg sync.WaitGroup
-				for _, up := range []bool{true, false} {
-					wg.Go(func() {
-						if _, err := transferErr(t, ctx, tn.top, inner, up, smallTransfer); err != nil {
-							t.Error(err)
-						}
-					})
-				}
-				wg.Wait()
+				pingAndTransfer(t, ctx, tn.top, inner)
 			}
 			stopped = true
 			res, err := capt.Stop()

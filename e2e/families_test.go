@@ -48,20 +48,7 @@ func TestFamilies(t *testing.T) {
 				}
 			}()
 			for _, inner := range []testbed.Family{testbed.IPv4, testbed.IPv6} {
-				t.Run(describe(inner, c.outer), func(t *testing.T) {
-					ping(t, ctx, tn.top, inner, false)
-					ping(t, ctx, tn.top, inner, true)
-					// Both directions at once.
-					var wg sync.WaitGroup
-					for _, up := range []bool{true, false} {
-						wg.Go(func() {
-							if _, err := transferErr(t, ctx, tn.top, inner, up, smallTransfer); err != nil {
-								t.Error(err)
-							}
-						})
-					}
-					wg.Wait()
-				})
+				t.Run(describe(inner, c.outer), func(t *testing.T) { pingAndTransfer(t, ctx, tn.top, inner) })
 			}
 			stopped = true
 			res, err := capt.Stop()
@@ -73,6 +60,23 @@ func TestFamilies(t *testing.T) {
 			checkTransit(t, res, c.encap, 4*smallTransfer)
 		})
 	}
+}
+
+// pingAndTransfer pings across the tunnel both ways in the family inner,
+// then transfers smallTransfer bytes both ways at once.
+func pingAndTransfer(t *testing.T, ctx context.Context, top *testbed.Topology, inner testbed.Family) {
+	t.Helper()
+	ping(t, ctx, top, inner, false)
+	ping(t, ctx, top, inner, true)
+	var wg sync.WaitGroup
+	for _, up := range []bool{true, false} {
+		wg.Go(func() {
+			if _, err := transferErr(t, ctx, top, inner, up, smallTransfer); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // checkTransit requires a complete capture of the transit link that holds

@@ -145,28 +145,7 @@ func TestScapyInterop(t *testing.T) {
 			}
 		}
 	}
-	req, err := json.Marshal(map[string]any{"cases": cases})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, scapyPython, "testdata/scapy_interop.py")
-	cmd.Stdin = bytes.NewReader(req)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("scapy peer: %v\n%s", err, stderr.String())
-	}
-	var resp struct{ Results []scapyResult }
-	if err := json.Unmarshal(out, &resp); err != nil {
-		t.Fatalf("scapy peer output: %v", err)
-	}
-	if len(resp.Results) != len(cases) {
-		t.Fatalf("%d results for %d cases", len(resp.Results), len(cases))
-	}
-	for i, r := range resp.Results {
+	for i, r := range runScapy(t, cases) {
 		m := metas[i]
 		if r.Error != "" {
 			t.Errorf("%s: scapy: %s", m.name, r.Error)
@@ -198,6 +177,34 @@ func TestScapyInterop(t *testing.T) {
 		}
 	}
 	t.Logf("%d cases, each direction", len(cases))
+}
+
+// runScapy runs testdata/scapy_interop.py on cases and returns its
+// results, one per case, in order.
+func runScapy(t *testing.T, cases []scapyCase) []scapyResult {
+	t.Helper()
+	req, err := json.Marshal(map[string]any{"cases": cases})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, scapyPython, "testdata/scapy_interop.py")
+	cmd.Stdin = bytes.NewReader(req)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("scapy peer: %v\n%s", err, stderr.String())
+	}
+	var resp struct{ Results []scapyResult }
+	if err := json.Unmarshal(out, &resp); err != nil {
+		t.Fatalf("scapy peer output: %v", err)
+	}
+	if len(resp.Results) != len(cases) {
+		t.Fatalf("%d results for %d cases", len(resp.Results), len(cases))
+	}
+	return resp.Results
 }
 
 // outerPayload strips the outer IP (and UDP) header of an ESP packet,

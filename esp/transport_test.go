@@ -2,16 +2,12 @@ package esp
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"testing"
-	"time"
 
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/packet"
@@ -261,25 +257,7 @@ func TestScapyTransport(t *testing.T) {
 			metas = append(metas, meta{name: fmt.Sprintf("%s/%s", name, oc.name), tr: tr, o: oc.o, in: in, sseq: seq + 1})
 		}
 	}
-	req, err := json.Marshal(map[string]any{"cases": cases})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, scapyPython, "testdata/scapy_interop.py")
-	cmd.Stdin = bytes.NewReader(req)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("scapy peer: %v\n%s", err, stderr.String())
-	}
-	var resp struct{ Results []scapyResult }
-	if err := json.Unmarshal(out, &resp); err != nil || len(resp.Results) != len(cases) {
-		t.Fatalf("scapy peer output: %v, %d results for %d cases", err, len(resp.Results), len(cases))
-	}
-	for i, r := range resp.Results {
+	for i, r := range runScapy(t, cases) {
 		m := metas[i]
 		if r.Error != "" {
 			t.Errorf("%s: scapy: %s", m.name, r.Error)
