@@ -24,17 +24,12 @@ const metricsAddr = "127.0.0.1:9585"
 // is on gwA, which receives through its sockets: a capture on gwB does not
 // see what XDP takes (docs/afxdp.md).
 func TestAFXDP(t *testing.T) {
-	for _, c := range []struct {
-		outer testbed.Family
-		encap bool
-		suite string
-	}{
+	for _, c := range []outerCase{
 		{testbed.IPv4, false, "chacha20poly1305"},
 		{testbed.IPv6, false, "aes128-sha256"},
 		{testbed.IPv4, true, "aes128gcm16"},
 	} {
-		name := fmt.Sprintf("outer-%s-%s", c.outer, map[bool]string{false: "esp", true: "udp4500"}[c.encap])
-		t.Run(name, func(t *testing.T) {
+		t.Run(c.name(), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			args := []string{"--xdp=" + testbed.IfTransit, "--metrics-listen=" + metricsAddr}

@@ -22,18 +22,13 @@ import (
 // may carry an inner address in clear, and the SPIs seen must be the
 // tunnel's.
 func TestFamilies(t *testing.T) {
-	for _, c := range []struct {
-		outer testbed.Family
-		encap bool
-		suite string
-	}{
+	for _, c := range []outerCase{
 		{testbed.IPv4, false, "aes256gcm16"},
 		{testbed.IPv6, false, "aes128-sha256"},
 		{testbed.IPv4, true, "chacha20poly1305"},
 		{testbed.IPv6, true, "aes128gcm16"},
 	} {
-		name := fmt.Sprintf("outer-%s-%s", c.outer, map[bool]string{false: "esp", true: "udp4500"}[c.encap])
-		t.Run(name, func(t *testing.T) {
+		t.Run(c.name(), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			tn := newTunnel(t, tunnelOpts{suite: c.suite, outer: c.outer, encap: c.encap})
@@ -60,6 +55,18 @@ func TestFamilies(t *testing.T) {
 			checkTransit(t, res, c.encap, 4*smallTransfer)
 		})
 	}
+}
+
+// outerCase is a tunnel's outer family, framing and suite.
+type outerCase struct {
+	outer testbed.Family
+	encap bool // ESP-in-UDP on port 4500
+	suite string
+}
+
+// name is the subtest's name: "outer-IPv4-esp", "outer-IPv6-udp4500".
+func (c outerCase) name() string {
+	return fmt.Sprintf("outer-%s-%s", c.outer, map[bool]string{false: "esp", true: "udp4500"}[c.encap])
 }
 
 // pingAndTransfer pings across the tunnel both ways in the family inner,

@@ -147,20 +147,8 @@ func TestScapyInterop(t *testing.T) {
 	}
 	for i, r := range runScapy(t, cases) {
 		m := metas[i]
-		if r.Error != "" {
-			t.Errorf("%s: scapy: %s", m.name, r.Error)
-			continue
-		}
-		// espd -> scapy
-		dec, _ := hex.DecodeString(r.Decrypted)
-		if !bytes.Equal(dec, m.inner) {
-			t.Errorf("%s: scapy decrypted a different inner packet:\n got % x\nwant % x", m.name, dec, m.inner)
-		}
-		// scapy -> espd
-		enc, _ := hex.DecodeString(r.Encrypted)
-		espPkt, err := outerPayload(enc, m.o)
-		if err != nil {
-			t.Errorf("%s: scapy's outer packet: %v", m.name, err)
+		_, espPkt, ok := checkScapy(t, m.name, r, m.inner, m.o)
+		if !ok {
 			continue
 		}
 		d := &Decapsulator{Transform: m.tr, Replay: NewReplayWindow(64, m.tr.Suite().ESN), ECN: true}
@@ -205,6 +193,29 @@ func runScapy(t *testing.T, cases []scapyCase) []scapyResult {
 		t.Fatalf("%d results for %d cases", len(resp.Results), len(cases))
 	}
 	return resp.Results
+}
+
+// checkScapy checks one scapy result: no error, and scapy decrypted
+// espd's packet into want. It returns scapy's own outer packet and its ESP
+// packet (outerPayload, checked against o), and false if the test cannot
+// go on with them.
+func checkScapy(t *testing.T, name string, r scapyResult, want []byte, o Outer) (outer, espPkt []byte, ok bool) {
+	t.Helper()
+	if r.Error != "" {
+		t.Errorf("%s: scapy: %s", name, r.Error)
+		return nil, nil, false
+	}
+	dec, _ := hex.DecodeString(r.Decrypted)
+	if !bytes.Equal(dec, want) {
+		t.Errorf("%s: scapy decrypted a different packet:\n got % x\nwant % x", name, dec, want)
+	}
+	outer, _ = hex.DecodeString(r.Encrypted)
+	espPkt, err := outerPayload(outer, o)
+	if err != nil {
+		t.Errorf("%s: scapy's outer packet: %v", name, err)
+		return nil, nil, false
+	}
+	return outer, espPkt, true
 }
 
 // outerPayload strips the outer IP (and UDP) header of an ESP packet,

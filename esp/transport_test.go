@@ -259,18 +259,8 @@ func TestScapyTransport(t *testing.T) {
 	}
 	for i, r := range runScapy(t, cases) {
 		m := metas[i]
-		if r.Error != "" {
-			t.Errorf("%s: scapy: %s", m.name, r.Error)
-			continue
-		}
-		dec, _ := hex.DecodeString(r.Decrypted)
-		if !bytes.Equal(dec, m.in) {
-			t.Errorf("%s: scapy decrypted\n got % x\nwant % x", m.name, dec, m.in)
-		}
-		enc, _ := hex.DecodeString(r.Encrypted)
-		espPkt, err := outerPayload(enc, m.o)
-		if err != nil {
-			t.Errorf("%s: scapy's packet: %v", m.name, err)
+		enc, espPkt, ok := checkScapy(t, m.name, r, m.in, m.o)
+		if !ok {
 			continue
 		}
 		h := outerIPHeader(enc)
