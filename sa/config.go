@@ -18,7 +18,11 @@ type Config struct {
 	// Src and Dst are the outer (tunnel) endpoints, both IPv4 or both
 	// IPv6. (SPI, Dst) identifies the state.
 	Src, Dst netip.Addr
-	Suite    crypto.Suite
+	// Mode is tunnel (the zero value) or transport. A transport-mode
+	// state carries only the packets of Src and Dst themselves (the data
+	// plane refuses others); UpdateSA cannot change it.
+	Mode  Mode
+	Suite crypto.Suite
 	// EncKey (Suite.EncKeyLen bytes, salt included) and IntegKey
 	// (Suite.IntegKeyLen bytes). AddSA copies them; SA.Config returns them
 	// nil; UpdateSA accepts nil for "unchanged".
@@ -250,6 +254,9 @@ func (c *Config) check(update bool) error {
 	if c.DF > esp.DFClear {
 		return fmt.Errorf("sa: state spi 0x%08x: unknown DF mode %d", c.SPI, c.DF)
 	}
+	if err := c.checkMode(); err != nil {
+		return err
+	}
 	if c.TFCPadTo < 0 || c.TFCPadTo > maxTFCPadTo {
 		return fmt.Errorf("sa: state spi 0x%08x: TFC padding to %d bytes is out of range 0-%d", c.SPI, c.TFCPadTo, maxTFCPadTo)
 	}
@@ -259,6 +266,19 @@ func (c *Config) check(update bool) error {
 		}
 	}
 	return c.validateSeq()
+}
+
+// checkMode checks the mode, and that a transport-mode state asks for no
+// TFC padding: transport mode carries no inner length that would tell the
+// receiver where a TCP segment ends (RFC 4303 section 2.4).
+func (c *Config) checkMode() error {
+	switch {
+	case c.Mode >= numModes:
+		return fmt.Errorf("sa: state spi 0x%08x: unknown mode %v", c.SPI, c.Mode)
+	case c.Mode == ModeTransport && c.TFCPadTo != 0:
+		return fmt.Errorf("sa: state spi 0x%08x: transport mode takes no TFC padding (tfc %d): its packets carry no inner length to pad behind", c.SPI, c.TFCPadTo)
+	}
+	return nil
 }
 
 // public returns a copy of c without keys and sequence-number settings
@@ -290,6 +310,9 @@ func (c *Config) outer() esp.Outer {
 func (c Config) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "spi 0x%08x dir %v src %v dst %v %v", c.SPI, c.Dir, c.Src, c.Dst, c.Suite)
+	if c.Mode != ModeTunnel {
+		fmt.Fprintf(&b, " mode %v", c.Mode)
+	}
 	if c.EncKey != nil || c.IntegKey != nil {
 		b.WriteString(" keys [redacted]")
 	}

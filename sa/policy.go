@@ -25,6 +25,11 @@ type Policy struct {
 	// TmplSrc and TmplDst are the tunnel endpoints of the template: the
 	// outer addresses of the states an acquire asks for.
 	TmplSrc, TmplDst netip.Addr
+	// Mode is the template's mode: a protect policy is served only by
+	// states of its mode (Config.Mode), and an outbound transport-mode
+	// policy's route lets the host hand espd whole datagrams (package
+	// routing, Transport).
+	Mode Mode
 	// IfID is XFRM's if_id: a policy with IfID N applies only to packets
 	// routed into the route-based interface N (docs/architecture.md,
 	// "Route-based interfaces"); 0 is espd's policy-based TUN. It is part
@@ -49,6 +54,9 @@ func (p Policy) check() error {
 	if err := p.Selector.Validate(); err != nil {
 		return err
 	}
+	if p.Mode >= numModes {
+		return fmt.Errorf("sa: policy mode %v is not tunnel or transport", p.Mode)
+	}
 	if p.TmplSrc.IsValid() && p.TmplDst.IsValid() && p.TmplSrc.Is4() != p.TmplDst.Is4() {
 		return fmt.Errorf("sa: policy template mixes address families (%v, %v)", p.TmplSrc, p.TmplDst)
 	}
@@ -65,6 +73,9 @@ func (p Policy) String() string {
 	}
 	if p.TmplSrc.IsValid() || p.TmplDst.IsValid() {
 		fmt.Fprintf(&b, " tmpl src %v dst %v", p.TmplSrc, p.TmplDst)
+	}
+	if p.Mode != ModeTunnel {
+		fmt.Fprintf(&b, " mode %v", p.Mode)
 	}
 	if p.IfID != 0 {
 		fmt.Fprintf(&b, " if_id %d", p.IfID)

@@ -21,6 +21,7 @@ type SA struct {
 	suite   crypto.Suite
 	reqid   uint32
 	ifID    uint32
+	mode    Mode
 	seqMax  uint64 // last usable outbound sequence number
 	addSeq  uint64 // add order in the DB
 	addTime int64  // mono()
@@ -86,6 +87,9 @@ func (s *SA) Dir() Direction { return s.dir }
 
 // Dst returns the state's outer destination address.
 func (s *SA) Dst() netip.Addr { return s.params.Load().cfg.Dst }
+
+// Mode returns the state's mode (Config.Mode).
+func (s *SA) Mode() Mode { return s.mode }
 
 // ReqID returns the state's reqid.
 func (s *SA) ReqID() uint32 { return s.reqid }

@@ -92,6 +92,7 @@ func (db *DB) newSA(c *Config) (*SA, error) {
 		suite:     c.Suite,
 		reqid:     c.ReqID,
 		ifID:      c.IfID,
+		mode:      c.Mode,
 		seqMax:    seqMaxOf(c.Suite),
 		transform: t,
 		fp:        crypto.KeyFingerprint(c.EncKey, c.IntegKey),
@@ -151,6 +152,8 @@ func (s *SA) checkUpdate(c *Config) error {
 		return immutable(FieldKeys, "sa: state spi 0x%08x: UpdateSA cannot change the keys: delete the state and add a new one", s.spi)
 	case c.ReqID != s.reqid:
 		return immutable(FieldReqID, "sa: state spi 0x%08x: UpdateSA cannot change the reqid (%d to %d): delete the state and add a new one", s.spi, s.reqid, c.ReqID)
+	case c.Mode != old.cfg.Mode:
+		return immutable(FieldMode, "sa: state spi 0x%08x: UpdateSA cannot change the mode (%v to %v): delete the state and add a new one", s.spi, old.cfg.Mode, c.Mode)
 	case c.IfID != s.ifID:
 		return immutable(FieldIfID, "sa: state spi 0x%08x: UpdateSA cannot change the interface ID (%d to %d): delete the state and add a new one", s.spi, s.ifID, c.IfID)
 	case s.dir == DirIn && c.ReplayWindow != old.cfg.ReplayWindow:
