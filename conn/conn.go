@@ -86,6 +86,10 @@ type Packet struct {
 	DF bool
 	// ID is the outer IPv4 Identification.
 	ID uint16
+	// FlowLabel is the outer IPv6 flow label (transport mode keeps the
+	// packet's own); the raw sockets write it, the UDP sockets leave it
+	// to the kernel.
+	FlowLabel uint32
 	// FragmentAbove, when positive, is the largest outer packet the path
 	// takes: a larger one is sent as IPv4 fragments (DF clear) or IPv6
 	// fragments of at most that size. 0 sends it whole.

@@ -10,7 +10,7 @@ import (
 func header(p *Packet) packet.TunnelHeader {
 	return packet.TunnelHeader{
 		Src: p.Src, Dst: p.Dst, SrcPort: p.SrcPort, DstPort: p.DstPort, Protocol: packet.ProtoESP,
-		TOS: p.TOS, TTL: p.TTL, DF: p.DF, ID: p.ID,
+		TOS: p.TOS, TTL: p.TTL, DF: p.DF, ID: p.ID, FlowLabel: p.FlowLabel,
 	}
 }
 

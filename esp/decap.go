@@ -18,6 +18,10 @@ type Decapsulator struct {
 	// ECN applies RFC 6040 decapsulation to the inner ECN field; false
 	// leaves the inner packet's ECN field alone.
 	ECN bool
+	// UDPEncap says the SA's packets arrive in UDP (RFC 3948), perhaps
+	// through a NAT: OpenTransport then recomputes the inner TCP and UDP
+	// checksums (natChecksum).
+	UDPEncap bool
 }
 
 // Open checks, verifies and decrypts the ESP packet pkt, which starts at

@@ -114,7 +114,8 @@ func upperLayer(proto uint8) bool {
 // header and IV give with 16 more in front of start. A Next Header that
 // transport mode does not carry gives ErrNextHeader; the other errors are
 // Open's. ECN: the header keeps h.TOS as it came (RFC 4303 transport mode
-// has no inner header of its own).
+// has no inner header of its own). With UDPEncap the TCP or UDP checksum
+// is recomputed over h's addresses (RFC 3948 section 3.1.2).
 func (d *Decapsulator) OpenTransport(buf []byte, start, end int, h IPHeader) (pkt []byte, seq uint64, err error) {
 	if start < 0 || end > len(buf) || start > end {
 		return nil, 0, ErrMalformed
@@ -157,5 +158,26 @@ func (d *Decapsulator) OpenTransport(buf []byte, start, end int, h IPHeader) (pk
 	if err != nil {
 		return nil, seq, ErrOuter
 	}
+	if d.UDPEncap {
+		natChecksum(buf[at:at+n], nh, h.Src, h.Dst)
+	}
 	return buf[at-hl : at+n], seq, nil
+}
+
+// natChecksum recomputes the TCP or UDP checksum of the upper-layer packet
+// l4 over the addresses it is delivered with: behind a NAT the sender
+// computed it over addresses that the NAT rewrote (RFC 3948 section
+// 3.1.2). ESP's ICV has already vouched for the bytes, so this is the
+// kernel's choice of taking them as verified, made explicit for a stack
+// that will verify. An IPv4 UDP datagram without a checksum keeps none.
+// A packet too short for its header is left alone: the stack drops it.
+func natChecksum(l4 []byte, proto uint8, src, dst netip.Addr) {
+	switch proto {
+	case packet.ProtoTCP:
+		packet.SetTCPChecksum(l4, src, dst)
+	case packet.ProtoUDP:
+		if len(l4) >= packet.UDPHeaderLen && (src.Is6() || l4[6]|l4[7] != 0) {
+			packet.SetUDPChecksum(l4, src, dst)
+		}
+	}
 }

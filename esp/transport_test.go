@@ -277,3 +277,117 @@ func TestScapyTransport(t *testing.T) {
 	}
 	t.Logf("%d cases, each direction", len(cases))
 }
+
+// natPacket returns an IP packet from src to dst carrying a TCP segment
+// or UDP datagram (proto) of n payload bytes, its checksum computed over
+// src and dst (0 for an IPv4 UDP datagram without one, when noSum).
+func natPacket(src, dst netip.Addr, proto uint8, n int, noSum bool) []byte {
+	l4len := 20 + n
+	if proto == packet.ProtoUDP {
+		l4len = packet.UDPHeaderLen + n
+	}
+	hl := packet.IPv4HeaderLen
+	if src.Is6() {
+		hl = packet.IPv6HeaderLen
+	}
+	p := make([]byte, hl+l4len)
+	if src.Is4() {
+		packet.PutIPv4Header(p, packet.IPv4Header{TotalLen: uint16(len(p)), TTL: 64, Protocol: proto, Src: src, Dst: dst})
+	} else {
+		packet.PutIPv6Header(p, packet.IPv6Header{PayloadLen: uint16(l4len), NextHeader: proto, HopLimit: 64, Src: src, Dst: dst})
+	}
+	l4 := p[hl:]
+	for i := range l4 {
+		l4[i] = byte(i*7 + 3)
+	}
+	binary.BigEndian.PutUint16(l4[0:2], 1701)
+	binary.BigEndian.PutUint16(l4[2:4], 1701)
+	if proto == packet.ProtoUDP {
+		binary.BigEndian.PutUint16(l4[4:6], uint16(l4len))
+		l4[6], l4[7] = 0, 0
+		if !noSum {
+			packet.SetUDPChecksum(l4, src, dst)
+		}
+	} else {
+		l4[12] = 5 << 4
+		packet.SetTCPChecksum(l4, src, dst)
+	}
+	return p
+}
+
+// l4Valid reports whether the TCP or UDP checksum of pkt verifies over
+// its own addresses (an IPv4 UDP checksum of 0: none, valid).
+func l4Valid(pkt []byte, src, dst netip.Addr, proto uint8) bool {
+	hl := packet.IPv4HeaderLen
+	if src.Is6() {
+		hl = packet.IPv6HeaderLen
+	}
+	l4 := pkt[hl:]
+	if proto == packet.ProtoUDP && src.Is4() && l4[6]|l4[7] == 0 {
+		return true
+	}
+	return packet.Checksum(l4, packet.PseudoHeaderSum(proto, src, dst, len(l4))) == 0
+}
+
+// TestTransportNAT: behind a NAT (RFC 3948 section 3.1.2) the sender's
+// TCP and UDP checksums cover its private address; a UDP-encapsulated
+// state's OpenTransport delivers them valid over the addresses it writes,
+// a raw ESP state's leaves them as they came, and an IPv4 UDP datagram
+// without a checksum keeps none.
+func TestTransportNAT(t *testing.T) {
+	s, _ := crypto.ParseSuite("aes128gcm16")
+	tr, err := crypto.New(s, testKey("nat", s.EncKeyLen()), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type fam struct{ private, public, server netip.Addr }
+	fams := []fam{
+		{netip.MustParseAddr("198.18.7.10"), netip.MustParseAddr("198.19.0.7"), netip.MustParseAddr("198.19.0.1")},
+		{netip.MustParseAddr("2001:db8:7::10"), netip.MustParseAddr("2001:db8:ff::7"), netip.MustParseAddr("2001:db8:ff::1")},
+	}
+	for _, f := range fams {
+		for _, c := range []struct {
+			name  string
+			proto uint8
+			noSum bool
+		}{{"tcp", packet.ProtoTCP, false}, {"udp", packet.ProtoUDP, false}, {"udp no checksum", packet.ProtoUDP, true}} {
+			if c.noSum && f.private.Is6() {
+				continue
+			}
+			for _, encap := range []bool{true, false} {
+				name := fmt.Sprintf("%v/%s/encap=%v", f.private, c.name, encap)
+				// The client seals with its own view of the addresses.
+				e := &Encapsulator{SPI: 0x7002, Transform: tr, Outer: Outer{Src: f.private, Dst: f.server, SrcPort: 4500, DstPort: 4500}}
+				in := natPacket(f.private, f.server, c.proto, 301, c.noSum)
+				if !l4Valid(in, f.private, f.server, c.proto) {
+					t.Fatalf("%s: test packet's checksum is wrong", name)
+				}
+				buf, off := place(in, MaxTrailer)
+				p, err := e.EncapsulateTransport(buf, off, len(in), 3)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The server sees the NAT's public address.
+				h := p.IPHeader
+				h.Src = f.public
+				d := &Decapsulator{Transform: tr, UDPEncap: encap}
+				rbuf := append(make([]byte, 32), buf[:cap(buf)][p.ESP:p.End]...)
+				got, _, err := d.OpenTransport(rbuf, 32, len(rbuf), h)
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				valid := l4Valid(got, f.public, f.server, c.proto)
+				switch {
+				case c.noSum:
+					if l4 := got[packet.IPv4HeaderLen:]; l4[6]|l4[7] != 0 {
+						t.Errorf("%s: a UDP datagram without a checksum got one", name)
+					}
+				case encap && !valid:
+					t.Errorf("%s: checksum not valid over the delivered addresses", name)
+				case !encap && valid:
+					t.Errorf("%s: raw ESP state rewrote the checksum", name)
+				}
+			}
+		}
+	}
+}

@@ -46,3 +46,18 @@ func SetUDPChecksum(udp []byte, src, dst netip.Addr) error {
 	binary.BigEndian.PutUint16(udp[6:8], c)
 	return nil
 }
+
+// SetTCPChecksum computes the checksum of the TCP segment tcp (header and
+// payload, all of it) over the IPv4 or IPv6 pseudo-header of src and dst,
+// and stores it.
+func SetTCPChecksum(tcp []byte, src, dst netip.Addr) error {
+	if len(tcp) < 20 {
+		return ErrTruncated
+	}
+	if src.Is4() != dst.Is4() || !src.IsValid() || !dst.IsValid() {
+		return ErrFamily
+	}
+	tcp[16], tcp[17] = 0, 0
+	binary.BigEndian.PutUint16(tcp[16:18], Checksum(tcp, PseudoHeaderSum(ProtoTCP, src, dst, len(tcp))))
+	return nil
+}

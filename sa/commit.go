@@ -1,7 +1,5 @@
 package sa
 
-import "github.com/espd/espd/esp"
-
 // commit makes the planned state changes. Called with keying, sadb.mu
 // and spdb.mu held; it cannot fail. It returns the removed states.
 // floors and updFloors hold, for each of adds and of pl.upd, the durable
@@ -83,7 +81,9 @@ func (s *SA) continueReplay(src *SA) {
 	} else {
 		rw.Continue(old)
 	}
-	s.dec.Store(&esp.Decapsulator{Transform: dec.Transform, Replay: rw, ECN: dec.ECN})
+	next := *dec
+	next.Replay = rw
+	s.dec.Store(&next)
 }
 
 // installLocked publishes a new state in the indexes. Called with

@@ -118,7 +118,7 @@ func (s *SA) publishCodec(p *params, old *esp.Decapsulator) {
 		// number, for ESN inference and ReplayTop.
 		rw = esp.NewReplayWindow(p.cfg.ReplayWindow, s.suite.ESN)
 	}
-	s.dec.Store(&esp.Decapsulator{Transform: s.transform, Replay: rw, ECN: p.cfg.ECN})
+	s.dec.Store(&esp.Decapsulator{Transform: s.transform, Replay: rw, ECN: p.cfg.ECN, UDPEncap: p.cfg.EncapDstPort != 0})
 }
 
 // UpdateSA changes an installed state's endpoints, UDP encapsulation
