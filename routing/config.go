@@ -35,6 +35,13 @@ const (
 	// Throw ends the lookup in the table so the main table decides:
 	// bypass policies.
 	Throw
+	// Transport is Tunnel for a transport-mode policy: held and ruled
+	// alike (a Transport reference counts as a Tunnel one everywhere),
+	// its TUN route also carries a locked MTU (Config.TransportMTU), so
+	// that the host hands espd whole datagrams, which transport mode
+	// needs (espd fragments the ESP packet itself), and an advertised
+	// MSS that keeps TCP segments within the path (Config.MTU).
+	Transport
 )
 
 // String names the kind as ip-route does.
@@ -44,6 +51,8 @@ func (k Kind) String() string {
 		return "tunnel"
 	case Throw:
 		return "throw"
+	case Transport:
+		return "transport"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -54,6 +63,12 @@ type Config struct {
 	// them.
 	LinkIndex int
 	LinkName  string
+	// MTU is the TUN's MTU; a Transport route advertises it less the IP
+	// and TCP headers as its MSS. 0: 1400.
+	MTU int
+	// TransportMTU is the locked MTU of a Transport route: the largest
+	// datagram the host hands espd whole. 0: 65535.
+	TransportMTU int
 	// Table is the routing table for espd's routes; 0 means DefaultTable.
 	Table int
 	// Mark and Mask: packets with mark&Mask == Mark skip the table.
@@ -96,6 +111,15 @@ func (cfg *Config) setDefaults() error {
 	}
 	if cfg.Priority == 0 {
 		cfg.Priority = DefaultPriority
+	}
+	if cfg.MTU == 0 {
+		cfg.MTU = 1400
+	}
+	if cfg.TransportMTU == 0 {
+		cfg.TransportMTU = 65535
+	}
+	if cfg.MTU < 576 || cfg.TransportMTU < cfg.MTU || cfg.TransportMTU > 65535 {
+		return fmt.Errorf("routing: MTU %d and transport MTU %d: want 576 <= MTU <= transport MTU <= 65535", cfg.MTU, cfg.TransportMTU)
 	}
 	return nil
 }

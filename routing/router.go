@@ -137,10 +137,16 @@ func (r *Router) init() error {
 // into the TUN: a protect policy must not leak because a bypass policy
 // with a narrower selector shares its destination prefix. For the same
 // reason a bypass cannot open a prefix whose adopted hold no Tunnel
-// reference has claimed yet: it stays closed.
+// reference has claimed yet: it stays closed. A Transport reference is a
+// Tunnel reference whose prefix's TUN route, while it lasts, carries the
+// transport attributes (Kind Transport); it is removed as Transport.
 func (r *Router) AddRoute(src, dst netip.Prefix, k Kind) error {
-	if k != Tunnel && k != Throw {
+	if k != Tunnel && k != Throw && k != Transport {
 		return fmt.Errorf("routing: unknown route kind %d", k)
+	}
+	transport := k == Transport
+	if transport {
+		k = Tunnel
 	}
 	src, p, err := r.checkPrefixes(src, dst)
 	if err != nil {
@@ -173,6 +179,9 @@ func (r *Router) AddRoute(src, dst netip.Prefix, k Kind) error {
 	saved := *e
 	if k == Tunnel {
 		e.tunnel++
+		if transport {
+			e.transport++
+		}
 		e.adoptedHold = false
 	} else {
 		e.throw++
@@ -181,7 +190,7 @@ func (r *Router) AddRoute(src, dst netip.Prefix, k Kind) error {
 	if err := r.sync(p, e); err != nil {
 		// Back to the references before, and the kernel as close to them
 		// as it goes.
-		e.tunnel, e.throw, e.adoptedHold, e.adoptedThrow = saved.tunnel, saved.throw, saved.adoptedHold, saved.adoptedThrow
+		e.tunnel, e.transport, e.throw, e.adoptedHold, e.adoptedThrow = saved.tunnel, saved.transport, saved.throw, saved.adoptedHold, saved.adoptedThrow
 		r.sync(p, e)
 		if e.empty() {
 			delete(r.routes, p)
@@ -249,8 +258,13 @@ func (r *Router) RemoveRoute(src, dst netip.Prefix, k Kind) error {
 	}
 	e := r.routes[p]
 	key := pair{src, p}
-	if e == nil || (k == Tunnel && r.tunnels[key] == 0) || (k == Throw && e.throw == 0) || (k != Tunnel && k != Throw) {
-		return fmt.Errorf("routing: no %s route from %s to %s", k, src, p)
+	asked := k
+	transport := k == Transport
+	if transport {
+		k = Tunnel
+	}
+	if e == nil || (k == Tunnel && r.tunnels[key] == 0) || (transport && e.transport == 0) || (k == Throw && e.throw == 0) || (k != Tunnel && k != Throw) {
+		return fmt.Errorf("routing: no %s route from %s to %s", asked, src, p)
 	}
 	rsrc, known := r.ruleSrc[key]
 	if !known {
@@ -258,6 +272,9 @@ func (r *Router) RemoveRoute(src, dst netip.Prefix, k Kind) error {
 	}
 	if k == Tunnel {
 		e.tunnel--
+		if transport {
+			e.transport--
+		}
 		if r.tunnels[key]--; r.tunnels[key] == 0 {
 			delete(r.tunnels, key)
 			delete(r.ruleSrc, key)

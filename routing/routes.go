@@ -16,13 +16,15 @@ const ip6DefaultMetric = 1024
 
 // entry is one prefix: its references and what the kernel has for it.
 type entry struct {
-	tunnel, throw int // references by kind
+	tunnel, throw int // references by kind (Transport ones counted in tunnel)
+	transport     int // the Transport references among tunnel
 	// adoptedHold and adoptedThrow: a blackhole or throw route of a
 	// previous instance that no AddRoute of its kind has claimed yet. It
 	// counts as one reference of its kind that only Cleanup removes.
 	adoptedHold, adoptedThrow bool
 
 	installed   Kind // the TUN or throw route in the kernel; 0: none
+	installedTr bool // the TUN route in the kernel is a Transport one
 	throwMetric int  // metric of the installed throw route
 	held        bool // the blackhole route is in the kernel
 }
@@ -62,13 +64,21 @@ func dst(p netip.Prefix) *net.IPNet {
 
 // mainRoute is the TUN or throw route of p. metric 0 is the kernel's
 // default; deleting an IPv6 route needs it explicit, or the blackhole of
-// the same prefix could be taken instead.
+// the same prefix could be taken instead. A Transport route is the TUN
+// route with a locked MTU and an advertised MSS.
 func (r *Router) mainRoute(p netip.Prefix, k Kind, metric int) *netlink.Route {
 	rt := &netlink.Route{Dst: dst(p), Table: r.cfg.Table, Protocol: Protocol, Family: familyOf(p), Priority: metric}
 	switch k {
-	case Tunnel:
+	case Tunnel, Transport:
 		rt.LinkIndex = r.cfg.LinkIndex
 		rt.Scope = netlink.SCOPE_LINK
+		if k == Transport {
+			rt.MTU, rt.MTULock = r.cfg.TransportMTU, true
+			rt.AdvMSS = r.cfg.MTU - 20 - 20
+			if p.Addr().Is6() {
+				rt.AdvMSS -= 20
+			}
+		}
 	case Throw:
 		rt.Type = unix.RTN_THROW
 	}
@@ -100,6 +110,15 @@ func (r *Router) sync(p netip.Prefix, e *entry) error {
 		}
 		e.held = true
 	}
+	wantTr := want == Tunnel && e.transport > 0
+	if want == Tunnel && e.installed == Tunnel && wantTr != e.installedTr {
+		// The same route with or without the transport attributes:
+		// replaced in place, never absent.
+		if err := r.h.RouteReplace(r.mainRoute(p, routeKind(want, wantTr), 0)); err != nil {
+			return fmt.Errorf("routing: change %s route %s table %d: %w", routeKind(want, wantTr), p, r.cfg.Table, err)
+		}
+		e.installedTr = wantTr
+	}
 	if want != e.installed {
 		if e.installed != 0 {
 			if err := r.delMain(p, e); err != nil {
@@ -107,10 +126,10 @@ func (r *Router) sync(p netip.Prefix, e *entry) error {
 			}
 		}
 		if want != 0 {
-			if err := r.h.RouteReplace(r.mainRoute(p, want, 0)); err != nil {
-				return fmt.Errorf("routing: add %s route %s table %d: %w", want, p, r.cfg.Table, err)
+			if err := r.h.RouteReplace(r.mainRoute(p, routeKind(want, wantTr), 0)); err != nil {
+				return fmt.Errorf("routing: add %s route %s table %d: %w", routeKind(want, wantTr), p, r.cfg.Table, err)
 			}
-			e.installed, e.throwMetric = want, 0
+			e.installed, e.installedTr, e.throwMetric = want, wantTr, 0
 		}
 	}
 	if !wantHold && e.held {
@@ -128,9 +147,18 @@ func (r *Router) delMain(p netip.Prefix, e *entry) error {
 	if e.installed == Throw {
 		metric = e.throwMetric
 	}
-	if err := r.h.RouteDel(r.mainRoute(p, e.installed, delMetric(p, metric))); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := r.h.RouteDel(r.mainRoute(p, routeKind(e.installed, e.installedTr), delMetric(p, metric))); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("routing: remove %s route %s: %w", e.installed, p, err)
 	}
-	e.installed, e.throwMetric = 0, 0
+	e.installed, e.installedTr, e.throwMetric = 0, false, 0
 	return nil
+}
+
+// routeKind is the kind of the route the kernel gets for want: Transport
+// for a TUN route with transport references.
+func routeKind(want Kind, transport bool) Kind {
+	if want == Tunnel && transport {
+		return Transport
+	}
+	return want
 }
