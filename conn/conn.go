@@ -21,8 +21,10 @@ import (
 
 // RecvOffset is where receivers place an outer packet in its buffer. The
 // room in front lets the inner packet, once decrypted in place, be written
-// to the TUN with the header the TUN driver puts in front of it.
-const RecvOffset = 32
+// to the TUN with the header the TUN driver puts in front of it, even when
+// transport mode writes an IPv6 header in front of a payload that the ESP
+// header alone preceded (ENCR_NULL: no IV).
+const RecvOffset = 48
 
 // HeaderRoom is the headroom a Packet leaves in front of its ESP bytes:
 // the largest outer header a sender may write there (IPv6 and UDP).

@@ -94,6 +94,7 @@ func openIO(cfg *IOConfig, batch int, log *slog.Logger) (_ *kernelIO, err error)
 	}
 	k.router, err = routing.New(routing.Config{
 		LinkIndex: k.tun.Index(), LinkName: k.tun.Name(),
+		MTU: k.tun.MTU(), TransportMTU: dataplane.BufferSize - dataplane.MaxFraming,
 		Table: cfg.Table, Mark: cfg.Mark, Priority: cfg.RulePriority, NoIPv6: cfg.NoIPv6,
 		HoldFile: cfg.HoldFile,
 		HoldFileError: func(err error) {

@@ -44,7 +44,8 @@ type policyRoute struct{ src, dst netip.Prefix }
 // prefix (both default routes for a selector that matches any address of
 // either family) with its source prefix (the default route of the
 // destination's family for a selector without one), and the kind, tunnel
-// for protect and drop, throw for bypass. The router sends to the TUN only
+// for protect and drop, transport for a transport-mode protect policy
+// (whole datagrams, routing.Transport), throw for bypass. The router sends to the TUN only
 // packets from the sources of protect and drop policies, as the kernel's
 // XFRM applies a policy only to packets from its source. Policies of other
 // directions need none, and neither do those of a route-based interface
@@ -54,8 +55,11 @@ func (pr *policyRoutes) routesOf(p sa.Policy) ([]policyRoute, routing.Kind) {
 		return nil, 0
 	}
 	kind := routing.Tunnel
-	if p.Action == sa.ActionBypass {
+	switch {
+	case p.Action == sa.ActionBypass:
 		kind = routing.Throw
+	case p.Action == sa.ActionProtect && p.Mode == sa.ModeTransport:
+		kind = routing.Transport
 	}
 	anyOf := func(q netip.Prefix) netip.Prefix {
 		if q.Addr().Is4() {

@@ -45,6 +45,12 @@ func TestPolicyRoutes(t *testing.T) {
 		{Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.1.0/24"), Dst: netip.MustParsePrefix("198.18.1.0/24")}, Dir: sa.DirOut, Action: sa.ActionBypass},
 		// A route-based interface's policy: no route.
 		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.19.9.0/24")}, Dir: sa.DirOut, Action: sa.ActionProtect, IfID: 7},
+		// Host to host in transport mode (L2TP's udp/1701): whole
+		// datagrams; a transport-mode template on a drop policy changes
+		// nothing.
+		{Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.0.1/32"), Dst: netip.MustParsePrefix("198.18.0.2/32"), Proto: 17, SrcPorts: sa.PortRange{Lo: 1701, Hi: 1701}},
+			Dir: sa.DirOut, Action: sa.ActionProtect, Mode: sa.ModeTransport},
+		{Selector: sa.Selector{Dst: netip.MustParsePrefix("198.18.0.3/32")}, Dir: sa.DirOut, Action: sa.ActionDrop, Mode: sa.ModeTransport},
 	}
 	for _, p := range pols {
 		if err := pr.InstallPolicyRoute(p); err != nil {
@@ -55,6 +61,7 @@ func TestPolicyRoutes(t *testing.T) {
 		"0.0.0.0/0 198.19.0.0/16 tunnel": 2, "0.0.0.0/0 198.19.5.0/24 throw": 1, "0.0.0.0/0 0.0.0.0/0 tunnel": 1,
 		"::/0 ::/0 tunnel": 1, "2001:db8::/32 ::/0 tunnel": 1,
 		"198.18.1.0/24 0.0.0.0/0 tunnel": 1, "198.18.1.0/24 198.18.1.0/24 throw": 1,
+		"198.18.0.1/32 198.18.0.2/32 transport": 1, "0.0.0.0/0 198.18.0.3/32 tunnel": 1,
 	}
 	if len(r.refs) != len(want) {
 		t.Errorf("references %v, want %v", r.refs, want)

@@ -48,6 +48,10 @@ type elem struct {
 	record     bool           // inbound: authentic; the writer records seq in dec.Replay
 	tos        uint8          // inbound: outer TOS / Traffic Class; outbound: the outer TOS to send
 	df         bool           // outbound: the outer IPv4 DF bit
+	transport  bool           // sa is a transport-mode state
+	ttl        uint8          // outbound transport mode: the packet's TTL or hop limit
+	ipID       uint16         // outbound transport mode: the packet's IPv4 Identification
+	flowLabel  uint32         // outbound transport mode: the packet's IPv6 flow label
 	from       netip.AddrPort // inbound ESP-in-UDP: the outer source, for NAT mapping changes
 	mtu        int            // outbound: path MTU to the peer
 	frag       fragMode       // outbound: whether the outer packet may be fragmented

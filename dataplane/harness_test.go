@@ -100,6 +100,7 @@ type tunnel struct {
 	skipOut, skipIn bool
 	ifID            uint32 // the policy's and the states' interface ID
 	inIfID          uint32 // the inbound state's, if not ifID
+	mode            sa.Mode
 }
 
 // tunnelKeys returns the keys add gives both states of a tunnel.
@@ -131,7 +132,7 @@ func (h *harness) add(tn tunnel) (out, in *sa.SA) {
 	}
 	if _, err := h.db.AddPolicy(sa.Policy{
 		Selector: sa.Selector{Dst: tn.dst}, Dir: sa.DirOut, Action: sa.ActionProtect,
-		ReqID: tn.reqid, TmplSrc: tn.local, TmplDst: tn.peer, IfID: tn.ifID,
+		ReqID: tn.reqid, TmplSrc: tn.local, TmplDst: tn.peer, IfID: tn.ifID, Mode: tn.mode,
 	}); err != nil {
 		h.t.Fatal(err)
 	}
@@ -143,7 +144,7 @@ func (h *harness) add(tn tunnel) (out, in *sa.SA) {
 	base := sa.Config{
 		SPI: tn.spi, Suite: suite, ReqID: tn.reqid, ReplayWindow: window,
 		EncKey: encKey, IntegKey: integKey,
-		EncapSrcPort: tn.sport, EncapDstPort: tn.dport, ECN: true, IfID: tn.ifID,
+		EncapSrcPort: tn.sport, EncapDstPort: tn.dport, ECN: true, IfID: tn.ifID, Mode: tn.mode,
 	}
 	if !tn.skipOut {
 		c := base

@@ -117,7 +117,7 @@ func (d *Device) classifyIn(b *batch, n int, prod *producer, w *inWriter) {
 				continue
 			}
 		}
-		e.sa, e.dec, e.shard, e.ifc = s, dec, k, ifc
+		e.sa, e.dec, e.shard, e.ifc, e.transport = s, dec, k, ifc, s.Mode() == sa.ModeTransport
 		e.start, e.end, e.tos = m.Start, m.End, m.TOS
 		if m.UDP {
 			e.from = m.Src
@@ -165,7 +165,14 @@ func decrypt(b *batch) {
 		if e.drop != pass {
 			continue
 		}
-		inner, seq, err := e.dec.Open(e.buf[e.start:e.end], e.tos)
+		var inner []byte
+		var seq uint64
+		var err error
+		if e.transport {
+			inner, seq, err = openTransport(e)
+		} else {
+			inner, seq, err = e.dec.Open(e.buf[e.start:e.end], e.tos)
+		}
 		if esp.Authentic(err) && e.dec.Replay != nil {
 			e.seq, e.record = seq, true
 		}
@@ -185,6 +192,24 @@ func decrypt(b *batch) {
 			e.drop, e.reason = dropSA, sa.DropSelector
 		}
 	}
+}
+
+// transportTTL is the TTL or hop limit of the IP header written in front
+// of a transport-mode payload: the receivers do not read the outer one,
+// and the packet is delivered to this host.
+const transportTTL = 64
+
+// openTransport opens e's transport-mode ESP packet, writing in front of
+// its payload an IP header between the state's two endpoints with the
+// outer TOS (ECN included) as it arrived.
+func openTransport(e *elem) ([]byte, uint64, error) {
+	src, dst := e.sa.Addrs()
+	h := esp.IPHeader{Src: src, Dst: dst, TOS: e.tos, TTL: transportTTL}
+	pkt, seq, err := e.dec.OpenTransport(e.buf, e.start, e.end, h)
+	if err == nil && offsetIn(e.buf, pkt) < tun.MinWriteOffset {
+		return nil, seq, esp.ErrMalformed // no room for the TUN's header (conn.RecvOffset)
+	}
+	return pkt, seq, err
 }
 
 // offsetIn returns the offset of sub, a non-empty sub-slice of buf (whose

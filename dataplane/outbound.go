@@ -24,13 +24,15 @@ type outReader struct {
 	pol     sa.Policy
 	polOK   bool
 	// previous protect policy's reqid and its state
-	haveSA   bool
-	reqid    uint32
-	s        *sa.SA
-	enc      *esp.Encapsulator
-	shard    uint8
-	mtu      int
-	innerMTU int
+	haveSA    bool
+	reqid     uint32
+	mode      sa.Mode
+	s         *sa.SA
+	enc       *esp.Encapsulator
+	shard     uint8
+	mtu       int
+	innerMTU  int
+	transport bool
 
 	runs []seqRun
 	prod *producer
@@ -128,8 +130,8 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 			l[cPolicyDrops]++
 			continue
 		}
-		if !r.haveSA || r.reqid != r.pol.ReqID {
-			r.lookupSA(d, b, r.pol.ReqID)
+		if !r.haveSA || r.reqid != r.pol.ReqID || r.mode != r.pol.Mode {
+			r.lookupSA(d, b, r.pol.ReqID, r.pol.Mode)
 		}
 		if r.s == nil {
 			l[cNoSA]++
@@ -137,12 +139,14 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 			continue
 		}
 		if len(pkt) > r.innerMTU {
-			if e.frag = d.fragmentable(r, pkt, &l); e.frag == noFrag {
+			if r.transport {
+				e.frag = fragForce // the host's own datagram: its ESP packet goes in fragments
+			} else if e.frag = d.fragmentable(r, pkt, &l); e.frag == noFrag {
 				r.s.Drop(sa.DropTooBig, 1)
 				continue
 			}
 		}
-		e.sa, e.enc, e.mtu, e.innerLen, e.shard = r.s, r.enc, r.mtu, len(pkt), r.shard
+		e.sa, e.enc, e.mtu, e.innerLen, e.shard, e.transport = r.s, r.enc, r.mtu, len(pkt), r.shard, r.transport
 		e.drop = pass
 		r.prod.add(r.shard)
 		live++
@@ -169,12 +173,13 @@ func (d *Device) classifyOut(r *outReader, b *batch, n int) {
 }
 
 // lookupSA finds the live outbound state of reqid and its framing, and
-// holds the state for b.
-func (r *outReader) lookupSA(d *Device, b *batch, reqid uint32) {
-	r.haveSA, r.reqid = true, reqid
+// holds the state for b. Only a state of the policy's mode serves it, as
+// XFRM matches a template's mode.
+func (r *outReader) lookupSA(d *Device, b *batch, reqid uint32, mode sa.Mode) {
+	r.haveSA, r.reqid, r.mode = true, reqid, mode
 	r.s, r.enc = nil, nil
 	s := d.db.OutboundSA(reqid)
-	if s == nil || s.IfID() != r.ifID || !b.hold(s) {
+	if s == nil || s.IfID() != r.ifID || s.Mode() != mode || !b.hold(s) {
 		return // a state serves the policies of its own interface only
 	}
 	enc := s.Encapsulator()
@@ -184,6 +189,14 @@ func (r *outReader) lookupSA(d *Device, b *batch, reqid uint32) {
 	r.s, r.enc, r.shard = s, enc, shardOf(s.SPI(), d.shards)
 	r.mtu = r.pmtu.get(enc.Outer.Dst)
 	r.innerMTU = enc.InnerMTU(r.mtu)
+	r.transport = mode == sa.ModeTransport
+	if r.transport && r.innerMTU > 0 {
+		// The packet's own header is the outer one: one header less.
+		r.innerMTU += packet.IPv4HeaderLen
+		if enc.Outer.Dst.Is6() {
+			r.innerMTU += packet.IPv6HeaderLen - packet.IPv4HeaderLen
+		}
+	}
 }
 
 // fragmentable decides what happens to pkt, too large for the state's
@@ -281,6 +294,16 @@ func encrypt(b *batch) {
 		if e.drop != pass {
 			continue
 		}
+		if e.transport {
+			p, err := e.enc.EncapsulateTransport(e.buf, e.start, e.end-e.start, e.seq)
+			if err != nil {
+				e.drop, e.reason = dropSA, sa.DropReasonOf(err)
+				continue
+			}
+			e.start, e.end, e.tos, e.df = p.ESP, p.End, p.TOS, p.DF
+			e.ttl, e.ipID, e.flowLabel = p.TTL, p.ID, p.FlowLabel
+			continue
+		}
 		p, err := e.enc.Encapsulate(e.buf, e.start, e.end-e.start, e.seq)
 		if err != nil {
 			e.drop, e.reason = dropSA, sa.DropReasonOf(err)
@@ -335,10 +358,18 @@ func (d *Device) sendBatch(s *outSender, b *batch, k int) {
 			Buf: e.buf, Start: e.start, End: e.end, Endpoint: endpoint(&e.enc.Outer),
 			TOS: e.tos, DF: e.df, ID: uint16(e.seq),
 		}
+		if e.transport { // the packet's own header fields
+			p.TTL, p.ID, p.FlowLabel = e.ttl, e.ipID, e.flowLabel
+		}
 		size := conn.OuterLen(&p.Endpoint) + e.end - e.start
 		k := 1
 		if size > e.mtu && e.frag != noFrag {
 			if e.frag == fragForce {
+				if p.DF && e.transport {
+					// The host may have left the ID 0 on a DF packet;
+					// fragments need one of their own.
+					p.ID = uint16(e.seq)
+				}
 				p.DF = false
 			}
 			var err error

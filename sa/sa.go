@@ -88,6 +88,14 @@ func (s *SA) Dir() Direction { return s.dir }
 // Dst returns the state's outer destination address.
 func (s *SA) Dst() netip.Addr { return s.params.Load().cfg.Dst }
 
+// Addrs returns the state's outer source and destination addresses
+// (Config.Src and Dst, unmapped): for a transport-mode state, the two
+// hosts whose packets it carries.
+func (s *SA) Addrs() (src, dst netip.Addr) {
+	c := &s.params.Load().cfg
+	return c.Src, c.Dst
+}
+
 // Mode returns the state's mode (Config.Mode).
 func (s *SA) Mode() Mode { return s.mode }
 
