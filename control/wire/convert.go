@@ -20,6 +20,10 @@ var actionToWire = map[sa.Action]uint32{sa.ActionProtect: ActionProtect, sa.Acti
 
 func actionFromWire(v uint32) (sa.Action, bool) { return fromWire(actionToWire, v) }
 
+var modeToWire = map[sa.Mode]uint32{sa.ModeTunnel: ModeTunnel, sa.ModeTransport: ModeTransport}
+
+func modeFromWire(v uint32) (sa.Mode, bool) { return fromWire(modeToWire, v) }
+
 var dfToWire = map[esp.DFMode]uint32{esp.DFCopy: DFCopy, esp.DFSet: DFSet, esp.DFClear: DFClear}
 
 func dfFromWire(v uint32) (esp.DFMode, bool) { return fromWire(dfToWire, v) }

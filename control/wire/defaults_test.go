@@ -34,6 +34,10 @@ func TestSAAddDefaults(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("SA_ADD without optional attributes:\n got %#v\nwant %#v (sa.DefaultConfig)", fields(got), fields(want))
 	}
+	// Without MODE a state is tunnel mode, the default on every path.
+	if got.Mode != sa.ModeTunnel {
+		t.Fatalf("SA_ADD without MODE: mode %v, want tunnel", got.Mode)
+	}
 
 	m = decode(t, encode(t, MsgSAAdd, 0, 1, func(b *Builder) {
 		required(b)

@@ -3,7 +3,8 @@ package wire
 import "github.com/espd/espd/sa"
 
 // PutPolicy appends a policy: the POLICY_ADD and POLICY_UPDATE requests
-// and the POLICY_GET reply (index is 0 in requests).
+// and the POLICY_GET reply (index is 0 in requests). MODE goes only for a
+// transport-mode template: absent is tunnel.
 func PutPolicy(b *Builder, p sa.Policy) {
 	putSelector(b, AttrSelector, p.Selector)
 	b.U32(AttrDir, dirToWire[p.Dir])
@@ -15,6 +16,9 @@ func PutPolicy(b *Builder, p sa.Policy) {
 	}
 	b.Addr(AttrTmplSrc, p.TmplSrc)
 	b.Addr(AttrTmplDst, p.TmplDst)
+	if p.Mode != sa.ModeTunnel {
+		b.U32(AttrMode, modeToWire[p.Mode])
+	}
 	if p.IfID != 0 {
 		b.U32(AttrIfID, p.IfID)
 	}
@@ -43,7 +47,8 @@ func readPolicySelector(r *reader) (sa.Selector, bool) {
 	return readSelector(r, Attr{Type: AttrSelector, Value: v}), true
 }
 
-// ReadPolicy reads POLICY_ADD, POLICY_UPDATE and the POLICY_GET reply.
+// ReadPolicy reads POLICY_ADD, POLICY_UPDATE and the POLICY_GET reply. An
+// absent MODE is tunnel mode.
 func ReadPolicy(attrs []Attr) (sa.Policy, error) {
 	r := newReader(attrs)
 	var p sa.Policy
@@ -66,6 +71,13 @@ func ReadPolicy(attrs []Attr) (sa.Policy, error) {
 	p.TmplSrc, _ = r.addr(AttrTmplSrc)
 	p.TmplDst, _ = r.addr(AttrTmplDst)
 	p.IfID, _ = r.u32(AttrIfID)
+	if v, ok := r.u32(AttrMode); ok {
+		m, valid := modeFromWire(v)
+		if !valid {
+			r.fail(EINVAL, AttrMode, "MODE (6) of a policy must be 1 (transport) or 2 (tunnel), not %d", v)
+		}
+		p.Mode = m
+	}
 	if p.TmplSrc.IsValid() && p.TmplDst.IsValid() && p.TmplSrc.Is4() != p.TmplDst.Is4() {
 		r.fail(EINVAL, AttrTmplDst, "TMPL_SRC %v and TMPL_DST %v are of different families", p.TmplSrc, p.TmplDst)
 	}

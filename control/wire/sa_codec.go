@@ -37,6 +37,9 @@ func putSAFields(b *Builder, c sa.Config, f Fields, update bool) {
 	if update {
 		srcT, dstT = AttrNewSrc, AttrNewDst
 	}
+	if f&FieldMode != 0 {
+		b.U32(AttrMode, modeToWire[c.Mode])
+	}
 	if f&FieldSrc != 0 {
 		b.Addr(srcT, c.Src)
 	}
@@ -122,7 +125,6 @@ func putSAFields(b *Builder, c sa.Config, f Fields, update bool) {
 func putSAConfig(b *Builder, c sa.Config, keys bool) {
 	b.U32(AttrSPI, c.SPI)
 	b.U32(AttrProto, ProtoESP)
-	b.U32(AttrMode, ModeTunnel)
 	f := FieldsAll
 	if !keys {
 		f &^= FieldKeys
@@ -147,11 +149,11 @@ func putSAConfig(b *Builder, c sa.Config, keys bool) {
 func PutSAAdd(b *Builder, c sa.Config) { putSAConfig(b, c, true) }
 
 // PutSAAddFields appends an SA_ADD request that carries c's SPI and the
-// fields f of c; the server gives the others their defaults.
+// fields f of c; the server gives the others their defaults (without
+// FieldMode, tunnel mode).
 func PutSAAddFields(b *Builder, c sa.Config, f Fields) {
 	b.U32(AttrSPI, c.SPI)
 	b.U32(AttrProto, ProtoESP)
-	b.U32(AttrMode, ModeTunnel)
 	putSAFields(b, c, f, false)
 }
 
@@ -187,8 +189,13 @@ func readSAFields(r *reader, c *sa.Config, update bool) Fields {
 	if v, ok := r.u32(AttrProto); ok && v != ProtoESP {
 		r.fail(EPROTONOSUPPORT, AttrProto, "IPsec protocol %d is not supported: espd implements ESP (50) only", v)
 	}
-	if v, ok := r.u32(AttrMode); ok && v != ModeTunnel {
-		r.fail(EOPNOTSUPP, AttrMode, "mode %d is not supported: espd implements tunnel mode (2) only", v)
+	if v, ok := r.u32(AttrMode); ok {
+		m, valid := modeFromWire(v)
+		if !valid {
+			r.fail(EINVAL, AttrMode, "MODE (6) of a state must be 1 (transport) or 2 (tunnel), not %d", v)
+		}
+		c.Mode = m
+		f |= FieldMode
 	}
 	if v, ok := r.u32(AttrReqID); ok {
 		c.ReqID = v

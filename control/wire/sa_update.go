@@ -45,6 +45,9 @@ const (
 	// FieldIfID is IF_ID (sa.Config.IfID). It cannot change: an
 	// SA_UPDATE may carry it only with the state's own value.
 	FieldIfID
+	// FieldMode is MODE (sa.Config.Mode), tunnel or transport. It cannot
+	// change: an SA_UPDATE may carry it only with the state's own value.
+	FieldMode
 	// FieldsAll is every field.
 	FieldsAll Fields = 1<<iota - 1
 )
@@ -97,6 +100,9 @@ func (u SAUpdate) Apply(cur sa.Config) sa.Config {
 	}
 	if f&FieldIfID != 0 {
 		c.IfID = n.IfID
+	}
+	if f&FieldMode != 0 {
+		c.Mode = n.Mode
 	}
 	if f&FieldSelectors != 0 {
 		c.Selectors = n.Selectors

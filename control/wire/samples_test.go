@@ -126,5 +126,9 @@ func sampleMessages(t testing.TB) [][]byte {
 	add(MsgIKEPacket, 0, func(b *Builder) {
 		PutIKEPacket(b, netip.AddrPortFrom(netip.Addr{}, 500), netip.MustParseAddrPort("[2001:db8::2]:500"), []byte{0xbb})
 	})
+	// Transport mode: a state, its SA_GET reply, a policy.
+	add(MsgSAAdd, 0, func(b *Builder) { putSAConfig(b, wiretest.TransportConfig(t, 0x3001), true) })
+	add(MsgSAGet, FlagReply, func(b *Builder) { PutSAInfo(b, SAInfo{Config: wiretest.TransportConfig(t, 0x3001)}) })
+	add(MsgPolicyAdd, 0, func(b *Builder) { PutPolicy(b, wiretest.TransportPolicy()) })
 	return out
 }

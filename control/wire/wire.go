@@ -111,7 +111,7 @@ const (
 	AttrDst          AttrType = 3  // address
 	AttrDir          AttrType = 4  // u32: DirIn, DirOut, DirFwd
 	AttrProto        AttrType = 5  // u32: IPsec protocol, 50 (ESP)
-	AttrMode         AttrType = 6  // u32: ModeTunnel
+	AttrMode         AttrType = 6  // u32: ModeTransport, ModeTunnel (sa.Config.Mode, sa.Policy.Mode)
 	AttrReqID        AttrType = 7  // u32
 	AttrAlgName      AttrType = 8  // string
 	AttrEncAlg       AttrType = 9  // u32: IKEv2 transform type 1 ID
@@ -211,7 +211,8 @@ const (
 	ActionDrop    uint32 = 3
 )
 
-// Wire values of AttrMode. Only tunnel mode is implemented.
+// Wire values of AttrMode: XFRM's mode of a state or policy template
+// (sa.Mode). An absent MODE is tunnel mode.
 const (
 	ModeTransport uint32 = 1
 	ModeTunnel    uint32 = 2

@@ -84,6 +84,26 @@ func ReplayConfig(t testing.TB) sa.Config {
 	return c
 }
 
+// TransportConfig is an outbound transport-mode state between the two
+// IPv4 hosts, without TFC padding (transport mode takes none).
+func TransportConfig(t testing.TB, spi uint32) sa.Config {
+	s := MustSuite(t, "aes256gcm16")
+	return sa.Config{SPI: spi, Dir: sa.DirOut, Src: V4A, Dst: V4B, Mode: sa.ModeTransport, Suite: s,
+		EncKey: Key(s.EncKeyLen(), 30), ReplayWindow: 32, ReqID: 8,
+		Selectors: []sa.Selector{{Src: netip.PrefixFrom(V4A, 32), Dst: netip.PrefixFrom(V4B, 32), Proto: 17}},
+		TTL:       64, ECN: true, DF: esp.DFCopy, CopyDSCP: true}
+}
+
+// TransportPolicy is an outbound protect policy whose template asks for
+// transport-mode states.
+func TransportPolicy() sa.Policy {
+	return sa.Policy{
+		Selector: sa.Selector{Src: netip.PrefixFrom(V4A, 32), Dst: netip.PrefixFrom(V4B, 32), Proto: 17},
+		Dir:      sa.DirOut, Action: sa.ActionProtect, Priority: 10, ReqID: 8, Index: 0x201,
+		TmplSrc: V4A, TmplDst: V4B, Mode: sa.ModeTransport,
+	}
+}
+
 // FullPolicy sets every field of a policy to a non-zero value.
 func FullPolicy() sa.Policy {
 	return sa.Policy{
@@ -108,9 +128,9 @@ func SameConfig(a, b sa.Config) bool {
 		return false
 	}
 	a.Selectors, b.Selectors = nil, nil
-	return a.SPI == b.SPI && a.Dir == b.Dir && a.Src == b.Src && a.Dst == b.Dst && a.Suite == b.Suite &&
+	return a.SPI == b.SPI && a.Dir == b.Dir && a.Src == b.Src && a.Dst == b.Dst && a.Mode == b.Mode && a.Suite == b.Suite &&
 		a.ReplayWindow == b.ReplayWindow && a.EncapSrcPort == b.EncapSrcPort && a.EncapDstPort == b.EncapDstPort &&
-		a.ReqID == b.ReqID && a.Soft == b.Soft && a.Hard == b.Hard && a.TTL == b.TTL &&
+		a.ReqID == b.ReqID && a.IfID == b.IfID && a.Soft == b.Soft && a.Hard == b.Hard && a.TTL == b.TTL &&
 		a.CopyDSCP == b.CopyDSCP && a.DSCP == b.DSCP && a.ECN == b.ECN && a.DF == b.DF && a.TFCPadTo == b.TFCPadTo &&
 		a.OSeq == b.OSeq && a.ReplaySeq == b.ReplaySeq && bytes.Equal(a.ReplayBitmap, b.ReplayBitmap) && a.Negotiated == b.Negotiated
 }
