@@ -19,6 +19,7 @@ var fieldAttrs = map[string]wire.AttrType{
 	sa.FieldKeys:         wire.AttrEncKey,
 	sa.FieldReqID:        wire.AttrReqID,
 	sa.FieldIfID:         wire.AttrIfID,
+	sa.FieldMode:         wire.AttrMode,
 	sa.FieldReplayWindow: wire.AttrReplayWindow,
 }
 

@@ -9,7 +9,7 @@ import (
 )
 
 // TestSAUpdateFixedAttrs: an SA_UPDATE giving a state's algorithm, ESN,
-// keys, REQID, (inbound) REPLAY_WINDOW or NEGOTIATED another value than
+// keys, REQID, (inbound) REPLAY_WINDOW, NEGOTIATED or MODE another value than
 // the state's is refused with EINVAL and ERR_ATTR naming the attribute
 // it carried, and the state is unchanged; the state's own values are
 // accepted. ESN alone was answered OK and ignored (issue 19, item 9).
@@ -60,6 +60,8 @@ func TestSAUpdateFixedAttrs(t *testing.T) {
 			{"REQID", base, func(b *wire.Builder) { b.U32(wire.AttrReqID, base.ReqID+1) }, wire.AttrReqID},
 			{"REPLAY_WINDOW", base, func(b *wire.Builder) { b.U32(wire.AttrReplayWindow, 128) }, wire.AttrReplayWindow},
 			{"NEGOTIATED", base, func(b *wire.Builder) { b.Bool(wire.AttrNegotiated, true) }, wire.AttrNegotiated},
+			{"MODE", base, func(b *wire.Builder) { b.U32(wire.AttrMode, wire.ModeTransport) }, wire.AttrMode},
+			{"MODE unchanged", base, func(b *wire.Builder) { b.U32(wire.AttrMode, wire.ModeTunnel) }, 0},
 		} {
 			what := tc.name
 			if esn {
@@ -88,7 +90,7 @@ func TestSAUpdateFixedAttrs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if g := got.Config; g.Suite != tc.cfg.Suite || g.ReqID != tc.cfg.ReqID || g.ReplayWindow != tc.cfg.ReplayWindow || g.Negotiated {
+			if g := got.Config; g.Suite != tc.cfg.Suite || g.ReqID != tc.cfg.ReqID || g.ReplayWindow != tc.cfg.ReplayWindow || g.Negotiated || g.Mode != tc.cfg.Mode {
 				t.Errorf("%s: the state changed: %v", what, g)
 			}
 		}
