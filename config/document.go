@@ -106,6 +106,7 @@ type policyEntry struct {
 	IfID     uint32 `toml:"if_id"`
 	TmplSrc  string `toml:"tmpl_src"`
 	TmplDst  string `toml:"tmpl_dst"`
+	Mode     string `toml:"mode"`
 }
 
 // interfaceEntry is one [[interface]] table. IfID is a pointer to tell a
@@ -135,8 +136,10 @@ func (e *saEntry) config(dir string) (sa.Config, error) {
 	if c.Dir == sa.DirFwd {
 		return c, fmt.Errorf("dir fwd is for policies; an SA is in or out")
 	}
-	if e.Mode != "" && e.Mode != "tunnel" {
-		return c, fmt.Errorf("mode %q is not supported (espd does tunnel mode)", e.Mode)
+	if e.Mode != "" {
+		if c.Mode, err = ParseMode(e.Mode); err != nil {
+			return c, err
+		}
 	}
 	if e.Proto != "" && e.Proto != "esp" {
 		return c, fmt.Errorf("proto %q is not supported (espd does esp)", e.Proto)
@@ -317,6 +320,11 @@ func (e *policyEntry) policy() (sa.Policy, error) {
 	p.Priority = e.Priority
 	p.ReqID = e.ReqID
 	p.IfID = e.IfID
+	if e.Mode != "" {
+		if p.Mode, err = ParseMode(e.Mode); err != nil {
+			return p, err
+		}
+	}
 	if p.Action == sa.ActionProtect && p.ReqID == 0 {
 		return p, fmt.Errorf("a protect policy needs a reqid that ties it to its SAs")
 	}

@@ -193,6 +193,16 @@ func ParseDF(s string) (esp.DFMode, error) {
 	return 0, fmt.Errorf("df %q: want copy, set or clear", s)
 }
 
+// ParseMode parses a state's or a policy template's mode: "tunnel" or
+// "transport" (sa.Mode; the file's mode key, espctl's --mode).
+func ParseMode(s string) (sa.Mode, error) {
+	m, err := sa.ParseMode(s)
+	if err != nil {
+		return 0, fmt.Errorf("mode %q: want tunnel or transport", s)
+	}
+	return m, nil
+}
+
 // ParseSeq parses a sequence number: decimal or 0x hex, up to 2^64-1
 // (oseq, replay-seq).
 func ParseSeq(name, s string) (uint64, error) {
