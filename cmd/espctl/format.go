@@ -112,7 +112,7 @@ func printSA(w io.Writer, in wire.SAInfo, now time.Time) {
 		return
 	}
 	fmt.Fprintf(w, "spi 0x%08x dir %v state %v reqid %d%s\n", c.SPI, c.Dir, st.State, c.ReqID, ifIDString(c.IfID))
-	fmt.Fprintf(w, "\tsrc %s dst %s proto esp mode tunnel", addrString(c.Src), addrString(c.Dst))
+	fmt.Fprintf(w, "\tsrc %s dst %s proto esp mode %v", addrString(c.Src), addrString(c.Dst), c.Mode)
 	if c.EncapDstPort != 0 {
 		fmt.Fprintf(w, " encap udp %d -> %d", c.EncapSrcPort, c.EncapDstPort)
 	}
@@ -189,8 +189,10 @@ func printPolicy(w io.Writer, p sa.Policy) {
 		fmt.Fprintf(w, " reqid %d", p.ReqID)
 	}
 	fmt.Fprintf(w, "%s\n", ifIDString(p.IfID))
-	if p.TmplSrc.IsValid() || p.TmplDst.IsValid() {
-		fmt.Fprintf(w, "\ttmpl src %s dst %s proto esp mode tunnel\n", addrString(p.TmplSrc), addrString(p.TmplDst))
+	// The template, as ip-xfrm(8) shows it: also a transport-mode one
+	// without addresses, whose mode it is that tells.
+	if p.TmplSrc.IsValid() || p.TmplDst.IsValid() || p.Mode != sa.ModeTunnel {
+		fmt.Fprintf(w, "\ttmpl src %s dst %s proto esp mode %v\n", addrString(p.TmplSrc), addrString(p.TmplDst), p.Mode)
 	}
 }
 

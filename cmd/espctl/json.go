@@ -117,7 +117,7 @@ func saView(in wire.SAInfo) saJSON {
 	c := in.Config
 	v := saJSON{
 		SPI: c.SPI, SPIHex: fmt.Sprintf("0x%08x", c.SPI), Dir: c.Dir.String(), State: in.Stats.State.String(),
-		Src: addrString(c.Src), Dst: addrString(c.Dst), Proto: "esp", Mode: "tunnel", ReqID: c.ReqID, IfID: c.IfID,
+		Src: addrString(c.Src), Dst: addrString(c.Dst), Proto: "esp", Mode: c.Mode.String(), ReqID: c.ReqID, IfID: c.IfID,
 		EncAlg: uint16(c.Suite.Encryption), EncKeyBits: c.Suite.KeyBits, IntegAlg: uint16(c.Suite.Integrity),
 		ESN: c.Suite.ESN, Keys: redacted, ReplayWindow: c.ReplayWindow,
 		EncapSport: c.EncapSrcPort, EncapDport: c.EncapDstPort, Selectors: []selectorJSON{},
@@ -144,11 +144,13 @@ type policyJSON struct {
 	Index    uint32 `json:"index"`
 	TmplSrc  string `json:"tmpl_src"`
 	TmplDst  string `json:"tmpl_dst"`
+	Mode     string `json:"mode"`
 }
 
 func policyView(p sa.Policy) policyJSON {
 	return policyJSON{selectorJSON: selectorView(p.Selector), Dir: p.Dir.String(), Action: p.Action.String(),
-		Priority: p.Priority, ReqID: p.ReqID, IfID: p.IfID, Index: p.Index, TmplSrc: addrString(p.TmplSrc), TmplDst: addrString(p.TmplDst)}
+		Priority: p.Priority, ReqID: p.ReqID, IfID: p.IfID, Index: p.Index, TmplSrc: addrString(p.TmplSrc), TmplDst: addrString(p.TmplDst),
+		Mode: p.Mode.String()}
 }
 
 func spiView(spi uint32) map[string]any {

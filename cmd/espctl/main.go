@@ -50,7 +50,8 @@ commands:
   sa flush
   policy add|update  --dir in|out|fwd [--src PREFIX] [--dst PREFIX] [--proto P]
               [--sport R] [--dport R] [--action protect|bypass|drop] [--priority N]
-              [--reqid N] [--tmpl-src ADDR] [--tmpl-dst ADDR]
+              [--reqid N] [--tmpl-src ADDR] [--tmpl-dst ADDR] [--mode tunnel|transport]
+              [--if-id N]
   policy del|get     --dir in|out|fwd [selector flags]
   policy list
   policy flush
@@ -58,9 +59,9 @@ commands:
   stats       [--spi SPI --dst ADDR]
   monitor     [--events soft-expire,hard-expire,acquire,mapping] [--count N]
 
-"espctl sa add -h" lists the state options (replay window, ESN, UDP encapsulation,
-reqid, selectors, lifetimes, outer TTL/DSCP/ECN/DF, TFC); espd gives every option
-not given its default. Keys are read in hex from a file that only its owner (and
+"espctl sa add -h" lists the state options (mode tunnel or transport, replay window,
+ESN, UDP encapsulation, reqid, selectors, lifetimes, outer TTL/DSCP/ECN/DF, TFC);
+espd gives every option not given its default (tunnel mode, ...). Keys are read in hex from a file that only its owner (and
 group) can read, or from standard input with "-" (two lines, encryption key first,
 when both are "-"); they are never taken on the command line.
 `

@@ -22,6 +22,7 @@ var (
 	parseHexBytes = config.ParseHexBytes
 	parseDF       = config.ParseDF
 	parseDSCP     = config.ParseDSCP
+	parseMode     = config.ParseMode
 )
 
 // parsePrefix parses a selector prefix; "any" or "" is the zero prefix

@@ -16,6 +16,7 @@ type policyFlags struct {
 	ifID                               string
 	action, priority, reqid            string
 	tmplSrc, tmplDst                   string
+	mode                               string
 }
 
 // newPolicyFlags declares the selector and direction flags, and with full
@@ -36,6 +37,7 @@ func newPolicyFlags(name string, full bool) *policyFlags {
 		fs.StringVar(&f.reqid, "reqid", "0", "reqid of the states that protect the traffic")
 		fs.StringVar(&f.tmplSrc, "tmpl-src", "", "template: outer source of the states an acquire asks for")
 		fs.StringVar(&f.tmplDst, "tmpl-dst", "", "template: outer destination")
+		fs.StringVar(&f.mode, "mode", "tunnel", "template: mode of the states that protect the traffic, tunnel or transport")
 	}
 	return f
 }
@@ -112,6 +114,9 @@ func (f *policyFlags) policy() (sa.Policy, error) {
 		return p, err
 	}
 	if p.ReqID, err = parseU32("reqid", f.reqid); err != nil {
+		return p, err
+	}
+	if p.Mode, err = parseMode(f.mode); err != nil {
 		return p, err
 	}
 	if f.tmplSrc != "" {

@@ -60,7 +60,7 @@ func newSAFlags(name string, which ...string) *saFlags {
 		fs.StringVar(&f.src, "src", "", "outer source address")
 		fs.StringVar(&f.dir, "dir", "", "direction: in or out")
 		fs.StringVar(&f.proto, "proto", "esp", "IPsec protocol: esp")
-		fs.StringVar(&f.mode, "mode", "tunnel", "mode: tunnel")
+		fs.StringVar(&f.mode, "mode", "tunnel", "mode: tunnel, or transport (the packets of --src and --dst themselves; no --tfc)")
 		fs.StringVar(&f.enc, "enc", "", "algorithms, strongSwan style: aes128gcm16, chacha20poly1305, aes256-sha256, ...")
 		fs.StringVar(&f.auth, "auth", "", "integrity algorithm when --enc names only the cipher: sha1, sha256, sha384, sha512")
 		fs.StringVar(&f.encKeyFile, "enc-key-file", "", "file holding the encryption key in hex, salt included (- : standard input)")
@@ -212,8 +212,11 @@ func (f *saFlags) config(full bool) (sa.Config, wire.Fields, error) {
 	if set["proto"] && f.proto != "esp" {
 		try(fmt.Errorf("--proto %q: espd implements esp only", f.proto))
 	}
-	if set["mode"] && f.mode != "tunnel" {
-		try(fmt.Errorf("--mode %q: espd implements tunnel mode only", f.mode))
+	if set["mode"] {
+		m, e := parseMode(f.mode)
+		try(e)
+		c.Mode = m
+		fl |= wire.FieldMode
 	}
 	if set["dir"] {
 		d, e := parseStateDir(f.dir)
