@@ -52,6 +52,13 @@ var pathCases = []pathCase{
 		flags:  []string{"--replay-window", "65536"},
 		toml:   "replay_window = 65536\n",
 	},
+	{
+		name:   "transport mode",
+		set:    func(c *sa.Config) { c.Mode = sa.ModeTransport },
+		fields: wire.FieldMode,
+		flags:  []string{"--mode", "transport"},
+		toml:   "mode = \"transport\"\n",
+	},
 }
 
 // TestDefaultsSameOnEveryPath installs the same inbound state through each
@@ -128,6 +135,12 @@ func TestDefaultsSameOnEveryPath(t *testing.T) {
 				def := base(0)
 				def.EncKey, def.IntegKey = nil, nil
 				compareConfigs(t, "nothing given, against sa.DefaultConfig", want, def)
+				// Tunnel mode is the default on every path.
+				for path, cfg := range got {
+					if cfg.Mode != sa.ModeTunnel {
+						t.Errorf("%s: nothing given, mode %v, want tunnel", path, cfg.Mode)
+					}
+				}
 			}
 			for path, cfg := range got {
 				compareConfigs(t, path, cfg, want)
@@ -212,6 +225,110 @@ func TestReservedRefusedOnEveryPath(t *testing.T) {
 }
 
 func errorsAs(err error, target **wire.Error) bool { return errors.As(err, target) }
+
+// TestPolicyModeSameOnEveryPath installs the same policy through the Go
+// client, espctl and the configuration file, without a mode and with mode
+// transport: espd gets the same sa.Policy from each, tunnel mode when none
+// is given.
+func TestPolicyModeSameOnEveryPath(t *testing.T) {
+	d := startDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := control.Dial(ctx, d.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for ti, tc := range []struct {
+		name  string
+		mode  sa.Mode // what the client sets
+		flags []string
+		toml  string
+	}{
+		{"nothing given", sa.ModeTunnel, nil, ""},
+		{"transport", sa.ModeTransport, []string{"--mode", "transport"}, "mode = \"transport\"\n"},
+	} {
+		got := map[string]sa.Policy{}
+		for i, path := range []string{"Client.AddPolicy", "espctl", "config file"} {
+			sel := sa.Selector{Src: netip.MustParsePrefix("198.18.0.1/32"), Dst: netip.MustParsePrefix(fmt.Sprintf("198.19.%d.%d/32", ti, i))}
+			switch path {
+			case "Client.AddPolicy":
+				reply, err := c.AddPolicy(ctx, sa.Policy{Selector: sel, Dir: sa.DirOut, Action: sa.ActionProtect, ReqID: 7, Mode: tc.mode})
+				if err != nil || reply.Mode != tc.mode {
+					t.Fatalf("%s %s: reply %v (%v)", tc.name, path, reply, err)
+				}
+			case "espctl":
+				d.espctl(t, 0, append([]string{"policy", "add", "--dir", "out", "--src", sel.Src.String(), "--dst", sel.Dst.String(), "--reqid", "7"}, tc.flags...)...)
+			case "config file":
+				f, err := config.Parse("espd.toml", []byte(fmt.Sprintf("[[policy]]\nsrc = \"%v\"\ndst = \"%v\"\ndir = \"out\"\nreqid = 7\n%s", sel.Src, sel.Dst, tc.toml)))
+				if err != nil {
+					t.Fatalf("%s %s: %v", tc.name, path, err)
+				}
+				if _, err := d.db.AddPolicy(f.Policies[0]); err != nil { // what the daemon does with the file
+					t.Fatalf("%s %s: %v", tc.name, path, err)
+				}
+			}
+			p, ok := d.db.GetPolicy(sa.PolicyID{Selector: sel, Dir: sa.DirOut})
+			if !ok {
+				t.Fatalf("%s %s: policy not installed", tc.name, path)
+			}
+			p.Selector, p.Index = sa.Selector{}, 0
+			got[path] = p
+		}
+		for path, p := range got {
+			if p != got["Client.AddPolicy"] || p.Mode != tc.mode {
+				t.Errorf("%s %s: %v, want %v with mode %v", tc.name, path, p, got["Client.AddPolicy"], tc.mode)
+			}
+		}
+	}
+}
+
+// TestTransportTFCRefusedOnEveryPath: a transport-mode state with TFC
+// padding is refused, with sa's reason, through the control protocol,
+// espctl and the configuration file; tunnel mode is what lets it pad.
+func TestTransportTFCRefusedOnEveryPath(t *testing.T) {
+	d := startDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := control.Dial(ctx, d.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	src, dst := netip.MustParseAddr("198.18.0.2"), netip.MustParseAddr("198.18.0.1")
+	key, _ := config.ParseKey("k", gcmKey, 20)
+	const want = "transport mode takes no TFC padding (tfc 300)"
+	cfg := sa.DefaultConfig()
+	cfg.SPI, cfg.Dir, cfg.Src, cfg.Dst, cfg.Mode, cfg.TFCPadTo = 0x5001, sa.DirOut, src, dst, sa.ModeTransport, 300
+	cfg.Suite = crypto.Suite{Encryption: crypto.EncrAESGCM16, KeyBits: 128}
+	cfg.EncKey, cfg.IntegKey = key, []byte{}
+	fields := wire.FieldSrc | wire.FieldDst | wire.FieldDir | wire.FieldSuite | wire.FieldKeys | wire.FieldMode | wire.FieldTFC
+	for name, err := range map[string]error{
+		"Client.AddSA":     c.AddSA(ctx, cfg),
+		"SA_ADD (partial)": c.AddSAFields(ctx, cfg, fields),
+	} {
+		var e *wire.Error
+		if !errorsAs(err, &e) || e.Code != wire.EINVAL || !strings.Contains(e.Msg, want) {
+			t.Errorf("%s: %v, want EINVAL %q", name, err, want)
+		}
+	}
+	_, stderr := d.espctlIn(t, exitError, gcmKey, "sa", "add", "--spi", "0x5001", "--src", src.String(), "--dst", dst.String(), "--dir", "out",
+		"--enc", "aes128gcm16", "--enc-key-file", "-", "--mode", "transport", "--tfc", "300")
+	if !strings.Contains(stderr, want) {
+		t.Errorf("espctl: %q, want %q", stderr, want)
+	}
+	toml := fmt.Sprintf("[[sa]]\nspi = 0x5001\ndir = \"out\"\nsrc = \"%v\"\ndst = \"%v\"\nsuite = \"aes128gcm16\"\nenc_key = \"%s\"\nmode = \"transport\"\ntfc_pad_to = 300\n", src, dst, gcmKey)
+	if _, err := config.Parse("espd.toml", []byte(toml)); err == nil || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "espd.toml:1: sa #1: ") {
+		t.Errorf("config: %v, want espd.toml:1: sa #1: ...%q", err, want)
+	}
+	if n := len(d.db.SAs()); n != 0 {
+		t.Fatalf("%d states installed", n)
+	}
+	cfg.Mode = sa.ModeTunnel
+	if err := c.AddSA(ctx, cfg); err != nil {
+		t.Fatalf("tunnel mode with TFC padding: %v", err)
+	}
+}
 
 // TestSAAddManySelectors: sa add with 200 selectors is a control message
 // above 4 KiB, the connection's first that large (it failed with "bad
