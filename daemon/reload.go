@@ -44,8 +44,8 @@ type fileSA struct {
 // as they were, and Reload returns why. What the control socket installed
 // is left alone; a file that collides with it is refused.
 //
-// A state whose key, suite, direction, reqid and replay window stay is
-// updated in place. Any other change replaces it; under the same key the
+// A state whose key, suite, direction, mode, reqid and replay window stay
+// is updated in place. Any other change replaces it; under the same key the
 // replacement continues the old state (sa.Changes.AddSAs): outbound above
 // its sequence numbers, inbound with its replay window, so a change of
 // suite (to ESN, to a 12-byte ICV) or reqid never repeats a nonce.
@@ -244,9 +244,10 @@ func (d *Daemon) planLocked(f *config.File) (*reloadPlan, error) {
 }
 
 // updatable reports whether the file's state o can become n in place
-// (sa.DB.UpdateSA): same direction, keys, suite, reqid and replay window.
+// (sa.DB.UpdateSA): same direction, keys, suite, mode, reqid and replay
+// window.
 func updatable(o, n fileSA) bool {
-	return o.keys == n.keys && o.cfg.Dir == n.cfg.Dir && o.cfg.Suite == n.cfg.Suite &&
+	return o.keys == n.keys && o.cfg.Dir == n.cfg.Dir && o.cfg.Suite == n.cfg.Suite && o.cfg.Mode == n.cfg.Mode &&
 		o.cfg.ReqID == n.cfg.ReqID && o.cfg.IfID == n.cfg.IfID && o.cfg.ReplayWindow == n.cfg.ReplayWindow
 }
 

@@ -288,3 +288,43 @@ func TestReloadReqidChange(t *testing.T) {
 		return db.OutboundSA(1) != nil
 	})
 }
+
+// TestReloadModeChange turns a state and its policy from tunnel into
+// transport mode and back: the reload applies (a mode is no update in
+// place, so the state is replaced), the replacement continues the key's
+// sequence numbers, the policy finds it, and its route becomes a
+// transport route (locked MTU) and a tunnel route again.
+func TestReloadModeChange(t *testing.T) {
+	const hostPolicy = "[[policy]]\nsrc = \"198.18.0.1/32\"\ndst = \"198.18.0.2/32\"\ndir = \"out\"\nreqid = 1\n"
+	tunnel := reloadSA("0x1001", "out", gwLocal, gwPeer, "aes128gcm16", keyOut, 1, "") + hostPolicy
+	transport := reloadSA("0x1001", "out", gwLocal, gwPeer, "aes128gcm16", keyOut, 1, "mode = \"transport\"\n") +
+		hostPolicy + "mode = \"transport\"\n"
+	r := start(t, tunnel)
+	db := r.d.DB()
+	s := db.OutboundSA(1)
+	if s == nil || s.Mode() != sa.ModeTunnel {
+		t.Fatalf("not loaded in tunnel mode: %v", s)
+	}
+	s.ReserveSeq(5)
+	r.reloadWith(t, transport)
+	n := db.OutboundSA(1)
+	if n == nil || n.Mode() != sa.ModeTransport {
+		t.Fatalf("mode change not applied: OutboundSA(1) = %v", n)
+	}
+	if f, _ := n.ReserveSeq(1); f != 6 {
+		t.Errorf("sequence numbers restarted at %d, want 6", f)
+	}
+	if ps := db.Policies(); len(ps) != 1 || ps[0].Mode != sa.ModeTransport {
+		t.Errorf("policies after the reload: %v", ps)
+	}
+	if rt := r.routes(t); !strings.Contains(rt, "198.18.0.2") || !strings.Contains(rt, "mtu lock") {
+		t.Errorf("no transport route after the reload:\n%s", rt)
+	}
+	r.reloadWith(t, tunnel)
+	if n := db.OutboundSA(1); n == nil || n.Mode() != sa.ModeTunnel {
+		t.Fatalf("back to tunnel mode not applied: %v", n)
+	}
+	if rt := r.routes(t); !strings.Contains(rt, "198.18.0.2") || strings.Contains(rt, "mtu lock") {
+		t.Errorf("the route is not a tunnel route again:\n%s", rt)
+	}
+}
