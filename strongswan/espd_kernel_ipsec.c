@@ -160,6 +160,20 @@ static void peer_destroy(peer_t *p)
 }
 
 /**
+ * One SELECTOR of an SA: traffic from src_ts to dst_ts.
+ */
+typedef struct {
+	traffic_selector_t *src_ts, *dst_ts;
+} sel_pair_t;
+
+static void sel_pair_destroy(sel_pair_t *p)
+{
+	p->src_ts->destroy(p->src_ts);
+	p->dst_ts->destroy(p->dst_ts);
+	free(p);
+}
+
+/**
  * An SA installed into espd (no keys).
  */
 typedef struct {
@@ -175,6 +189,11 @@ typedef struct {
 	 * an SA by SPI and destination alone, but an SA_UPDATE may carry only
 	 * the SA's own */
 	uint32_t if_id;
+	/** MODE_TUNNEL or MODE_TRANSPORT */
+	ipsec_mode_t mode;
+	/** sel_pair_t: the SELECTORs add_sa() sent, which update_sa() sends
+	 * again where one names an endpoint that moves (NULL: none) */
+	linked_list_t *sels;
 	/** bytes at the last query, and when they last grew (monotonic) */
 	uint64_t last_bytes;
 	time_t last_use;
@@ -184,6 +203,10 @@ static void sa_entry_destroy(sa_entry_t *e)
 {
 	e->src->destroy(e->src);
 	e->dst->destroy(e->dst);
+	if (e->sels)
+	{
+		e->sels->destroy_function(e->sels, (void*)sel_pair_destroy);
+	}
 	free(e);
 }
 
@@ -229,6 +252,9 @@ typedef struct {
 	uint32_t reqid;
 	/** template: outer addresses of the SAs, may be NULL */
 	host_t *src, *dst;
+	/** template: MODE_TRANSPORT for an IPsec policy of a transport-mode
+	 * CHILD_SA, else MODE_TUNNEL */
+	ipsec_mode_t mode;
 } policy_user_t;
 
 static void policy_user_destroy(policy_user_t *u)
@@ -254,6 +280,7 @@ typedef struct {
 	/** installed in espd, with these values */
 	bool installed;
 	uint32_t inst_action, inst_priority, inst_reqid;
+	ipsec_mode_t inst_mode;
 	/** no request left, kept in espd as a drop policy while a loaded
 	 * connection covers it (retain_policy) */
 	bool retained;
@@ -456,8 +483,9 @@ METHOD(kernel_ipsec_t, get_spi, status_t,
 
 	if (protocol != IPPROTO_ESP)
 	{
-		DBG1(DBG_KNL, "espd: only ESP is supported, not IP protocol %u",
-			 protocol);
+		DBG1(DBG_KNL, "espd: refused: %s; espd carries ESP only (use "
+			 "esp_proposals, not ah_proposals)", protocol == IPPROTO_AH ?
+			 "AH" : "an IPsec protocol other than ESP");
 		return NOT_SUPPORTED;
 	}
 	if (!espd_msg_init(&m, ESPD_MSG_SPI_ALLOC, 0))
@@ -480,7 +508,8 @@ METHOD(kernel_ipsec_t, get_cpi, status_t,
 	private_espd_kernel_ipsec_t *this, host_t *src, host_t *dst,
 	uint16_t *cpi)
 {
-	DBG1(DBG_KNL, "espd: IPComp is not supported");
+	DBG1(DBG_KNL, "espd: refused: IPComp (ipcomp = yes) is not supported "
+		 "by espd");
 	return NOT_SUPPORTED;
 }
 
@@ -572,25 +601,30 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 	enumerator_t *es, *ed;
 	lifetime_cfg_t *lt = data->lifetime;
 	sa_entry_t *entry, *old;
+	linked_list_t *sels;
+	sel_pair_t *pair;
 	uint32_t spi = ntohl(id->spi);
 	espd_msg_t m;
 	char what[128], ifid[IF_ID_STR_LEN];
 
 	if (id->proto != IPPROTO_ESP)
 	{
-		DBG1(DBG_KNL, "espd: only ESP is supported, not IP protocol %u",
-			 id->proto);
+		DBG1(DBG_KNL, "espd: SA %.8x: refused: %s; espd carries ESP only",
+			 spi, id->proto == IPPROTO_AH ? "AH (ah_proposals)" :
+			 "an IPsec protocol other than ESP");
 		return NOT_SUPPORTED;
 	}
-	if (data->mode != MODE_TUNNEL)
+	if (data->mode != MODE_TUNNEL && data->mode != MODE_TRANSPORT)
 	{
-		DBG1(DBG_KNL, "espd: SA %.8x: only tunnel mode is supported, not %N",
-			 spi, ipsec_mode_names, data->mode);
+		DBG1(DBG_KNL, "espd: SA %.8x: refused: mode %N; espd carries ESP in "
+			 "tunnel or transport mode only", spi, ipsec_mode_names,
+			 data->mode);
 		return NOT_SUPPORTED;
 	}
 	if (data->ipcomp != IPCOMP_NONE)
 	{
-		DBG1(DBG_KNL, "espd: SA %.8x: IPComp is not supported", spi);
+		DBG1(DBG_KNL, "espd: SA %.8x: refused: IPComp (ipcomp = yes) is not "
+			 "supported by espd", spi);
 		return NOT_SUPPORTED;
 	}
 	if (data->encap && !espd_settings.ike_handoff)
@@ -640,7 +674,10 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 	put_host(&m, ESPD_A_DST, id->dst);
 	espd_msg_u32(&m, ESPD_A_DIR, data->inbound ? ESPD_DIR_IN : ESPD_DIR_OUT);
 	espd_msg_u32(&m, ESPD_A_PROTO, IPPROTO_ESP);
-	espd_msg_u32(&m, ESPD_A_MODE, ESPD_MODE_TUNNEL);
+	/* transport mode (RFC 4303 3.1.1): espd protects what follows the IP
+	 * header of this host's own packets to and from the peer */
+	espd_msg_u32(&m, ESPD_A_MODE, data->mode == MODE_TRANSPORT ?
+				 ESPD_MODE_TRANSPORT : ESPD_MODE_TUNNEL);
 	espd_msg_u32(&m, ESPD_A_REQID, data->reqid);
 	if (id->if_id)
 	{
@@ -666,9 +703,18 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 	{
 		espd_msg_u32(&m, ESPD_A_REPLAY_WINDOW, data->replay_window);
 	}
-	else if (data->tfc)
+	else if (data->tfc && data->mode == MODE_TUNNEL)
 	{
 		espd_msg_u32(&m, ESPD_A_TFC_PAD, min(data->tfc, 65535));
+	}
+	else if (data->tfc)
+	{
+		/* as kernel-netlink: a transport-mode packet carries no inner length
+		 * that would tell the peer where the padding starts, and espd
+		 * refuses it */
+		DBG1(DBG_KNL, "espd: SA %.8x: tfc_padding applies to tunnel mode "
+			 "only; the transport-mode SA is installed without it (as "
+			 "the kernel's XFRM does)", spi);
 	}
 	if (data->encap)
 	{
@@ -699,7 +745,10 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 		put_lifetime(&m, ESPD_A_LIFETIME_HARD, lt->bytes.life,
 					 lt->packets.life, lt->time.life);
 	}
-	/* the inner traffic the SA may carry, in its direction */
+	/* the inner traffic the SA may carry, in its direction (in transport
+	 * mode the two hosts' own addresses: charon has already put the NAT's
+	 * public address in place of a peer's private one, see update_sa) */
+	sels = linked_list_create();
 	if (data->src_ts && data->dst_ts)
 	{
 		es = data->src_ts->create_enumerator(data->src_ts);
@@ -711,6 +760,11 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 				if (src_ts->get_type(src_ts) == dst_ts->get_type(dst_ts))
 				{
 					put_selector(&m, src_ts, dst_ts);
+					INIT(pair,
+						.src_ts = src_ts->clone(src_ts),
+						.dst_ts = dst_ts->clone(dst_ts),
+					);
+					sels->insert_last(sels, pair);
 				}
 			}
 			ed->destroy(ed);
@@ -722,11 +776,13 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 			 data->inbound ? "inbound" : "outbound", spi, data->reqid);
 	if (request(this, &m, NULL, NULL, what, 0) != 0)
 	{
+		sels->destroy_function(sels, (void*)sel_pair_destroy);
 		return FAILED;
 	}
-	DBG2(DBG_KNL, "espd: added %s SA %.8x %H -> %H reqid %u%s",
+	DBG2(DBG_KNL, "espd: added %s SA %.8x %H -> %H reqid %u%s%s",
 		 data->inbound ? "inbound" : "outbound", spi, id->src, id->dst,
-		 data->reqid, format_if_id(ifid, sizeof(ifid), id->if_id));
+		 data->reqid, format_if_id(ifid, sizeof(ifid), id->if_id),
+		 data->mode == MODE_TRANSPORT ? " transport mode" : "");
 
 	INIT(entry,
 		.spi = spi,
@@ -735,6 +791,8 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 		.inbound = data->inbound,
 		.reqid = data->reqid,
 		.if_id = id->if_id,
+		.mode = data->mode,
+		.sels = sels,
 	);
 	this->mutex->lock(this->mutex);
 	old = this->sas->put(this->sas, entry, entry);
@@ -746,12 +804,66 @@ METHOD(kernel_ipsec_t, add_sa, status_t,
 	return SUCCESS;
 }
 
+/**
+ * Copy an SA's selectors for its endpoints' move from src, dst to new_src,
+ * new_dst: a host selector of a moving endpoint moves with it, as
+ * kernel-netlink's update_sa moves an XFRM state's selector. That is how a
+ * transport-mode SA's selectors (the two hosts' own addresses) follow
+ * MOBIKE or a NAT's new public address, as charon's policies do. Returns
+ * NULL if no selector names a moving endpoint.
+ */
+static linked_list_t *moved_sels(linked_list_t *sels, host_t *src,
+								 host_t *dst, host_t *new_src, host_t *new_dst)
+{
+	enumerator_t *enumerator;
+	linked_list_t *out;
+	sel_pair_t *p, *q;
+	bool moved = FALSE, src_moves, dst_moves;
+
+	src_moves = !src->ip_equals(src, new_src);
+	dst_moves = !dst->ip_equals(dst, new_dst);
+	if (!sels || (!src_moves && !dst_moves))
+	{
+		return NULL;
+	}
+	out = linked_list_create();
+	enumerator = sels->create_enumerator(sels);
+	while (enumerator->enumerate(enumerator, &p))
+	{
+		INIT(q,
+			.src_ts = p->src_ts->clone(p->src_ts),
+			.dst_ts = p->dst_ts->clone(p->dst_ts),
+		);
+		if (src_moves && q->src_ts->is_host(q->src_ts, src))
+		{
+			q->src_ts->set_address(q->src_ts, new_src);
+			moved = TRUE;
+		}
+		if (dst_moves && q->dst_ts->is_host(q->dst_ts, dst))
+		{
+			q->dst_ts->set_address(q->dst_ts, new_dst);
+			moved = TRUE;
+		}
+		out->insert_last(out, q);
+	}
+	enumerator->destroy(enumerator);
+	if (!moved)
+	{
+		out->destroy_function(out, (void*)sel_pair_destroy);
+		return NULL;
+	}
+	return out;
+}
+
 METHOD(kernel_ipsec_t, update_sa, status_t,
 	private_espd_kernel_ipsec_t *this, kernel_ipsec_sa_id_t *id,
 	kernel_ipsec_update_sa_t *data)
 {
 	sa_entry_t key = { .spi = ntohl(id->spi), .dst = id->dst }, *e;
 	uint32_t if_id = id->if_id;
+	linked_list_t *sels = NULL;
+	enumerator_t *enumerator;
+	sel_pair_t *p;
 	espd_msg_t m;
 	char what[128];
 	int r;
@@ -768,12 +880,15 @@ METHOD(kernel_ipsec_t, update_sa, status_t,
 			 "needs the IKE hand-off (espd --ike-handoff)", key.spi);
 		return FAILED;
 	}
-	/* the interface ID add_sa() sent (espd refuses another) */
+	/* the interface ID add_sa() sent (espd refuses another), and its
+	 * selectors if the move changes them */
 	this->mutex->lock(this->mutex);
 	e = this->sas->get(this->sas, &key);
 	if (e)
 	{
 		if_id = e->if_id;
+		sels = moved_sels(e->sels, id->src, id->dst, data->new_src,
+						  data->new_dst);
 	}
 	this->mutex->unlock(this->mutex);
 	if (!espd_msg_init(&m, ESPD_MSG_SA_UPDATE, 0))
@@ -803,18 +918,28 @@ METHOD(kernel_ipsec_t, update_sa, status_t,
 	{
 		espd_msg_pair(&m, ESPD_A_ENCAP, 0, 0);
 	}
+	if (sels)
+	{
+		/* SELECTORs replace the state's whole list */
+		enumerator = sels->create_enumerator(sels);
+		while (enumerator->enumerate(enumerator, &p))
+		{
+			put_selector(&m, p->src_ts, p->dst_ts);
+		}
+		enumerator->destroy(enumerator);
+	}
 	snprintf(what, sizeof(what), "updating SA %.8x", key.spi);
 	r = request(this, &m, NULL, NULL, what, 0);
-	if (r == ENOENT)
-	{
-		return NOT_FOUND;
-	}
 	if (r != 0)
 	{
-		return FAILED;
+		if (sels)
+		{
+			sels->destroy_function(sels, (void*)sel_pair_destroy);
+		}
+		return r == ENOENT ? NOT_FOUND : FAILED;
 	}
-	DBG2(DBG_KNL, "espd: updated SA %.8x to %#H -> %#H", key.spi,
-		 data->new_src, data->new_dst);
+	DBG2(DBG_KNL, "espd: updated SA %.8x to %#H -> %#H%s", key.spi,
+		 data->new_src, data->new_dst, sels ? ", its selectors with it" : "");
 	this->mutex->lock(this->mutex);
 	e = this->sas->remove(this->sas, &key);
 	if (e)
@@ -823,6 +948,15 @@ METHOD(kernel_ipsec_t, update_sa, status_t,
 		e->dst->destroy(e->dst);
 		e->src = data->new_src->clone(data->new_src);
 		e->dst = data->new_dst->clone(data->new_dst);
+		if (sels)
+		{
+			if (e->sels)
+			{
+				e->sels->destroy_function(e->sels, (void*)sel_pair_destroy);
+			}
+			e->sels = sels;
+			sels = NULL;
+		}
 		e = this->sas->put(this->sas, e, e);
 		if (e)
 		{
@@ -830,6 +964,10 @@ METHOD(kernel_ipsec_t, update_sa, status_t,
 		}
 	}
 	this->mutex->unlock(this->mutex);
+	if (sels)
+	{
+		sels->destroy_function(sels, (void*)sel_pair_destroy);
+	}
 	return SUCCESS;
 }
 
@@ -1137,7 +1275,7 @@ static void put_policy_id(espd_msg_t *m, policy_entry_t *e)
 static status_t send_policy(private_espd_kernel_ipsec_t *this,
 							policy_entry_t *e, uint32_t action,
 							uint32_t priority, uint32_t reqid,
-							host_t *src, host_t *dst);
+							host_t *src, host_t *dst, ipsec_mode_t mode);
 
 static status_t install_policy(private_espd_kernel_ipsec_t *this,
 							   policy_entry_t *e, bool force)
@@ -1146,11 +1284,13 @@ static status_t install_policy(private_espd_kernel_ipsec_t *this,
 	uint32_t action = type2action(u->type);
 
 	if (e->installed && !force && e->inst_action == action &&
-		e->inst_priority == u->priority && e->inst_reqid == u->reqid)
+		e->inst_priority == u->priority && e->inst_reqid == u->reqid &&
+		e->inst_mode == u->mode)
 	{
 		return SUCCESS;
 	}
-	return send_policy(this, e, action, u->priority, u->reqid, u->src, u->dst);
+	return send_policy(this, e, action, u->priority, u->reqid, u->src, u->dst,
+					   u->mode);
 }
 
 /**
@@ -1167,7 +1307,7 @@ static status_t retain_policy(private_espd_kernel_ipsec_t *this,
 		return SUCCESS;
 	}
 	return send_policy(this, e, ESPD_ACTION_DROP, e->inst_priority, 0,
-					   NULL, NULL);
+					   NULL, NULL, MODE_TUNNEL);
 }
 
 /**
@@ -1177,7 +1317,7 @@ static status_t retain_policy(private_espd_kernel_ipsec_t *this,
 static status_t send_policy(private_espd_kernel_ipsec_t *this,
 							policy_entry_t *e, uint32_t action,
 							uint32_t priority, uint32_t reqid,
-							host_t *src, host_t *dst)
+							host_t *src, host_t *dst, ipsec_mode_t mode)
 {
 	espd_msg_t m;
 	char what[256], ifid[IF_ID_STR_LEN];
@@ -1203,10 +1343,17 @@ static status_t send_policy(private_espd_kernel_ipsec_t *this,
 			put_host(&m, ESPD_A_TMPL_SRC, src);
 			put_host(&m, ESPD_A_TMPL_DST, dst);
 		}
-		snprintf(what, sizeof(what), "%s policy %R === %R %N%s",
+		if (mode == MODE_TRANSPORT)
+		{
+			/* the template's mode; absent: tunnel (as REQID and the
+			 * template's addresses, sent only when not the default) */
+			espd_msg_u32(&m, ESPD_A_MODE, ESPD_MODE_TRANSPORT);
+		}
+		snprintf(what, sizeof(what), "%s policy %R === %R %N%s%s",
 				 type == ESPD_MSG_POLICY_ADD ? "adding" : "updating",
 				 e->src_ts, e->dst_ts, policy_dir_names, e->dir,
-				 format_if_id(ifid, sizeof(ifid), e->if_id));
+				 format_if_id(ifid, sizeof(ifid), e->if_id),
+				 mode == MODE_TRANSPORT ? " (transport mode)" : "");
 		r = request(this, &m, NULL, NULL, what,
 					type == ESPD_MSG_POLICY_ADD ? EEXIST : ENOENT);
 		if (r == 0)
@@ -1215,6 +1362,7 @@ static status_t send_policy(private_espd_kernel_ipsec_t *this,
 			e->inst_action = action;
 			e->inst_priority = priority;
 			e->inst_reqid = reqid;
+			e->inst_mode = mode;
 			DBG2(DBG_KNL, "espd: %s", what);
 			return SUCCESS;
 		}
@@ -1316,13 +1464,24 @@ METHOD(kernel_ipsec_t, add_policy, status_t,
 		return NOT_SUPPORTED;
 	}
 #endif
-	if (data->sa && (data->sa->ah.use || data->sa->ipcomp.transform ||
-					 data->sa->mode != MODE_TUNNEL) && data->type == POLICY_IPSEC)
+	if (data->sa && data->type == POLICY_IPSEC)
 	{
-		DBG1(DBG_KNL, "espd: policy %R === %R %N: refused: espd carries ESP "
-			 "in tunnel mode only, without AH or IPComp", id->src_ts,
-			 id->dst_ts, policy_dir_names, id->dir);
-		return NOT_SUPPORTED;
+		if (data->sa->ah.use || data->sa->ipcomp.transform != IPCOMP_NONE)
+		{
+			DBG1(DBG_KNL, "espd: policy %R === %R %N: refused: %s; espd "
+				 "carries ESP only, without AH or IPComp", id->src_ts,
+				 id->dst_ts, policy_dir_names, id->dir, data->sa->ah.use ?
+				 "AH (ah_proposals)" : "IPComp (ipcomp = yes)");
+			return NOT_SUPPORTED;
+		}
+		if (data->sa->mode != MODE_TUNNEL && data->sa->mode != MODE_TRANSPORT)
+		{
+			DBG1(DBG_KNL, "espd: policy %R === %R %N: refused: mode %N; espd "
+				 "carries ESP in tunnel or transport mode only", id->src_ts,
+				 id->dst_ts, policy_dir_names, id->dir, ipsec_mode_names,
+				 data->sa->mode);
+			return NOT_SUPPORTED;
+		}
 	}
 	INIT(u,
 		.type = data->type,
@@ -1331,6 +1490,10 @@ METHOD(kernel_ipsec_t, add_policy, status_t,
 		.reqid = data->sa ? data->sa->reqid : 0,
 		.src = data->src ? data->src->clone(data->src) : NULL,
 		.dst = data->dst ? data->dst->clone(data->dst) : NULL,
+		/* only an IPsec policy has a template whose mode matters; espd
+		 * routes a transport-mode policy's traffic for whole datagrams */
+		.mode = data->sa && data->type == POLICY_IPSEC &&
+				data->sa->mode == MODE_TRANSPORT ? MODE_TRANSPORT : MODE_TUNNEL,
 	);
 
 	this->mutex->lock(this->mutex);
