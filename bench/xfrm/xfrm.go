@@ -123,12 +123,20 @@ func SuiteName(s crypto.Suite) string {
 	return enc + "-" + tail
 }
 
-// Tunnel is one gateway's side of a site-to-site ESP tunnel.
+// Tunnel is one gateway's side of a site-to-site ESP tunnel or, with
+// Transport, one host's side of a transport-mode association with
+// another host.
 type Tunnel struct {
 	Suite crypto.Suite
-	// Local and Remote are the outer addresses (the gateways).
+	// Transport makes the states and the policies' templates transport
+	// mode, and leaves out the fwd policy: the hosts' own traffic, which
+	// nothing forwards.
+	Transport bool
+	// Local and Remote are the outer addresses (the gateways), or the
+	// hosts' own in transport mode.
 	Local, Remote netip.Addr
-	// LocalNet and RemoteNet are the protected inner networks.
+	// LocalNet and RemoteNet are the protected inner networks: in
+	// transport mode the selectors, normally Local and Remote alone.
 	LocalNet, RemoteNet netip.Prefix
 	// OutSPI protects Local -> Remote, InSPI Remote -> Local; each has
 	// its keys.
@@ -166,7 +174,7 @@ func (t Tunnel) States() ([]*netlink.XfrmState, error) {
 		}
 		return &netlink.XfrmState{
 			Src: ipOf(src), Dst: ipOf(dst),
-			Proto: netlink.XFRM_PROTO_ESP, Mode: netlink.XFRM_MODE_TUNNEL,
+			Proto: netlink.XFRM_PROTO_ESP, Mode: t.mode(),
 			Spi: int(spi), Reqid: t.ReqID, ReplayWindow: window,
 			Aead: aead, Crypt: crypt, Auth: auth,
 		}, nil
@@ -182,22 +190,34 @@ func (t Tunnel) States() ([]*netlink.XfrmState, error) {
 	return []*netlink.XfrmState{out, in}, nil
 }
 
+// mode is the states' and templates' XFRM mode.
+func (t Tunnel) mode() netlink.Mode {
+	if t.Transport {
+		return netlink.XFRM_MODE_TRANSPORT
+	}
+	return netlink.XFRM_MODE_TUNNEL
+}
+
 // Policies returns the policies of a forwarding gateway: out (local to
 // remote network, through the outbound state), and in and fwd (remote to
 // local network, through the inbound state; fwd is the one forwarded
-// traffic is checked against).
+// traffic is checked against). In transport mode there is no fwd policy:
+// the host's own traffic is not forwarded.
 func (t Tunnel) Policies() []*netlink.XfrmPolicy {
 	tmpl := func(src, dst netip.Addr) []netlink.XfrmPolicyTmpl {
 		return []netlink.XfrmPolicyTmpl{{
 			Src: ipOf(src), Dst: ipOf(dst),
-			Proto: netlink.XFRM_PROTO_ESP, Mode: netlink.XFRM_MODE_TUNNEL, Reqid: t.ReqID,
+			Proto: netlink.XFRM_PROTO_ESP, Mode: t.mode(), Reqid: t.ReqID,
 		}}
 	}
-	return []*netlink.XfrmPolicy{
+	ps := []*netlink.XfrmPolicy{
 		{Src: ipNet(t.LocalNet), Dst: ipNet(t.RemoteNet), Dir: netlink.XFRM_DIR_OUT, Tmpls: tmpl(t.Local, t.Remote)},
 		{Src: ipNet(t.RemoteNet), Dst: ipNet(t.LocalNet), Dir: netlink.XFRM_DIR_IN, Tmpls: tmpl(t.Remote, t.Local)},
-		{Src: ipNet(t.RemoteNet), Dst: ipNet(t.LocalNet), Dir: netlink.XFRM_DIR_FWD, Tmpls: tmpl(t.Remote, t.Local)},
 	}
+	if !t.Transport {
+		ps = append(ps, &netlink.XfrmPolicy{Src: ipNet(t.RemoteNet), Dst: ipNet(t.LocalNet), Dir: netlink.XFRM_DIR_FWD, Tmpls: tmpl(t.Remote, t.Local)})
+	}
+	return ps
 }
 
 // Handle is the part of a netlink handle Install and Flush use.

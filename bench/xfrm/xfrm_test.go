@@ -346,3 +346,49 @@ func TestKernel(t *testing.T) {
 		}
 	}
 }
+
+// TestTransport: a transport-mode association's states and templates are
+// transport mode, between the hosts, and it has out and in policies
+// selecting the two addresses but no fwd one.
+func TestTransport(t *testing.T) {
+	tn := tunnel(t, "aes128gcm16")
+	tn.Transport = true
+	tn.LocalNet, tn.RemoteNet = netip.MustParsePrefix("198.18.0.1/32"), netip.MustParsePrefix("198.18.0.2/32")
+	h := &fakeHandle{}
+	if err := Install(h, tn); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.states) != 2 {
+		t.Fatalf("%d states", len(h.states))
+	}
+	for i, st := range h.states {
+		if st.Mode != netlink.XFRM_MODE_TRANSPORT || st.Proto != netlink.XFRM_PROTO_ESP {
+			t.Errorf("state %d: mode %v proto %v", i, st.Mode, st.Proto)
+		}
+	}
+	if !h.states[0].Src.Equal(tn.Local.AsSlice()) || !h.states[1].Dst.Equal(tn.Local.AsSlice()) {
+		t.Errorf("states %v -> %v, %v -> %v", h.states[0].Src, h.states[0].Dst, h.states[1].Src, h.states[1].Dst)
+	}
+	want := []struct {
+		dir      netlink.Dir
+		src, dst string
+	}{
+		{netlink.XFRM_DIR_OUT, "198.18.0.1/32", "198.18.0.2/32"},
+		{netlink.XFRM_DIR_IN, "198.18.0.2/32", "198.18.0.1/32"},
+	}
+	if len(h.policies) != len(want) {
+		t.Fatalf("%d policies, want %d (no fwd)", len(h.policies), len(want))
+	}
+	for i, w := range want {
+		p := h.policies[i]
+		if p.Dir != w.dir || p.Src.String() != w.src || p.Dst.String() != w.dst || len(p.Tmpls) != 1 ||
+			p.Tmpls[0].Mode != netlink.XFRM_MODE_TRANSPORT || p.Tmpls[0].Reqid != tn.ReqID {
+			t.Errorf("policy %d: %v %v -> %v, templates %+v", i, p.Dir, p.Src, p.Dst, p.Tmpls)
+		}
+	}
+	// Tunnel mode is unchanged: the templates say so, and fwd is there.
+	tn.Transport = false
+	if ps := tn.Policies(); len(ps) != 3 || ps[2].Dir != netlink.XFRM_DIR_FWD || ps[0].Tmpls[0].Mode != netlink.XFRM_MODE_TUNNEL {
+		t.Errorf("tunnel-mode policies %v", ps)
+	}
+}
