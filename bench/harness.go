@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -226,21 +225,25 @@ func oneLine(err error) string {
 	return s
 }
 
-// server returns the server address of the run's family.
-func (h *harness) server() netip.Addr {
-	return testbed.Pick(h.o.family, testbed.ServerV4, testbed.ServerV6).Addr()
+// endpoints returns where the harness measures s: from the client to the
+// server of the run's family, or, for a host-to-host system, from gwA to
+// gwB's transit address (system.EndpointsOf).
+func (h *harness) endpoints(s system.System) system.Endpoints {
+	return system.EndpointsOf(s, h.o.family)
 }
 
-// verify pings the server from the client through a system.
+// verify pings through a system: the server from the client, or a
+// host-to-host system's other host from the first.
 func (h *harness) verify(ctx context.Context, s system.System) error {
+	ep := h.endpoints(s)
 	var err error
 	for try := 0; try < 3; try++ {
-		if _, err = load.Ping(ctx, s.Topology().Client, h.server(), 3); err == nil {
+		if _, err = load.Ping(ctx, ep.From, ep.Dst, 3); err == nil {
 			return nil
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	return fmt.Errorf("no ping through %s: %w", s.Label(), err)
+	return fmt.Errorf("no ping from %s to %v through %s: %w", ep.From.Role, ep.Dst, s.Label(), err)
 }
 
 // settle waits, up to 15 s, until one echo request crosses the system:
@@ -248,9 +251,10 @@ func (h *harness) verify(ctx context.Context, s system.System) error {
 // may still be working off the backlog, and the next run should not
 // measure that.
 func (h *harness) settle(ctx context.Context, s system.System) {
+	ep := h.endpoints(s)
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if _, err := load.Ping(ctx, s.Topology().Client, h.server(), 1); err == nil {
+		if _, err := load.Ping(ctx, ep.From, ep.Dst, 1); err == nil {
 			return
 		}
 	}

@@ -128,8 +128,7 @@ func (h *harness) runStep(ctx context.Context, st step, suite crypto.Suite) {
 	what := fmt.Sprintf("%s, %s, %s, run %d/%d", s.Label(), suiteName, pointName(st.pt), st.rep+1, h.o.reps)
 	h.prog.running(what)
 
-	top := s.Topology()
-	dst := h.server()
+	ep := h.endpoints(s)
 	h.settle(ctx, s)
 	var c0, c1 cpuSample
 	profiled := func() error { return nil }
@@ -154,7 +153,7 @@ func (h *harness) runStep(ctx context.Context, st step, suite crypto.Suite) {
 	if err == nil {
 		switch st.pt.kind {
 		case report.KindTCP:
-			o := load.TCPOptions{From: top.Client, To: top.Server, Dst: dst, MSS: st.pt.mss,
+			o := load.TCPOptions{From: ep.From, To: ep.To, Dst: ep.Dst, MSS: st.pt.mss,
 				Omit: h.o.omit, Duration: h.o.duration, Window: window}
 			var res load.TCPResult
 			if h.o.tool == "iperf3" {
@@ -170,7 +169,7 @@ func (h *harness) runStep(ctx context.Context, st step, suite crypto.Suite) {
 			}
 		case report.KindUDP:
 			var res load.UDPResult
-			res, err = load.UDP(ctx, load.UDPOptions{From: top.Client, To: top.Server, Dst: dst, Size: 64,
+			res, err = load.UDP(ctx, load.UDPOptions{From: ep.From, To: ep.To, Dst: ep.Dst, Size: 64,
 				Omit: h.o.omit, Duration: h.o.udpDuration, Window: window})
 			r.PacketsPerSecond, r.Sent, r.Received, r.PayloadSize = res.PacketRate(), res.Sent, res.Received, res.Size
 			r.Seconds = res.Elapsed.Seconds()
@@ -181,11 +180,13 @@ func (h *harness) runStep(ctx context.Context, st step, suite crypto.Suite) {
 		case report.KindPing:
 			var rtt load.RTT
 			var hc *load.HopCapture
-			if h.o.pingHops {
-				hc, err = load.StartHopCapture(top)
+			// The hops are the gateways' forwarding: a host-to-host
+			// system's echoes cross no LAN link to follow.
+			if h.o.pingHops && system.Group(s) == "" {
+				hc, err = load.StartHopCapture(s.Topology())
 			}
 			if err == nil {
-				rtt, err = load.Ping(ctx, top.Client, dst, h.o.pingCount)
+				rtt, err = load.Ping(ctx, ep.From, ep.Dst, h.o.pingCount)
 			}
 			us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 			r.RTTMinUs, r.RTTAvgUs, r.RTTMaxUs = us(rtt.Min), us(rtt.Avg), us(rtt.Max)

@@ -197,3 +197,24 @@ func TestGuestOptions(t *testing.T) {
 		t.Errorf("shellQuote: %s", got)
 	}
 }
+
+// TestHostToHostOptions: the host-to-host systems are known by name, come
+// after the gateway systems in report order, have no no-AES-NI twins and
+// go into the guest as given.
+func TestHostToHostOptions(t *testing.T) {
+	var stderr bytes.Buffer
+	o, err := parseOptions([]string{"-systems", "xfrm-transport,espd-transport-udp,espd-transport,hosts-plain,espd,routing", "-noaesni"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"routing", "espd", "espd-noaesni", "hosts-plain", "espd-transport", "espd-transport-udp", "xfrm-transport"}; !slices.Equal(o.systems, want) {
+		t.Errorf("systems %v, want %v", o.systems, want)
+	}
+	g, err := parseOptions([]string{"-xfrm-guest", "-systems", "hosts-plain,xfrm-transport,espd-transport"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if args := strings.Join(guestArgs(g), " "); !strings.Contains(args, "-systems hosts-plain,espd-transport,xfrm-transport") {
+		t.Errorf("guest arguments %q", args)
+	}
+}

@@ -170,6 +170,9 @@ func (h *harness) measureScale(ctx context.Context) {
 		t, ok := s.(system.Tunnels)
 		if !ok {
 			h.infos[i].Failed[""] = "the harness keys one tunnel only for this system"
+			if system.Group(s) == system.HostToHostGroup {
+				h.infos[i].Failed[""] = "host to host: one association between the two hosts, no tunnels between sites"
+			}
 			h.live[i] = false
 			fmt.Fprintf(h.stderr, "bench: %s: %s\n", s.Label(), h.infos[i].Failed[""])
 			continue

@@ -214,18 +214,10 @@ func keyEspd(ctx context.Context, c *control.Client, s crypto.Suite, local, remo
 	if err := errors.Join(c.FlushPolicies(ctx), c.FlushSAs(ctx)); err != nil {
 		return err
 	}
-	state := func(dir sa.Direction, spi uint32, src, dst addrs) sa.Config {
-		cfg := sa.Config{SPI: spi, Dir: dir, Src: src.gwA, Dst: dst.gwA, Suite: s, ReqID: ReqID}
-		cfg.EncKey, cfg.IntegKey = SuiteKeys(s, spi)
-		if dir == sa.DirIn {
-			cfg.ReplayWindow = EspdReplayWindow
-		}
-		if encap {
-			cfg.EncapSrcPort, cfg.EncapDstPort = 4500, 4500
-		}
-		return cfg
-	}
-	for _, cfg := range []sa.Config{state(sa.DirOut, outSPI, local, remote), state(sa.DirIn, inSPI, remote, local)} {
+	for _, cfg := range []sa.Config{
+		espdState(s, sa.DirOut, outSPI, local.gwA, remote.gwA, encap),
+		espdState(s, sa.DirIn, inSPI, remote.gwA, local.gwA, encap),
+	} {
 		if err := c.AddSA(ctx, cfg); err != nil {
 			return fmt.Errorf("add state 0x%08x: %w", cfg.SPI, err)
 		}
@@ -239,6 +231,22 @@ func keyEspd(ctx context.Context, c *control.Client, s crypto.Suite, local, remo
 		}
 	}
 	return nil
+}
+
+// espdState is the state with the given SPI from src to dst that the
+// harness keys espd with: the suite's deterministic keys (SuiteKeys),
+// reqid ReqID, an inbound state's replay window EspdReplayWindow, and, with
+// encap, ESP-in-UDP on port 4500 both ways. It is a tunnel-mode state.
+func espdState(s crypto.Suite, dir sa.Direction, spi uint32, src, dst netip.Addr, encap bool) sa.Config {
+	cfg := sa.Config{SPI: spi, Dir: dir, Src: src, Dst: dst, Suite: s, ReqID: ReqID}
+	cfg.EncKey, cfg.IntegKey = SuiteKeys(s, spi)
+	if dir == sa.DirIn {
+		cfg.ReplayWindow = EspdReplayWindow
+	}
+	if encap {
+		cfg.EncapSrcPort, cfg.EncapDstPort = 4500, 4500
+	}
+	return cfg
 }
 
 // sides returns the addresses as gwA and as gwB see them: in each, gwA is

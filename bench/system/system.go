@@ -2,7 +2,10 @@
 // on its own testbed line (client - gwA - gwB - server): plain routing,
 // espd keyed through its control socket, the kernel's XFRM, strongSwan's
 // userspace ESP (charon with kernel-libipsec), wireguard-go, and espd keyed
-// by charon through the espd plugin.
+// by charon through the espd plugin. The host-to-host systems (HostToHost:
+// the two gateways' own traffic in the clear, through espd in transport
+// mode, through the kernel's XFRM in transport mode) are measured between
+// gwA and gwB instead.
 //
 // A System is set up once per harness run. Systems whose data path depends
 // on the ESP suite (PerSuite) are keyed for one suite at a time with Key
@@ -126,7 +129,8 @@ func IsUnavailable(err error) bool {
 	return errors.As(err, &ue)
 }
 
-// All returns every system the harness knows, in report order.
+// All returns every system the harness knows, in report order: the
+// gateway systems, then the host-to-host ones (HostToHost).
 func All() []System {
 	return []System{
 		&Routing{},
@@ -146,6 +150,10 @@ func All() []System {
 		NewCharon(CharonEspd),
 		NewWireGuard("wireguard-go", "wireguard-go", ""),
 		NewWireGuard("wireguard-go-noaesni", "wireguard-go, no AES-NI/AVX2", NoAESNI),
+		&HostsPlain{},
+		NewEspdTransport("espd-transport", hostLabel("espd"), false),
+		NewEspdTransport("espd-transport-udp", hostLabel("espd, ESP-in-UDP"), true),
+		&XFRMTransport{},
 	}
 }
 

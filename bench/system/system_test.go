@@ -62,9 +62,10 @@ func TestSkipError(t *testing.T) {
 }
 
 // TestSystems sets up every system that can run here, keys it for
-// aes128gcm16, pings the server from the client through it and checks the
-// tunnel's counters where it has them; systems that cannot run are
-// skipped with their reason, XFRM must then say why.
+// aes128gcm16, pings the server from the client through it (a
+// host-to-host system's other host from the first: EndpointsOf) and
+// checks the tunnel's counters where it has them; systems that cannot run
+// are skipped with their reason, XFRM must then say why.
 func TestSystems(t *testing.T) {
 	if err := testbed.Available(); err != nil {
 		t.Skip(err)
@@ -113,7 +114,8 @@ func TestSystems(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := load.Ping(ctx, s.Topology().Client, testbed.ServerV4.Addr(), 3); err != nil {
+			ep := EndpointsOf(s, testbed.IPv4)
+			if _, err := load.Ping(ctx, ep.From, ep.Dst, 3); err != nil {
 				t.Fatal(err)
 			}
 			a, b := s.Gateways()
