@@ -150,7 +150,7 @@ func (h *harness) setup(ctx context.Context, cl *cleanups) {
 	for _, name := range h.o.systems {
 		s := byName[name]
 		info := &report.System{Name: s.Name(), Label: s.Label(), PerSuite: s.PerSuite(), Cipher: s.Cipher(),
-			Unavailable: map[string]string{}, Failed: map[string]string{}}
+			Group: system.Group(s), Unavailable: map[string]string{}, Failed: map[string]string{}}
 		h.systems = append(h.systems, s)
 		h.infos = append(h.infos, info)
 		h.live = append(h.live, false)

@@ -199,8 +199,8 @@ func TestGuestOptions(t *testing.T) {
 }
 
 // TestHostToHostOptions: the host-to-host systems are known by name, come
-// after the gateway systems in report order, have no no-AES-NI twins and
-// go into the guest as given.
+// after the gateway systems in report order, have no no-AES-NI twins, go
+// into the guest as given, and the default ratios compare them.
 func TestHostToHostOptions(t *testing.T) {
 	var stderr bytes.Buffer
 	o, err := parseOptions([]string{"-systems", "xfrm-transport,espd-transport-udp,espd-transport,hosts-plain,espd,routing", "-noaesni"}, &stderr)
@@ -216,5 +216,13 @@ func TestHostToHostOptions(t *testing.T) {
 	}
 	if args := strings.Join(guestArgs(g), " "); !strings.Contains(args, "-systems hosts-plain,espd-transport,xfrm-transport") {
 		t.Errorf("guest arguments %q", args)
+	}
+	for _, want := range []report.Ratio{
+		{Subject: "espd-transport", Peer: "hosts-plain"}, {Subject: "espd-transport", Peer: "espd"},
+		{Subject: "espd-transport-udp", Peer: "espd-transport"}, {Subject: "espd-transport", Peer: "xfrm-transport"},
+	} {
+		if !slices.Contains(report.DefaultRatios, want) {
+			t.Errorf("default ratios lack %s vs %s", want.Subject, want.Peer)
+		}
 	}
 }

@@ -3,6 +3,8 @@ package report
 import (
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -12,13 +14,35 @@ import (
 	"gonum.org/v1/plot/vg/vgsvg"
 )
 
+// Ceilings are the systems that carry their group's traffic in the
+// clear, with what a chart's panel titles call them: their goodput goes
+// in each panel's title rather than in a bar.
+var Ceilings = []struct{ Name, Title string }{
+	{"routing", "routing only, the ceiling"},
+	{"hosts-plain", "host to host in the clear"},
+}
+
+// IsCeiling reports whether the system called name is one of Ceilings.
+func IsCeiling(name string) bool {
+	return slices.ContainsFunc(Ceilings, func(c struct{ Name, Title string }) bool { return c.Name == name })
+}
+
 // chartSystems returns the systems drawn as bars: every tunnel with at
-// least one TCP result (routing, the ceiling, goes in each panel's title
-// instead).
+// least one TCP result, the gateways' first, then the other groups' (the
+// ceilings, routing and hosts-plain, go in each panel's title instead).
 func (r *Report) chartSystems() []System {
 	var out []System
+	for _, g := range r.groups() {
+		out = append(out, r.chartGroup(g)...)
+	}
+	return out
+}
+
+// chartGroup returns chartSystems' systems of group g.
+func (r *Report) chartGroup(g string) []System {
+	var out []System
 	for _, s := range r.Systems {
-		if s.Name == "routing" {
+		if s.Group != g || IsCeiling(s.Name) {
 			continue
 		}
 		for _, run := range r.Runs {
@@ -54,8 +78,14 @@ func (r *Report) Chart(w io.Writer) error {
 	for i, mss := range r.MSS {
 		p := plot.New()
 		title := fmt.Sprintf("TCP goodput, MSS %s", MSSName(mss))
-		if rt := r.Stat(Key{System: "routing", Kind: KindTCP, MSS: mss}); rt.N > 0 {
-			title += fmt.Sprintf(" (routing only, the ceiling: %.1f Gbit/s)", rt.Median/1e9)
+		var ceil []string
+		for _, c := range Ceilings {
+			if rt := r.Stat(Key{System: c.Name, Kind: KindTCP, MSS: mss}); rt.N > 0 {
+				ceil = append(ceil, fmt.Sprintf("%s: %.1f Gbit/s", c.Title, rt.Median/1e9))
+			}
+		}
+		if len(ceil) > 0 {
+			title += " (" + strings.Join(ceil, "; ") + ")"
 		}
 		if r.Emulated != "" {
 			title = r.Emulated + "\n" + title

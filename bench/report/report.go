@@ -45,6 +45,12 @@ type System struct {
 	Failed      map[string]string `json:"failed,omitempty"`
 	// Version is the binary the system ran, where it matters.
 	Version string `json:"version,omitempty"`
+	// Group is the rows the system belongs to in the tables, and what its
+	// label starts with: "" for the gateways (client -> server), or
+	// another group measured elsewhere ("host to host, transport mode":
+	// gwA -> gwB, the hosts' own traffic), whose rows follow the
+	// gateways'.
+	Group string `json:"group,omitempty"`
 }
 
 // CPU is the CPU time spent over one run's measured window, in seconds.

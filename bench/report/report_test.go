@@ -306,3 +306,78 @@ func TestRatiosXDP(t *testing.T) {
 		}
 	}
 }
+
+// TestHostToHostGroup: the host-to-host systems' rows follow every
+// gateway row, their ceiling first and then suite by suite; the tables
+// say where they were measured; the chart draws their ceiling in the
+// panels' titles and their tunnels as bars after the gateways'; the
+// default ratios compare them with the hosts in the clear and with espd
+// between the LANs.
+func TestHostToHostGroup(t *testing.T) {
+	r := sample()
+	const g = "host to host, transport mode"
+	r.Systems = append(r.Systems,
+		System{Name: "hosts-plain", Label: g + ": no IPsec (ceiling)", Cipher: "none", Group: g},
+		System{Name: "espd-transport", Label: g + ": espd", PerSuite: true, Group: g},
+		System{Name: "xfrm-transport", Label: g + ": kernel XFRM", PerSuite: true, Group: g, Unavailable: map[string]string{
+			"aes128gcm16": "kernel has no ESP", "chacha20poly1305": "kernel has no ESP"}},
+	)
+	for i, m := range []float64{20000, 22000, 21000} {
+		r.Runs = append(r.Runs, Run{System: "hosts-plain", Kind: KindTCP, Rep: i + 1, BitsPerSecond: m * 1e6, Bytes: 1e9, Seconds: 5})
+	}
+	for _, s := range r.Suites {
+		for i, m := range []float64{1200, 1250, 1300} {
+			r.Runs = append(r.Runs, Run{System: "espd-transport", Suite: s, Kind: KindTCP, Rep: i + 1, BitsPerSecond: m * 1e6, Bytes: 1e9, Seconds: 5,
+				CPU: &CPU{GwA: 1, GwB: 1}})
+		}
+	}
+	tp := r.Throughput()
+	var labels []string
+	for _, row := range tp.Rows {
+		labels = append(labels, row[0]+" | "+row[1])
+	}
+	firstHost := slices.IndexFunc(labels, func(l string) bool { return strings.HasPrefix(l, g) })
+	if firstHost < 0 || labels[firstHost] != g+": no IPsec (ceiling) | none" {
+		t.Fatalf("rows %q: the host-to-host group does not start with its ceiling", labels)
+	}
+	for i, l := range labels {
+		if strings.HasPrefix(l, g) != (i >= firstHost) {
+			t.Errorf("row %d %q: the groups are mixed: %q", i, l, labels)
+		}
+	}
+	if want := []string{g + ": espd | aes128gcm16", g + ": kernel XFRM | aes128gcm16", g + ": espd | chacha20poly1305"}; !slices.Equal(labels[firstHost+1:firstHost+4], want) {
+		t.Errorf("host-to-host rows %q, want %q first", labels[firstHost+1:], want)
+	}
+	if len(tp.Notes) != 1 || !strings.Contains(tp.Notes[0], "gwA -> gwB") || !strings.Contains(tp.Notes[0], g) {
+		t.Errorf("throughput notes %q", tp.Notes)
+	}
+	var b bytes.Buffer
+	for _, tb := range r.Tables() {
+		tb.Text(&b)
+	}
+	for _, want := range []string{
+		g + `: espd vs no IPsec \(ceiling\) +aes128gcm16 +0\.06x`, // 1250 / 21000
+		g + `: espd vs espd +aes128gcm16 +0\.50x`,                 // 1250 / 2500
+		g + `: kernel XFRM +aes128gcm16 +unavailable: kernel has no ESP`,
+	} {
+		if !regexp.MustCompile(want).MatchString(b.String()) {
+			t.Errorf("tables lack %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	if err := r.Chart(&b); err != nil {
+		t.Fatal(err)
+	}
+	if svg := b.String(); !strings.Contains(svg, "host to host in the clear: 21.0 Gbit/s") || !strings.Contains(svg, g+": espd") ||
+		strings.Contains(svg, g+": no IPsec") {
+		t.Errorf("chart: no host-to-host ceiling in the titles, or a bar for it")
+	}
+	sys := r.chartSystems()
+	if len(sys) == 0 || sys[len(sys)-1].Name != "espd-transport" {
+		t.Errorf("chart bars %v: want espd-transport's last", sys)
+	}
+	// A report of gateway systems only has no such note.
+	if n := sample().Throughput().Notes; len(n) != 0 {
+		t.Errorf("gateway-only notes %q", n)
+	}
+}

@@ -2,6 +2,7 @@ package report
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -31,9 +32,41 @@ func (r row) suiteCell() string {
 	return "-"
 }
 
-// rows lists the table rows: the systems with their own cipher first
-// (the routing ceiling leading), then each suite with its systems.
+// groups lists the systems' groups (System.Group) in report order: the
+// gateways' ("") first, then the others as they first appear.
+func (r *Report) groups() []string {
+	gs := []string{""}
+	for _, s := range r.Systems {
+		if !slices.Contains(gs, s.Group) {
+			gs = append(gs, s.Group)
+		}
+	}
+	return gs
+}
+
+// rows lists the table rows group by group (groups), the gateways' first:
+// in each, the systems with their own cipher first (the group's ceiling
+// leading), then each suite with its systems.
 func (r *Report) rows() []row {
+	var out []row
+	for _, g := range r.groups() {
+		out = append(out, r.groupRows(g)...)
+	}
+	return out
+}
+
+// hostGroupNote explains the rows of the groups other than the gateways'
+// in a table's notes; nil if the report has none.
+func (r *Report) hostGroupNote() []string {
+	var notes []string
+	for _, g := range r.groups()[1:] {
+		notes = append(notes, fmt.Sprintf("Rows labelled %q measure the two hosts' own traffic, gwA -> gwB's transit address, not client -> server through the gateways.", g))
+	}
+	return notes
+}
+
+// groupRows lists group g's rows, as rows does.
+func (r *Report) groupRows(g string) []row {
 	var out []row
 	note := func(s System, suite string) string {
 		switch {
@@ -48,18 +81,24 @@ func (r *Report) rows() []row {
 		}
 		return ""
 	}
+	var systems []System
 	for _, s := range r.Systems {
+		if s.Group == g {
+			systems = append(systems, s)
+		}
+	}
+	for _, s := range systems {
 		if !s.PerSuite {
 			out = append(out, row{Sys: s, Note: note(s, "")})
 		}
 	}
-	for _, s := range r.Systems {
+	for _, s := range systems {
 		if s.PerSuite && (s.Skipped != "" || s.Failed[""] != "") {
 			out = append(out, row{Sys: s, Note: note(s, "")})
 		}
 	}
 	for _, suite := range r.Suites {
-		for _, s := range r.Systems {
+		for _, s := range systems {
 			if s.PerSuite && s.Skipped == "" && s.Failed[""] == "" {
 				out = append(out, row{Sys: s, Suite: suite, Note: note(s, suite)})
 			}
@@ -98,6 +137,7 @@ func (r *Report) Throughput() Table {
 	t := Table{
 		Title: fmt.Sprintf("TCP goodput in Mbit/s, client -> server, one stream: median of %d run(s) (min-max)", r.Reps),
 		Head:  []string{"system", "suite"},
+		Notes: r.hostGroupNote(),
 	}
 	for _, m := range r.MSS {
 		t.Head = append(t.Head, "MSS "+MSSName(m))
@@ -126,6 +166,9 @@ func (r *Report) Cost() Table {
 			"CPU: utime+stime of the gateways' data-plane processes over the measured window, per 1e9 bytes of goodput.",
 			"Routing and kernel XFRM have no process; their cell shows the machine's softirq time per GB instead (end hosts' receive path included).",
 		},
+	}
+	if hn := r.hostGroupNote(); len(hn) > 0 {
+		t.Notes = append(t.Notes, "Host to host, gwA and gwB are the hosts: the CPU is their data-plane processes' (espd), the TCP endpoints' own work is the generator's, as for the client and the server.")
 	}
 	for _, m := range r.MSS {
 		t.Head = append(t.Head, "MSS "+MSSName(m))
@@ -234,9 +277,11 @@ type Ratio struct {
 
 // DefaultRatios are the comparisons the report prints when both systems
 // ran: espd against each peer, espd's modes without AES-NI against the
-// peers without it, ESP-in-UDP against raw ESP, and raw ESP received
+// peers without it, ESP-in-UDP against raw ESP, raw ESP received
 // through AF_XDP (espd-xdp) against both of the others, with and without
-// AES-NI.
+// AES-NI, and host to host: espd in transport mode against the hosts in
+// the clear and the kernel's transport mode, ESP-in-UDP against raw ESP,
+// and each against espd's tunnel between the LANs.
 var DefaultRatios = []Ratio{
 	{"espd", "wireguard-go"},
 	{"espd", "libipsec"},
@@ -253,6 +298,13 @@ var DefaultRatios = []Ratio{
 	{"espd-xdp", "espd"},
 	{"espd-xdp-noaesni", "espd-noaesni"},
 	{"espd-xdp-noaesni", "wireguard-go-noaesni"},
+	{"espd-transport", "hosts-plain"},
+	{"espd-transport-udp", "hosts-plain"},
+	{"xfrm-transport", "hosts-plain"},
+	{"espd-transport", "xfrm-transport"},
+	{"espd-transport-udp", "espd-transport"},
+	{"espd-transport", "espd"},
+	{"espd-transport-udp", "espd-udp"},
 }
 
 // Ratios is the table of throughput ratios of medians from this run, one
@@ -279,7 +331,12 @@ func (r *Report) Ratios(pairs []Ratio) Table {
 			if !ok1 || !ok2 || subj.Unavailable[suite] != "" || peer.Unavailable[suite] != "" {
 				continue
 			}
-			cells := []string{fmt.Sprintf("%s vs %s", subj.Label, peer.Label), suite}
+			peerLabel := peer.Label
+			if peer.Group != "" && peer.Group == subj.Group {
+				// Said once: "host to host, transport mode: espd vs no IPsec (ceiling)".
+				peerLabel = strings.TrimPrefix(peerLabel, peer.Group+": ")
+			}
+			cells := []string{fmt.Sprintf("%s vs %s", subj.Label, peerLabel), suite}
 			any := false
 			ratio := func(kind string, mss int) string {
 				a := r.Stat(Key{System: subj.Name, Suite: suite, Kind: kind, MSS: mss})
