@@ -35,6 +35,19 @@ func (e *env) tunReader(t *testing.T) int {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(fd) })
+	// The carrier comes up at once, but the kernel activates the queue
+	// (until then "qdisc noop" drops every packet) from its link-watch
+	// work, later: wait for it.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		out := e.ns.MustIP(t, "-o", "link", "show", "tun0")
+		if strings.Contains(out, "state UP") && !strings.Contains(out, "qdisc noop") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tun0 not up with a queue:\n%s", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	return fd
 }
 
