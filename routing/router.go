@@ -181,6 +181,12 @@ func (r *Router) AddRoute(src, dst netip.Prefix, k Kind) error {
 		e.tunnel++
 		if transport {
 			e.transport++
+			if src.IsSingleIP() {
+				if e.trSrcs == nil {
+					e.trSrcs = map[netip.Addr]int{}
+				}
+				e.trSrcs[src.Addr()]++
+			}
 		}
 		e.adoptedHold = false
 	} else {
@@ -191,6 +197,9 @@ func (r *Router) AddRoute(src, dst netip.Prefix, k Kind) error {
 		// Back to the references before, and the kernel as close to them
 		// as it goes.
 		e.tunnel, e.transport, e.throw, e.adoptedHold, e.adoptedThrow = saved.tunnel, saved.transport, saved.throw, saved.adoptedHold, saved.adoptedThrow
+		if transport && src.IsSingleIP() {
+			e.dropTrSrc(src.Addr())
+		}
 		r.sync(p, e)
 		if e.empty() {
 			delete(r.routes, p)
@@ -274,6 +283,9 @@ func (r *Router) RemoveRoute(src, dst netip.Prefix, k Kind) error {
 		e.tunnel--
 		if transport {
 			e.transport--
+			if src.IsSingleIP() {
+				e.dropTrSrc(src.Addr())
+			}
 		}
 		if r.tunnels[key]--; r.tunnels[key] == 0 {
 			delete(r.tunnels, key)

@@ -23,10 +23,16 @@ type entry struct {
 	// counts as one reference of its kind that only Cleanup removes.
 	adoptedHold, adoptedThrow bool
 
-	installed   Kind // the TUN or throw route in the kernel; 0: none
-	installedTr bool // the TUN route in the kernel is a Transport one
-	throwMetric int  // metric of the installed throw route
-	held        bool // the blackhole route is in the kernel
+	// trSrcs counts the Transport references by their source when it is
+	// one address: the host's own address, which its Transport route
+	// names as the preferred source.
+	trSrcs map[netip.Addr]int
+
+	installed    Kind       // the TUN or throw route in the kernel; 0: none
+	installedTr  bool       // the TUN route in the kernel is a Transport one
+	installedSrc netip.Addr // its preferred source; invalid: none
+	throwMetric  int        // metric of the installed throw route
+	held         bool       // the blackhole route is in the kernel
 }
 
 // wantHold reports whether the prefix must be held.
@@ -47,6 +53,25 @@ func (e *entry) want() Kind {
 	return 0
 }
 
+// prefSrc is the preferred source a Transport route of e names: the
+// lowest of its Transport references' single-address sources.
+func (e *entry) prefSrc() netip.Addr {
+	var best netip.Addr
+	for a := range e.trSrcs {
+		if !best.IsValid() || a.Less(best) {
+			best = a
+		}
+	}
+	return best
+}
+
+// dropTrSrc drops one Transport reference of the source a.
+func (e *entry) dropTrSrc(a netip.Addr) {
+	if e.trSrcs[a]--; e.trSrcs[a] <= 0 {
+		delete(e.trSrcs, a)
+	}
+}
+
 func (e *entry) empty() bool {
 	return e.tunnel == 0 && e.throw == 0 && !e.adoptedHold && !e.adoptedThrow && e.installed == 0 && !e.held
 }
@@ -65,8 +90,11 @@ func dst(p netip.Prefix) *net.IPNet {
 // mainRoute is the TUN or throw route of p. metric 0 is the kernel's
 // default; deleting an IPv6 route needs it explicit, or the blackhole of
 // the same prefix could be taken instead. A Transport route is the TUN
-// route with a locked MTU and an advertised MSS.
-func (r *Router) mainRoute(p netip.Prefix, k Kind, metric int) *netlink.Route {
+// route with a locked MTU, an advertised MSS and, if valid, the preferred
+// source src: the TUN has no address of its own, and without it the host
+// would pick any of its addresses for its packets to the peer, not the
+// one the transport policy names.
+func (r *Router) mainRoute(p netip.Prefix, k Kind, metric int, src netip.Addr) *netlink.Route {
 	rt := &netlink.Route{Dst: dst(p), Table: r.cfg.Table, Protocol: Protocol, Family: familyOf(p), Priority: metric}
 	switch k {
 	case Tunnel, Transport:
@@ -74,6 +102,9 @@ func (r *Router) mainRoute(p netip.Prefix, k Kind, metric int) *netlink.Route {
 		rt.Scope = netlink.SCOPE_LINK
 		if k == Transport {
 			rt.MTU, rt.MTULock = r.cfg.TransportMTU, true
+			if src.IsValid() {
+				rt.Src = src.AsSlice()
+			}
 			rt.AdvMSS = r.cfg.MTU - 20 - 20
 			if p.Addr().Is6() {
 				rt.AdvMSS -= 20
@@ -111,13 +142,18 @@ func (r *Router) sync(p netip.Prefix, e *entry) error {
 		e.held = true
 	}
 	wantTr := want == Tunnel && e.transport > 0
-	if want == Tunnel && e.installed == Tunnel && wantTr != e.installedTr {
-		// The same route with or without the transport attributes:
-		// replaced in place, never absent.
-		if err := r.h.RouteReplace(r.mainRoute(p, routeKind(want, wantTr), 0)); err != nil {
+	var wantSrc netip.Addr
+	if wantTr {
+		wantSrc = e.prefSrc()
+	}
+	if want == Tunnel && e.installed == Tunnel && (wantTr != e.installedTr || wantSrc != e.installedSrc) {
+		// The same route with or without the transport attributes, or
+		// with another source: replaced in place, never absent.
+		src, err := r.replaceMain(p, routeKind(want, wantTr), wantSrc)
+		if err != nil {
 			return fmt.Errorf("routing: change %s route %s table %d: %w", routeKind(want, wantTr), p, r.cfg.Table, err)
 		}
-		e.installedTr = wantTr
+		e.installedTr, e.installedSrc = wantTr, src
 	}
 	if want != e.installed {
 		if e.installed != 0 {
@@ -126,10 +162,11 @@ func (r *Router) sync(p netip.Prefix, e *entry) error {
 			}
 		}
 		if want != 0 {
-			if err := r.h.RouteReplace(r.mainRoute(p, routeKind(want, wantTr), 0)); err != nil {
+			src, err := r.replaceMain(p, routeKind(want, wantTr), wantSrc)
+			if err != nil {
 				return fmt.Errorf("routing: add %s route %s table %d: %w", routeKind(want, wantTr), p, r.cfg.Table, err)
 			}
-			e.installed, e.installedTr, e.throwMetric = want, wantTr, 0
+			e.installed, e.installedTr, e.installedSrc, e.throwMetric = want, wantTr, src, 0
 		}
 	}
 	if !wantHold && e.held {
@@ -141,16 +178,30 @@ func (r *Router) sync(p netip.Prefix, e *entry) error {
 	return nil
 }
 
+// replaceMain installs p's route of kind k with the preferred source src
+// and returns the source installed. An address the host does not hold
+// (yet) is refused by the kernel as a preferred source: the route then
+// goes in without one, and the host's packets whose source is not the
+// policy's find no state in espd (dropped, never sent in clear).
+func (r *Router) replaceMain(p netip.Prefix, k Kind, src netip.Addr) (netip.Addr, error) {
+	err := r.h.RouteReplace(r.mainRoute(p, k, 0, src))
+	if err != nil && src.IsValid() && errors.Is(err, unix.EINVAL) {
+		src = netip.Addr{}
+		err = r.h.RouteReplace(r.mainRoute(p, k, 0, src))
+	}
+	return src, err
+}
+
 // delMain removes p's TUN or throw route.
 func (r *Router) delMain(p netip.Prefix, e *entry) error {
 	metric := 0
 	if e.installed == Throw {
 		metric = e.throwMetric
 	}
-	if err := r.h.RouteDel(r.mainRoute(p, routeKind(e.installed, e.installedTr), delMetric(p, metric))); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := r.h.RouteDel(r.mainRoute(p, routeKind(e.installed, e.installedTr), delMetric(p, metric), e.installedSrc)); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("routing: remove %s route %s: %w", e.installed, p, err)
 	}
-	e.installed, e.installedTr, e.throwMetric = 0, false, 0
+	e.installed, e.installedTr, e.installedSrc, e.throwMetric = 0, false, netip.Addr{}, 0
 	return nil
 }
 

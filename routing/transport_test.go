@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -112,15 +113,28 @@ func TestTransportRoute(t *testing.T) {
 		}
 		return out
 	}
+	// An address on lo, which the host would pick as the source of its
+	// packets into the TUN (which has none) if the route did not name one.
+	e.ns.MustIP(t, "addr", "add", "198.18.5.5/32", "dev", "lo")
 	const host4, host6 = "198.18.0.9/32", "2001:db8::9/128"
 	mustAddFrom(t, r, "198.18.0.1/32", host4, routing.Transport)
 	mustAddFrom(t, r, "2001:db8::1/128", host6, routing.Transport)
-	for _, c := range []struct{ p, mss string }{{host4, "advmss 1360"}, {host6, "advmss 1340"}} {
+	for _, c := range []struct{ p, mss, src string }{{host4, "advmss 1360", "src 198.18.0.1 "}, {host6, "advmss 1340", "src 2001:db8::1 "}} {
 		out := show(c.p)
-		if !strings.Contains(out, "dev tun0") || !strings.Contains(out, "mtu lock 16000") || !strings.Contains(out, c.mss) {
-			t.Errorf("%s: route\n%s\nwant dev tun0, mtu lock 16000, %s", c.p, out, c.mss)
+		if !strings.Contains(out, "dev tun0") || !strings.Contains(out, "mtu lock 16000") || !strings.Contains(out, c.mss) || !strings.Contains(out, c.src) {
+			t.Errorf("%s: route\n%s\nwant dev tun0, mtu lock 16000, %s, %s", c.p, out, c.mss, c.src)
+		}
+		got := e.ns.MustIP(t, "route", "get", strings.Split(c.p, "/")[0])
+		if !strings.Contains(got, c.src) {
+			t.Errorf("route get %s:\n%s\nwant %s", c.p, got, c.src)
 		}
 	}
+	// A source the host does not hold: the route goes in without one.
+	mustAddFrom(t, r, "198.18.9.9/32", "198.18.0.10/32", routing.Transport)
+	if out := show("198.18.0.10/32"); !strings.Contains(out, "mtu lock 16000") || strings.Contains(out, " src ") {
+		t.Errorf("route with a foreign source\n%s", out)
+	}
+	mustRemoveFrom(t, r, "198.18.9.9/32", "198.18.0.10/32", routing.Transport)
 
 	// The host's own big datagram goes to the TUN whole.
 	fd := e.tunReader(t)
@@ -137,7 +151,7 @@ func TestTransportRoute(t *testing.T) {
 	if err := r.RemoveRoute(netip.MustParsePrefix("198.18.0.1/32"), netip.MustParsePrefix(host4), routing.Transport); err != nil {
 		t.Fatal(err)
 	}
-	if out := show(host4); !strings.Contains(out, "dev tun0") || strings.Contains(out, "mtu") || strings.Contains(out, "advmss") {
+	if out := show(host4); !strings.Contains(out, "dev tun0") || strings.Contains(out, "mtu") || strings.Contains(out, "advmss") || strings.Contains(out, " src ") {
 		t.Errorf("tunnel route left\n%s", out)
 	}
 	if got := e.sendUDP(t, fd, "198.18.0.9", 9216); len(got) != 7 {
@@ -149,7 +163,7 @@ func TestTransportRoute(t *testing.T) {
 
 	// Back to transport, then the last reference goes: route and hold.
 	mustAddFrom(t, r, "198.18.0.1/32", host4, routing.Transport)
-	if out := show(host4); !strings.Contains(out, "mtu lock 16000") {
+	if out := show(host4); !strings.Contains(out, "mtu lock 16000") || !strings.Contains(out, "src 198.18.0.1 ") {
 		t.Errorf("transport attributes not back\n%s", out)
 	}
 	mustRemoveFrom(t, r, "198.18.0.1/32", host4, routing.Tunnel)
@@ -178,5 +192,35 @@ func TestTransportConfig(t *testing.T) {
 		if err == nil {
 			t.Errorf("New(%+v) took it", cfg)
 		}
+	}
+}
+
+// TestStrictRPFilter: the filter of the interface to a peer is strict
+// when the larger of "all" and the interface's own rp_filter is 1.
+func TestStrictRPFilter(t *testing.T) {
+	e := newEnv(t)
+	r := e.router(t, routing.Config{})
+	for _, c := range []struct {
+		all, dev string
+		strict   bool
+	}{{"0", "0", false}, {"1", "0", true}, {"0", "1", true}, {"1", "2", false}, {"2", "1", false}} {
+		var dev string
+		var strict bool
+		err := e.ns.Do(func() error {
+			for k, v := range map[string]string{"all": c.all, "out0": c.dev} {
+				if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+k+"/rp_filter", []byte(v), 0o644); err != nil {
+					return err
+				}
+			}
+			var err error
+			dev, strict, err = r.StrictRPFilter(netip.MustParseAddr("198.18.0.2"))
+			return err
+		})
+		if err != nil || dev != "out0" || strict != c.strict {
+			t.Errorf("all=%s out0=%s: %q, %v, %v; want out0, %v", c.all, c.dev, dev, strict, err, c.strict)
+		}
+	}
+	if _, strict, err := r.StrictRPFilter(netip.MustParseAddr("2001:db8::2")); strict || err != nil {
+		t.Errorf("IPv6: %v, %v", strict, err)
 	}
 }
