@@ -134,6 +134,7 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d := &Daemon{opts: opts, log: log, db: db, dp: dp, closeSeq: closeSeq, ifaces: map[uint32]*ifaceDev{}}
 	d.policyRoutes.noIPv6 = opts.IO.NoIPv6
+	d.policyRoutes.log = log.With("component", "routing")
 	d.routes = &d.policyRoutes
 	d.file = fileState{sas: map[saKey]fileSA{}, policies: map[policyKey]sa.Policy{}}
 	return d, nil

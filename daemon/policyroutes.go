@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"log/slog"
 	"net/netip"
 	"sync"
 
@@ -27,6 +28,13 @@ type policyRoutes struct {
 	mu     sync.Mutex
 	r      routeTable // nil until the router exists, and after it closed
 	noIPv6 bool
+	log    *slog.Logger // nil: no warnings
+}
+
+// rpChecker is what policyRoutes asks a router that can tell (a
+// *routing.Router) about a transport peer's reverse-path filter.
+type rpChecker interface {
+	StrictRPFilter(peer netip.Addr) (string, bool, error)
 }
 
 // setRouter sets (or, with nil, clears) the router the routes go to.
@@ -109,7 +117,30 @@ func (pr *policyRoutes) InstallPolicyRoute(p sa.Policy) error {
 			return err
 		}
 	}
+	if kind == routing.Transport {
+		pr.warnStrictRP(routes)
+	}
 	return nil
+}
+
+// warnStrictRP warns when a transport policy's peer is reached through an
+// interface with strict reverse-path filtering, which drops the peer's
+// packets once its address routes into the TUN (docs/transport.md).
+func (pr *policyRoutes) warnStrictRP(routes []policyRoute) {
+	rc, ok := pr.r.(rpChecker)
+	if !ok || pr.log == nil {
+		return
+	}
+	for _, rt := range routes {
+		if !rt.dst.IsSingleIP() {
+			continue
+		}
+		dev, strict, err := rc.StrictRPFilter(rt.dst.Addr())
+		if err == nil && strict {
+			pr.log.Warn("strict reverse-path filtering on the interface to a transport-mode peer drops its packets; set its rp_filter to 2 (loose)",
+				"peer", rt.dst.Addr(), "dev", dev, "sysctl", "net.ipv4.conf."+dev+".rp_filter=2")
+		}
+	}
 }
 
 // RemovePolicyRoute drops the route references InstallPolicyRoute took

@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/espd/espd/routing"
@@ -98,5 +101,46 @@ func TestPolicyRoutesNoIPv6(t *testing.T) {
 	}
 	if len(r.refs) != 1 || r.refs["0.0.0.0/0 0.0.0.0/0 tunnel"] != 1 {
 		t.Errorf("references %v, want the IPv4 default route only", r.refs)
+	}
+}
+
+// rpRouteTable is a fakeRouteTable whose peers' interface filters strictly
+// (rpChecker).
+type rpRouteTable struct {
+	fakeRouteTable
+	strict map[netip.Addr]bool
+}
+
+func (r *rpRouteTable) StrictRPFilter(peer netip.Addr) (string, bool, error) {
+	return "wan0", r.strict[peer], nil
+}
+
+// TestPolicyRoutesStrictRP: a transport policy to a peer behind a strict
+// reverse-path filter is installed with a warning that names the sysctl;
+// one behind a loose filter, and tunnel policies, get none.
+func TestPolicyRoutesStrictRP(t *testing.T) {
+	var logs bytes.Buffer
+	r := &rpRouteTable{fakeRouteTable{refs: map[string]int{}}, map[netip.Addr]bool{
+		netip.MustParseAddr("198.18.0.2"): true}}
+	pr := policyRoutes{log: slog.New(slog.NewTextHandler(&logs, nil))}
+	pr.setRouter(r)
+	pol := func(dst string, mode sa.Mode) sa.Policy {
+		return sa.Policy{Selector: sa.Selector{Src: netip.MustParsePrefix("198.18.0.1/32"), Dst: netip.MustParsePrefix(dst)},
+			Dir: sa.DirOut, Action: sa.ActionProtect, Mode: mode}
+	}
+	for _, p := range []sa.Policy{pol("198.18.0.3/32", sa.ModeTransport), pol("198.18.0.2/32", sa.ModeTunnel)} {
+		if err := pr.InstallPolicyRoute(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if logs.Len() != 0 {
+		t.Errorf("warned for a loose filter or a tunnel:\n%s", logs.String())
+	}
+	if err := pr.InstallPolicyRoute(pol("198.18.0.2/32", sa.ModeTransport)); err != nil {
+		t.Fatal(err)
+	}
+	if s := logs.String(); !strings.Contains(s, "level=WARN") || !strings.Contains(s, "peer=198.18.0.2") ||
+		!strings.Contains(s, "net.ipv4.conf.wan0.rp_filter=2") {
+		t.Errorf("no warning for the strict filter:\n%s", s)
 	}
 }
