@@ -29,6 +29,7 @@ type saSpec struct {
 	// numbers start (0 and nil: not given).
 	oseq, replaySeq uint64
 	replayBitmap    []byte
+	transport       bool // mode transport (default: tunnel)
 }
 
 // args returns the command line of "espctl sa add" for s. espctl takes
@@ -67,6 +68,9 @@ func (s saSpec) args() []string {
 	}
 	if len(s.replayBitmap) != 0 {
 		a = append(a, "--replay-bitmap", "0x"+hex.EncodeToString(s.replayBitmap))
+	}
+	if s.transport {
+		a = append(a, "--mode", "transport")
 	}
 	return a
 }
@@ -111,6 +115,11 @@ type policySpec struct {
 	dir      string // "out", "in", "fwd"
 	action   string // "protect", "bypass", "drop"
 	reqid    int
+	// transport: the template's mode is transport (default: tunnel).
+	transport bool
+	// proto, sport and dport narrow the selector ("" or 0: any).
+	proto        string
+	sport, dport uint16
 }
 
 func (p policySpec) args() []string {
@@ -120,6 +129,18 @@ func (p policySpec) args() []string {
 	}
 	if p.reqid != 0 {
 		a = append(a, "--reqid", strconv.Itoa(p.reqid))
+	}
+	if p.transport {
+		a = append(a, "--mode", "transport")
+	}
+	if p.proto != "" {
+		a = append(a, "--proto", p.proto)
+	}
+	if p.sport != 0 {
+		a = append(a, "--sport", strconv.Itoa(int(p.sport)))
+	}
+	if p.dport != 0 {
+		a = append(a, "--dport", strconv.Itoa(int(p.dport)))
 	}
 	return a
 }

@@ -14,7 +14,12 @@ import (
 // routes it by its destination; for IPv4 it fills in a zero checksum and
 // identification and always sets the total length. It is meant for
 // replaying, tampering with and forging packets on a link such as transit.
-func (n *Node) InjectIP(pkt []byte) error {
+func (n *Node) InjectIP(pkt []byte) error { return n.InjectIPMarked(pkt, 0) }
+
+// InjectIPMarked is InjectIP with the socket's SO_MARK set to mark (if not
+// 0): with espd's mark the packet skips espd's routing table, as a forger
+// on the link would, rather than being routed into the namespace's espd.
+func (n *Node) InjectIPMarked(pkt []byte, mark uint32) error {
 	if len(pkt) < 1 {
 		return errors.New("testbed: empty packet")
 	}
@@ -41,6 +46,11 @@ func (n *Node) InjectIP(pkt []byte) error {
 			return fmt.Errorf("testbed: raw socket in %s: %w", n.Name, err)
 		}
 		defer unix.Close(fd)
+		if mark != 0 {
+			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, int(mark)); err != nil {
+				return fmt.Errorf("testbed: SO_MARK in %s: %w", n.Name, err)
+			}
+		}
 		if err := unix.Sendto(fd, pkt, 0, to); err != nil {
 			return fmt.Errorf("testbed: inject %d bytes from %s: %w", len(pkt), n.Name, err)
 		}
