@@ -302,6 +302,7 @@ func (g *gateway) tunnelRoutes() string {
 // childSA is one CHILD_SA as swanctl --list-sas --raw shows it.
 type childSA struct {
 	Name, State           string
+	Mode                  string // TUNNEL, TRANSPORT
 	ReqID                 int
 	SPIIn, SPIOut         string
 	Encap                 bool
@@ -329,6 +330,8 @@ func (g *gateway) childSAs() []childSA {
 				c.SPIIn = kv[2]
 			case "spi-out":
 				c.SPIOut = kv[2]
+			case "mode":
+				c.Mode = kv[2]
 			case "encap":
 				c.Encap = kv[2] == "yes"
 			case "bytes-in":
