@@ -76,10 +76,11 @@ func runGuestCommand(t *testing.T, marker string) string {
 }
 
 // TestGuestCommandsDocumented checks, without root or qemu, that
-// BENCHMARKS.md has the blocks TestXFRMGuest and TestXFRMGuestScale run
-// and that each is a harness command line the harness accepts.
+// BENCHMARKS.md has the blocks TestXFRMGuest, TestXFRMGuestScale and
+// TestXFRMGuestTransport run and that each is a harness command line the
+// harness accepts.
 func TestGuestCommandsDocumented(t *testing.T) {
-	for _, marker := range []string{"bench xfrm-guest", "bench xfrm-guest-scale"} {
+	for _, marker := range []string{"bench xfrm-guest", "bench xfrm-guest-scale", "bench xfrm-guest-transport"} {
 		var stderr bytes.Buffer
 		o, err := parseOptions(guestCommand(t, marker), &stderr)
 		if err != nil || !o.xfrmGuest {
@@ -250,5 +251,64 @@ func TestXFRMGuestScale(t *testing.T) {
 	}
 	if !bytes.Contains(md, []byte("**Emulated correctness run (qemu TCG, 1 vCPU: says nothing about speed). Many tunnels")) {
 		t.Errorf("tables.md's scale tables are not labelled:\n%s", md)
+	}
+}
+
+// TestXFRMGuestTransport runs BENCHMARKS.md's host-to-host command in the
+// guest (the block marked "bench xfrm-guest-transport"): the kernel's XFRM
+// in transport mode between gwA and gwB beside espd's transport mode and
+// the hosts in the clear. It fails unless every system has figures for
+// every suite (the hosts in the clear for their own cipher), the states of
+// both transport modes counted every run's packets, and the rows are the
+// host-to-host group's, labelled as an emulated correctness run.
+func TestXFRMGuestTransport(t *testing.T) {
+	out := runGuestCommand(t, "bench xfrm-guest-transport")
+	rep, err := report.ReadJSON(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Emulated != GuestLabel {
+		t.Errorf("the report is not labelled as emulated: %q", rep.Emulated)
+	}
+	ok := map[string]int{}
+	for _, r := range rep.Runs {
+		cell := fmt.Sprintf("%s %s %s", r.System, r.Suite, r.Kind)
+		switch {
+		case !r.OK():
+			t.Errorf("%s failed: %s", cell, r.Error)
+		case r.System != "hosts-plain" && (r.SA == nil || r.SA.OutPackets == 0 || r.SA.InPackets == 0 || r.SA.InDrops != 0):
+			t.Errorf("%s: the states counted %+v", cell, r.SA)
+		default:
+			ok[cell]++
+		}
+	}
+	want := []string{"hosts-plain  tcp", "hosts-plain  ping"}
+	for _, suite := range rep.Suites {
+		for _, sys := range []string{"xfrm-transport", "espd-transport"} {
+			want = append(want, fmt.Sprintf("%s %s tcp", sys, suite), fmt.Sprintf("%s %s ping", sys, suite))
+		}
+	}
+	for _, cell := range want {
+		if ok[cell] != 1 {
+			t.Errorf("%s: %d good runs, want 1", cell, ok[cell])
+		}
+	}
+	if len(rep.Systems) != 3 {
+		t.Errorf("systems %+v, want hosts-plain, espd-transport and xfrm-transport", rep.Systems)
+	}
+	for _, s := range rep.Systems {
+		if s.Group != system.HostToHostGroup || s.Skipped != "" || len(s.Failed) > 0 || len(s.Unavailable) > 0 {
+			t.Errorf("%s: group %q, skipped %q, failed %v, unavailable %v", s.Name, s.Group, s.Skipped, s.Failed, s.Unavailable)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "tables.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"**Emulated correctness run (qemu TCG, 1 vCPU: says nothing about speed). TCP goodput",
+		"| host to host, transport mode: kernel XFRM | aes128gcm16 |", "gwA -> gwB"} {
+		if !bytes.Contains(md, []byte(want)) {
+			t.Errorf("tables.md lacks %q:\n%s", want, md)
+		}
 	}
 }
