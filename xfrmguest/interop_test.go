@@ -18,7 +18,8 @@ import (
 // and 2001:db8::1) and the guest kernel's XFRM (outer 198.18.0.2 and
 // 2001:db8::2) on one guest boot and one espd per kernel: every
 // suite both implement, raw ESP and ESP-in-UDP, IPv4 and IPv6 outer and
-// inner, ESN with the guest's sender crossing 2^32 and espd's (started
+// inner, transport mode between the two hosts, ESN with the guest's
+// sender crossing 2^32 and espd's (started
 // near 2^32 with espctl's --oseq), what the kernel does with an ESN state
 // that has seen nothing, the negative cases on each receiving side, and,
 // last, that the capture of the link shows no cleartext. Each case keys a pair of tunnel states (espd -> guest and
@@ -67,6 +68,40 @@ func interop(t *testing.T, series string) {
 				l.pingFromGuest(t, ctx, p, 2, "")
 				l.checkCounts(t, ctx, p, 4)
 			})
+			l.checkNoErrors(t, ctx, p, before)
+		})
+	}
+
+	// Transport mode between the two hosts' own addresses: AEAD and CBC,
+	// raw and in UDP, both families. Pings of 3,000 bytes each way cross
+	// as fragmented ESP (espd fragments its own, the kernel its own) and
+	// come back whole.
+	for _, c := range []struct {
+		suite   string
+		udp, v6 bool
+	}{
+		{"aes128gcm16", false, false}, {"aes256-sha256", true, true},
+		{"chacha20poly1305", true, false}, {"aes128-sha1", false, true},
+		{"aes256gcm16-esn", false, false}, {"aes256-sha512", true, false},
+	} {
+		name := fmt.Sprintf("transport/%s/%s/%s", c.suite, encapName(c.udp), family(c.v6))
+		t.Run(name, func(t *testing.T) {
+			p := l.newTransportPair(t, c.suite, c.v6, c.udp)
+			before := l.xfrmStat(t, ctx)
+			l.install(t, ctx, p)
+			t.Run("espd-to-kernel", func(t *testing.T) {
+				l.pingFromEspd(t, ctx, p, 2)
+				l.pingFromEspd(t, ctx, p, 1, "-s", "3000")
+				l.checkCounts(t, ctx, p, 3)
+			})
+			t.Run("kernel-to-espd", func(t *testing.T) {
+				l.pingFromGuest(t, ctx, p, 2, "")
+				l.pingFromGuest(t, ctx, p, 1, "-s 3000")
+				l.checkCounts(t, ctx, p, 6)
+			})
+			if out := l.espctl(t, "sa", "get", "--spi", fmt.Sprintf("0x%x", p.in), "--dst", p.espdO.String()); !strings.Contains(out, "transport") {
+				t.Errorf("espd's state does not show transport mode:\n%s", out)
+			}
 			l.checkNoErrors(t, ctx, p, before)
 		})
 	}

@@ -239,6 +239,9 @@ type pair struct {
 	guestOseq      uint64   // the guest's outbound state's replay-oseq (ESN: 64 bits); 0: none
 	guestReplaySeq uint64   // the guest's inbound state's replay-seq; 0: none
 	espdOutExtra   []string // extra espctl flags for espd's outbound state
+	// transport: both sides key transport mode between the outer
+	// addresses, which are then the inner ones too.
+	transport bool
 }
 
 // newPair returns a case's pair for suite name, outer and inner families
@@ -258,6 +261,24 @@ func (l *lab) newPair(t *testing.T, name string, outer6, inner6, udp bool) *pair
 		l.nullSPIs[p.out], l.nullSPIs[p.in] = true, true
 	}
 	return p
+}
+
+// newTransportPair is newPair for a transport-mode case: the hosts' own
+// traffic between the outer addresses of family v6.
+func (l *lab) newTransportPair(t *testing.T, name string, v6, udp bool) *pair {
+	t.Helper()
+	p := l.newPair(t, name, v6, v6, udp)
+	p.transport = true
+	p.espdI, p.guestI = p.espdO, p.guestO
+	return p
+}
+
+// mode is the pair's mode in ip-xfrm's words.
+func (p *pair) mode() string {
+	if p.transport {
+		return "transport"
+	}
+	return "tunnel"
 }
 
 func family(v6 bool) testbed.Family {
@@ -288,20 +309,40 @@ func (l *lab) install(t *testing.T, ctx context.Context, p *pair) {
 		if p.udp {
 			args = append(args, "--encap-sport", strconv.Itoa(testbed.EncapPort), "--encap-dport", strconv.Itoa(testbed.EncapPort))
 		}
+		if p.transport {
+			args = append(args, "--mode", "transport")
+		}
 		l.espctl(t, append(args, extra...)...)
 	}
 	sa(p.out, "out", p.espdO, p.guestO, p.kOut, p.espdOutExtra)
 	sa(p.in, "in", p.guestO, p.espdO, p.kIn, nil)
-	l.espctl(t, "policy", "add", "--src", hostPrefix(p.espdI), "--dst", hostPrefix(p.guestI), "--dir", "out", "--action", "protect", "--reqid", reqid)
-	l.espctl(t, "policy", "add", "--src", hostPrefix(p.guestI), "--dst", hostPrefix(p.espdI), "--dir", "in", "--action", "protect", "--reqid", reqid)
+	var mode []string
+	if p.transport {
+		mode = []string{"--mode", "transport"}
+	}
+	l.espctl(t, append([]string{"policy", "add", "--src", hostPrefix(p.espdI), "--dst", hostPrefix(p.guestI), "--dir", "out", "--action", "protect", "--reqid", reqid}, mode...)...)
+	l.espctl(t, append([]string{"policy", "add", "--src", hostPrefix(p.guestI), "--dst", hostPrefix(p.espdI), "--dir", "in", "--action", "protect", "--reqid", reqid}, mode...)...)
 
 	cmds := []string{
 		l.guestState(t, p, p.out, p.espdO, p.guestO, p.kOut, 0, p.guestReplaySeq),
 		l.guestState(t, p, p.in, p.guestO, p.espdO, p.kIn, p.guestOseq, 0),
-		fmt.Sprintf("ip xfrm policy add src %s dst %s dir out tmpl src %s dst %s proto esp reqid %s mode tunnel",
-			hostPrefix(p.guestI), hostPrefix(p.espdI), p.guestO, p.espdO, reqid),
-		fmt.Sprintf("ip xfrm policy add src %s dst %s dir in tmpl src %s dst %s proto esp reqid %s mode tunnel",
-			hostPrefix(p.espdI), hostPrefix(p.guestI), p.espdO, p.guestO, reqid),
+		fmt.Sprintf("ip xfrm policy add src %s dst %s dir out priority 100 tmpl src %s dst %s proto esp reqid %s mode %s",
+			hostPrefix(p.guestI), hostPrefix(p.espdI), p.guestO, p.espdO, reqid, p.mode()),
+		fmt.Sprintf("ip xfrm policy add src %s dst %s dir in priority 100 tmpl src %s dst %s proto esp reqid %s mode %s",
+			hostPrefix(p.espdI), hostPrefix(p.guestI), p.espdO, p.guestO, reqid, p.mode()),
+	}
+	if p.transport && p.guestO.Is6() {
+		// A transport policy between two IPv6 hosts on one link covers
+		// their neighbour discovery: the kernel would send its
+		// solicitations and advertisements to espd's address as ESP,
+		// which neighbour discovery cannot use. Bypasses for them, as
+		// an administrator of a kernel-XFRM host gives them (espd's
+		// side sends them on the link directly, never into the TUN).
+		for _, typ := range []string{"135", "136"} {
+			for _, dir := range []string{"out", "in"} {
+				cmds = append(cmds, fmt.Sprintf("ip xfrm policy add src ::/0 dst ::/0 proto 58 type %s dir %s priority 10 action allow", typ, dir))
+			}
+		}
 	}
 	l.guest(t, ctx, strings.Join(cmds, " && "))
 }
@@ -323,8 +364,8 @@ func (l *lab) guestState(t *testing.T, p *pair, spi uint32, src, dst netip.Addr,
 	if spi == p.out {
 		innerSrc, innerDst = p.espdI, p.guestI
 	}
-	cmd := fmt.Sprintf("ip xfrm state add src %s dst %s proto esp spi 0x%x reqid %d mode tunnel %s replay-window 32 sel src %s dst %s",
-		src, dst, spi, p.reqid, algo, hostPrefix(innerSrc), hostPrefix(innerDst))
+	cmd := fmt.Sprintf("ip xfrm state add src %s dst %s proto esp spi 0x%x reqid %d mode %s %s replay-window 32 sel src %s dst %s",
+		src, dst, spi, p.reqid, p.mode(), algo, hostPrefix(innerSrc), hostPrefix(innerDst))
 	if p.suite.ESN {
 		cmd += " flag esn"
 	}
@@ -353,9 +394,9 @@ func (l *lab) guestState(t *testing.T, p *pair, spi uint32, src, dst netip.Addr,
 var pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) (?:packets )?received`)
 
 // pingFromEspd pings the guest's inner address from espd's, n echo
-// requests carrying espdMarker, and fails the test unless all are
-// answered.
-func (l *lab) pingFromEspd(t *testing.T, ctx context.Context, p *pair, n int) {
+// requests carrying espdMarker (extra: more iputils ping options), and
+// fails the test unless all are answered.
+func (l *lab) pingFromEspd(t *testing.T, ctx context.Context, p *pair, n int, extra ...string) {
 	t.Helper()
 	fam := "-4"
 	if p.guestI.Is6() {
@@ -364,8 +405,9 @@ func (l *lab) pingFromEspd(t *testing.T, ctx context.Context, p *pair, n int) {
 	// Not -A: after the last request iputils ping waits only two round
 	// trips for its reply once it had one, too short under emulation; 200
 	// ms apart, the last reply has that long.
-	out, _ := l.node.Run(ctx, "ping", fam, "-n", "-i", "0.2", "-c", strconv.Itoa(n), "-W", "10",
-		"-p", espdMarkerHex, "-I", p.espdI.String(), p.guestI.String())
+	args := append([]string{"ping", fam, "-n", "-i", "0.2", "-c", strconv.Itoa(n), "-W", "10",
+		"-p", espdMarkerHex, "-I", p.espdI.String()}, extra...)
+	out, _ := l.node.Run(ctx, append(args, p.guestI.String())...)
 	if m := pingSummary.FindStringSubmatch(out); m == nil || m[1] != strconv.Itoa(n) || m[2] != m[1] {
 		g, _, _ := l.g.Run(ctx, "ip -s xfrm state; cat /proc/net/xfrm_stat")
 		t.Fatalf("espd -> guest: not all of %d pings answered:\n%s\nguest:\n%s\nespd:\n%s", n, out, g, l.espctl(t, "stats"))

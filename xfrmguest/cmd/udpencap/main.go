@@ -5,13 +5,18 @@
 // UDP port 4500 (or -port) on IPv4 and IPv6 with that option, prints
 // "udpencap: ready" once both are bound, and then holds them until it is
 // killed. It never reads the sockets: the kernel takes the ESP packets off
-// them before they would be queued.
+// them before they would be queued. Like an IKE daemon's sockets, each
+// bypasses the XFRM policies (a socket policy that allows, both ways):
+// the kernel checks a UDP packet against the inbound policies before it
+// decapsulates it, so a transport-mode policy between the two hosts would
+// otherwise refuse the UDP packets that carry its own ESP.
 //
 // It is built as a static binary (CGO_ENABLED=0) by the tests and given to
 // the guest with xfrmguest.Options.Files.
 package main
 
 import (
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"os"
@@ -65,5 +70,35 @@ func open(fam, port int) (int, error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("%s: UDP_ENCAP_ESPINUDP: %w", name, err)
 	}
+	level, opt := unix.IPPROTO_IP, unix.IP_XFRM_POLICY
+	if fam == unix.AF_INET6 {
+		level, opt = unix.IPPROTO_IPV6, unix.IPV6_XFRM_POLICY
+	}
+	for _, dir := range []uint8{xfrmPolicyIn, xfrmPolicyOut} {
+		if err := unix.SetsockoptString(fd, level, opt, string(bypassPolicy(fam, dir))); err != nil {
+			unix.Close(fd)
+			return -1, fmt.Errorf("%s: socket bypass policy: %w", name, err)
+		}
+	}
 	return fd, nil
+}
+
+// The directions of struct xfrm_userpolicy_info and its action that
+// allows.
+const (
+	xfrmPolicyIn    = 0
+	xfrmPolicyOut   = 1
+	xfrmPolicyAllow = 0
+)
+
+// bypassPolicy returns a struct xfrm_userpolicy_info (168 bytes on 64-bit
+// Linux; the guest is x86-64) for a socket policy of direction dir that allows
+// everything: a selector of family fam matching any address, no
+// lifetime, action allow.
+func bypassPolicy(fam int, dir uint8) []byte {
+	b := make([]byte, 168)
+	const selFamily, dirOff, actionOff = 40, 160, 161 // offsets in the struct
+	binary.NativeEndian.PutUint16(b[selFamily:], uint16(fam))
+	b[dirOff], b[actionOff] = dir, xfrmPolicyAllow
+	return b
 }
