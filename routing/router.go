@@ -43,6 +43,7 @@ type Router struct {
 
 	holdWake chan struct{} // holdsChanged to holdWriter; nil without HoldFile
 	holdDone chan struct{} // closed when holdWriter returns
+	addrDone chan struct{} // closed by Close: ends watchAddrs's subscription
 }
 
 // New opens a netlink handle in the calling thread's network namespace,
@@ -74,6 +75,10 @@ func New(cfg Config) (*Router, error) {
 	}
 	r := newRouter(cfg, h)
 	if err := r.init(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	if err := r.watchAddrs(); err != nil {
 		r.Close()
 		return nil, err
 	}
@@ -377,6 +382,9 @@ func (r *Router) close() (held holdSet, first bool, err error) {
 		return holdSet{}, false, nil
 	}
 	r.closed = true
+	if r.addrDone != nil {
+		close(r.addrDone)
+	}
 	held = r.heldSet()
 	var errs []error
 	keep := false

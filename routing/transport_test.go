@@ -129,6 +129,28 @@ func TestTransportRoute(t *testing.T) {
 			t.Errorf("route get %s:\n%s\nwant %s", c.p, got, c.src)
 		}
 	}
+	// The address goes (the kernel deletes the IPv4 route that names it)
+	// and comes back: the route is back at once without the source,
+	// then with it.
+	e.ns.MustIP(t, "addr", "del", "198.18.0.1/16", "dev", "out0")
+	waitRoute := func(want func(string) bool, what string) {
+		t.Helper()
+		var out string
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if out = show(host4); want(out) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s:\n%s", what, out)
+			}
+		}
+	}
+	waitRoute(func(out string) bool {
+		return strings.Contains(out, "dev tun0") && strings.Contains(out, "mtu lock 16000") && !strings.Contains(out, " src ")
+	}, "no transport route without its source once the address went")
+	e.ns.MustIP(t, "addr", "add", "198.18.0.1/16", "dev", "out0")
+	waitRoute(func(out string) bool { return strings.Contains(out, "src 198.18.0.1 ") }, "the source not back with the address")
+
 	// A source the host does not hold: the route goes in without one.
 	mustAddFrom(t, r, "198.18.9.9/32", "198.18.0.10/32", routing.Transport)
 	if out := show("198.18.0.10/32"); !strings.Contains(out, "mtu lock 16000") || strings.Contains(out, " src ") {
