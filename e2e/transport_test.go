@@ -19,14 +19,17 @@ type hostToHost struct {
 	a, b *espd
 	// aAddr and bAddr are the hosts' addresses, the states' endpoints.
 	aAddr, bAddr netip.Addr
+	// aSAs and aPolicies are what gwA's espd was keyed with.
+	aSAs      []saSpec
+	aPolicies []policySpec
 }
 
 // newHostToHost starts espd on gwA and gwB and keys transport mode between
 // their transit addresses of family c.outer: all their traffic to each
 // other, in both directions. Both hosts filter by reverse path strictly
-// (net.ipv4.conf.all.rp_filter=1, which the TUN inherits), but for the
-// loose filter that docs/transport.md asks for on the interface to the
-// peer.
+// (net.ipv4.conf.all.rp_filter=1), but for the loose filter that
+// docs/transport.md asks for on the interface to the peer (and the TUN's,
+// which espd sets loose).
 func newHostToHost(t *testing.T, c outerCase) *hostToHost {
 	t.Helper()
 	kl := keyLens[c.suite]
@@ -46,7 +49,7 @@ func newHostToHost(t *testing.T, c outerCase) *hostToHost {
 	for _, n := range []*testbed.Node{h.top.GwA, h.top.GwB} {
 		out, err := n.Run(ctx, "sysctl", "-n", "net.ipv4.conf."+tunName+".rp_filter", "net.ipv4.conf.all.rp_filter")
 		if err != nil || strings.Fields(out)[1] != "1" {
-			t.Fatalf("%s: the TUN's and all's rp_filter: %q, %v; want all strict", n.Role, out, err)
+			t.Fatalf("%s: the TUN's and all's rp_filter: %q, %v; want all's strict", n.Role, out, err)
 		}
 	}
 	abEnc, abInt := randKey(t, kl[0]), randKey(t, kl[1])
@@ -56,17 +59,15 @@ func newHostToHost(t *testing.T, c outerCase) *hostToHost {
 			reqid: 1, encap: c.encap, transport: true}
 	}
 	host := func(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
-	h.a.addSA(t, sa(spiAB, "out", h.aAddr, h.bAddr, abEnc, abInt))
-	h.a.addSA(t, sa(spiBA, "in", h.bAddr, h.aAddr, baEnc, baInt))
-	h.b.addSA(t, sa(spiBA, "out", h.bAddr, h.aAddr, baEnc, baInt))
-	h.b.addSA(t, sa(spiAB, "in", h.aAddr, h.bAddr, abEnc, abInt))
-	for _, e := range []struct {
-		d          *espd
-		self, peer netip.Addr
-	}{{h.a, h.aAddr, h.bAddr}, {h.b, h.bAddr, h.aAddr}} {
-		e.d.addPolicy(t, policySpec{src: host(e.self), dst: host(e.peer), dir: "out", action: "protect", reqid: 1, transport: true})
-		e.d.addPolicy(t, policySpec{src: host(e.peer), dst: host(e.self), dir: "in", action: "protect", reqid: 1, transport: true})
+	h.aSAs = []saSpec{sa(spiAB, "out", h.aAddr, h.bAddr, abEnc, abInt), sa(spiBA, "in", h.bAddr, h.aAddr, baEnc, baInt)}
+	bSAs := []saSpec{sa(spiBA, "out", h.bAddr, h.aAddr, baEnc, baInt), sa(spiAB, "in", h.aAddr, h.bAddr, abEnc, abInt)}
+	policies := func(self, peer netip.Addr) []policySpec {
+		return []policySpec{{src: host(self), dst: host(peer), dir: "out", action: "protect", reqid: 1, transport: true},
+			{src: host(peer), dst: host(self), dir: "in", action: "protect", reqid: 1, transport: true}}
 	}
+	h.aPolicies = policies(h.aAddr, h.bAddr)
+	keyAllSeq(t, h.a, h.aSAs, h.aPolicies)
+	keyAllSeq(t, h.b, bSAs, policies(h.bAddr, h.aAddr))
 	return h
 }
 
