@@ -1,0 +1,227 @@
+package pairsync
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/espd/espd/crypto"
+)
+
+// KeyLen is the length of the pair's key.
+const KeyLen = 32
+
+// Key authenticates the pair's messages (HMAC-SHA256).
+type Key [KeyLen]byte
+
+// Type is a message's kind.
+type Type uint8
+
+// Message types.
+const (
+	TypeReserve Type = 1 // outbound reservations, to be acknowledged
+	TypeAck     Type = 2 // the reservations of one Reserve, recorded
+	TypeWindows Type = 3 // inbound replay windows
+)
+
+func (t Type) String() string {
+	switch t {
+	case TypeReserve:
+		return "reserve"
+	case TypeAck:
+		return "ack"
+	case TypeWindows:
+		return "windows"
+	}
+	return fmt.Sprintf("type %d", uint8(t))
+}
+
+// Wire constants.
+const (
+	magic      = "ESPP"
+	version    = 1
+	headerLen  = 4 + 1 + 1 + 2 + 8 + 8 // magic, version, type, count, epoch, counter
+	macLen     = sha256.Size
+	reserveLen = len(crypto.Fingerprint{}) + 8
+	// MaxMessage is the largest message Encode makes and Decode takes:
+	// what one UDP datagram carries.
+	MaxMessage = 65507
+	// MaxBitmap is the largest replay bitmap a window report carries, in
+	// bytes: a window of 65536 numbers, espd's largest.
+	MaxBitmap = 65536 / 8
+)
+
+// Reservation says that sequence numbers up to Limit may be sent with the
+// key whose fingerprint is FP.
+type Reservation struct {
+	FP    crypto.Fingerprint
+	Limit uint64
+}
+
+// Window is an inbound key's replay state: Top, the highest number
+// received, and Bitmap in esp.ReplayWindow.Bitmap's layout (bit i set:
+// Top-i received).
+type Window struct {
+	FP     crypto.Fingerprint
+	Top    uint64
+	Bitmap []byte
+}
+
+// Message is one message of the pair.
+type Message struct {
+	Type Type
+	// Epoch names the sender's run (random at start); Counter numbers
+	// its messages within it, increasing.
+	Epoch, Counter uint64
+	// AckEpoch and AckCounter: for TypeAck, the request it answers.
+	AckEpoch, AckCounter uint64
+	// Reservations: TypeReserve and TypeAck.
+	Reservations []Reservation
+	// Windows: TypeWindows.
+	Windows []Window
+}
+
+// Errors of Decode.
+var (
+	ErrShort   = errors.New("pairsync: message too short")
+	ErrMagic   = errors.New("pairsync: not a pair message")
+	ErrVersion = errors.New("pairsync: unknown version")
+	ErrAuth    = errors.New("pairsync: message not authentic")
+	ErrFormat  = errors.New("pairsync: malformed message")
+	ErrTooLong = errors.New("pairsync: message too long")
+)
+
+// Append appends m, authenticated with k, to b and returns the result. It
+// fails if m does not fit MaxMessage or is not well formed.
+func (m *Message) Append(b []byte, k *Key) ([]byte, error) {
+	var count int
+	switch m.Type {
+	case TypeReserve, TypeAck:
+		count = len(m.Reservations)
+		if len(m.Windows) != 0 {
+			return nil, fmt.Errorf("%w: %v with windows", ErrFormat, m.Type)
+		}
+	case TypeWindows:
+		count = len(m.Windows)
+		if len(m.Reservations) != 0 {
+			return nil, fmt.Errorf("%w: windows with reservations", ErrFormat)
+		}
+	default:
+		return nil, fmt.Errorf("%w: %v", ErrFormat, m.Type)
+	}
+	if count > 0xffff {
+		return nil, ErrTooLong
+	}
+	start := len(b)
+	b = append(b, magic...)
+	b = append(b, version, byte(m.Type))
+	b = binary.BigEndian.AppendUint16(b, uint16(count))
+	b = binary.BigEndian.AppendUint64(b, m.Epoch)
+	b = binary.BigEndian.AppendUint64(b, m.Counter)
+	if m.Type == TypeAck {
+		b = binary.BigEndian.AppendUint64(b, m.AckEpoch)
+		b = binary.BigEndian.AppendUint64(b, m.AckCounter)
+	}
+	for _, r := range m.Reservations {
+		b = append(b, r.FP[:]...)
+		b = binary.BigEndian.AppendUint64(b, r.Limit)
+	}
+	for _, w := range m.Windows {
+		if len(w.Bitmap) > MaxBitmap {
+			return nil, fmt.Errorf("%w: bitmap of %d bytes", ErrFormat, len(w.Bitmap))
+		}
+		b = append(b, w.FP[:]...)
+		b = binary.BigEndian.AppendUint64(b, w.Top)
+		b = binary.BigEndian.AppendUint16(b, uint16(len(w.Bitmap)))
+		b = append(b, w.Bitmap...)
+	}
+	if len(b)-start+macLen > MaxMessage {
+		return nil, ErrTooLong
+	}
+	return appendMAC(b, start, k), nil
+}
+
+// appendMAC appends to b the HMAC-SHA256 under k of b[from:].
+func appendMAC(b []byte, from int, k *Key) []byte {
+	mac := hmac.New(sha256.New, k[:])
+	mac.Write(b[from:])
+	return mac.Sum(b)
+}
+
+// Decode checks b's authenticity under k and returns its message. It
+// never panics on any input; every error wraps one of the Err values.
+func Decode(b []byte, k *Key) (Message, error) {
+	var m Message
+	if len(b) > MaxMessage {
+		return m, ErrTooLong
+	}
+	if len(b) < headerLen+macLen {
+		return m, ErrShort
+	}
+	if string(b[:4]) != magic {
+		return m, ErrMagic
+	}
+	if b[4] != version {
+		return m, fmt.Errorf("%w %d", ErrVersion, b[4])
+	}
+	body, sum := b[:len(b)-macLen], b[len(b)-macLen:]
+	mac := hmac.New(sha256.New, k[:])
+	mac.Write(body)
+	if !hmac.Equal(mac.Sum(nil), sum) {
+		return m, ErrAuth
+	}
+	m.Type = Type(b[5])
+	count := int(binary.BigEndian.Uint16(b[6:]))
+	m.Epoch = binary.BigEndian.Uint64(b[8:])
+	m.Counter = binary.BigEndian.Uint64(b[16:])
+	p := body[headerLen:]
+	switch m.Type {
+	case TypeAck:
+		if len(p) < 16 {
+			return Message{}, fmt.Errorf("%w: ack without its request", ErrFormat)
+		}
+		m.AckEpoch, m.AckCounter = binary.BigEndian.Uint64(p), binary.BigEndian.Uint64(p[8:])
+		p = p[16:]
+		fallthrough
+	case TypeReserve:
+		if len(p) != count*reserveLen {
+			return Message{}, fmt.Errorf("%w: %d bytes for %d reservations", ErrFormat, len(p), count)
+		}
+		if count > 0 {
+			m.Reservations = make([]Reservation, count)
+		}
+		for i := range m.Reservations {
+			r := &m.Reservations[i]
+			copy(r.FP[:], p)
+			r.Limit = binary.BigEndian.Uint64(p[len(r.FP):])
+			p = p[reserveLen:]
+		}
+	case TypeWindows:
+		for range count {
+			var w Window
+			if len(p) < len(w.FP)+10 {
+				return Message{}, fmt.Errorf("%w: window record cut short", ErrFormat)
+			}
+			copy(w.FP[:], p)
+			w.Top = binary.BigEndian.Uint64(p[len(w.FP):])
+			n := int(binary.BigEndian.Uint16(p[len(w.FP)+8:]))
+			p = p[len(w.FP)+10:]
+			if n > MaxBitmap || n > len(p) {
+				return Message{}, fmt.Errorf("%w: bitmap of %d bytes", ErrFormat, n)
+			}
+			if n > 0 {
+				w.Bitmap = append([]byte(nil), p[:n]...)
+			}
+			p = p[n:]
+			m.Windows = append(m.Windows, w)
+		}
+		if len(p) != 0 {
+			return Message{}, fmt.Errorf("%w: %d bytes after the windows", ErrFormat, len(p))
+		}
+	default:
+		return Message{}, fmt.Errorf("%w: %v", ErrFormat, m.Type)
+	}
+	return m, nil
+}
