@@ -45,8 +45,9 @@ type outReader struct {
 // numbers reserved for them.
 type seqRun struct {
 	s           *sa.SA
-	count, left int
+	count, left int // packets still to number; numbers granted, from next
 	next        uint64
+	again       bool // asked a second time: a grant may stop at a pair's block end
 }
 
 // readTUN is an outbound producer: one per interface.
@@ -273,6 +274,10 @@ func (r *outReader) reserve(b *batch) {
 			}
 		}
 		run := &runs[last]
+		if run.left == 0 && !run.again {
+			run.again = true
+			run.next, run.left = run.s.ReserveSeq(run.count)
+		}
 		if run.left == 0 {
 			e.drop, e.reason = dropSA, sa.DropSequence
 			continue
@@ -280,9 +285,10 @@ func (r *outReader) reserve(b *batch) {
 		e.seq = run.next
 		run.next++
 		run.left--
+		run.count--
 	}
 	for j := range runs {
-		runs[j].s = nil
+		runs[j].s, runs[j].again = nil, false
 	}
 	r.runs = runs[:0]
 }

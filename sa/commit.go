@@ -55,6 +55,10 @@ func (db *DB) commit(ch *Changes, pl *txPlan, adds []*SA, floors, updFloors []ui
 				used, limit = c.OSeq, max(limit, floors[i])
 			}
 			db.startSeq(s, used, limit)
+			if src.silent.Load() {
+				// Its key's numbers are as unknown as src's were.
+				s.silent.Store(true)
+			}
 			e.retiring = nil
 		case s.dir == DirIn && src != nil:
 			s.continueReplay(src)
@@ -97,6 +101,9 @@ func (db *DB) installLocked(s *SA) {
 	s.addSeq = d.addSeq
 	s.addTime = db.mono()
 	s.state.Store(uint32(StateValid))
+	if s.dir == DirOut && db.standby.Load() {
+		s.silent.Store(true)
+	}
 	s.installedAt = len(d.installed)
 	d.installed = append(d.installed, s)
 	d.byKey.put(stateKey(s.spi, s.params.Load().cfg.Dst), s)

@@ -2,6 +2,7 @@ package sa
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -43,6 +44,11 @@ type Options struct {
 	// must never set it: the peer numbers its packets under its own
 	// counter, and the same key in both directions repeats nonces.
 	Loopback bool
+	// PairNode, 1 or 2, makes the DB one node of a gateway pair that
+	// shares its outbound keys with the other node: it hands out only
+	// the numbers of its own blocks of SeqBlock (see SetStandby). 0: no
+	// pair.
+	PairNode int
 }
 
 func (o *Options) setDefaults() {
@@ -79,6 +85,9 @@ type DB struct {
 	// adding and removing states (AddSA, Apply, DeleteSA, FlushSAs) and
 	// retiring them. The data path never takes it.
 	keying sync.Mutex
+	// standby: a pair's standby, whose new outbound states are silent
+	// (SetStandby). Changed with keying held.
+	standby atomic.Bool
 
 	sadb  // states, under sadb.mu
 	spdb  // policies, under spdb.mu

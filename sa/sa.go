@@ -63,6 +63,7 @@ type SA struct {
 	seqLimit atomic.Uint64 // durable reservation (SeqStore): seqUsed never passes it; 0 once removed
 	seqExtAt atomic.Uint64 // seqUsed from which the reservation is extended
 	seqExt   atomic.Bool   // an extension is under way
+	silent   atomic.Bool   // hands out no number: a standby's (SetStandby)
 	_        cacheLinePad
 	packets  atomic.Uint64
 	bytes    atomic.Uint64
@@ -165,14 +166,28 @@ func (s *SA) AllowsInner(f packet.Flow) bool {
 // reserved: when use crosses half of the reserved block it extends the
 // reservation in the background, and should the block run out before the
 // extension is durable it grants what is left, then nothing (the data
-// path drops those packets as DropSequence) until it is.
+// path drops those packets as DropSequence) until it is. A pair's node
+// (Options.PairNode) grants up to the end of its block at most, and the
+// rest from its next block on the next call; a silent state (SetStandby)
+// grants nothing.
 func (s *SA) ReserveSeq(n int) (first uint64, granted int) {
-	if n <= 0 || s.dir != DirOut || s.State() == StateDead {
+	if n <= 0 || s.dir != DirOut || s.State() == StateDead || s.silent.Load() {
 		return 0, 0
 	}
 	for {
 		used := s.seqUsed.Load()
 		lim := min(s.seqLimit.Load(), s.seqMax)
+		if s.db.opts.PairNode != 0 && lim > used {
+			// A pair's node hands out its own blocks only: skip the
+			// other node's, and stop at the end of this one.
+			if u := s.db.pairSkip(used, lim); u != used {
+				if s.seqUsed.CompareAndSwap(used, u) && u == s.seqMax {
+					s.db.hardExpire(s, ExpireSequence)
+				}
+				continue
+			}
+			lim = min(lim, s.db.pairBlockEnd(used))
+		}
 		if lim <= used {
 			if used < s.seqMax {
 				s.extendSeq()

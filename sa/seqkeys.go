@@ -58,12 +58,24 @@ func (db *DB) seqExtendAt(limit uint64) uint64 {
 }
 
 // seqNext returns the reservation that follows limit for a state that can
-// number up to max: a block further, saturating at max.
+// number up to max: a block further, saturating at max; for a pair's node
+// (Options.PairNode), the end of its first own block above limit.
 func (db *DB) seqNext(limit, max uint64) uint64 {
-	if max-limit < db.opts.SeqBlock {
+	b := db.opts.SeqBlock
+	if db.opts.PairNode == 0 {
+		if max-limit < b {
+			return max
+		}
+		return limit + b
+	}
+	if (max-limit)/3 < b {
 		return max
 	}
-	return limit + db.opts.SeqBlock
+	end := db.pairBlockEnd(limit)
+	if !db.pairOwns(limit + 1) {
+		end += b
+	}
+	return end
 }
 
 // extendSeq starts extending the state's reservation unless an extension

@@ -1,0 +1,136 @@
+package sa
+
+import (
+	"fmt"
+
+	"github.com/espd/espd/crypto"
+)
+
+// A gateway pair (Options.PairNode) shares each outbound key between two
+// DBs, one per node, which must never hand out the same number: the
+// sequence space is cut into blocks of Options.SeqBlock numbers, block k
+// (numbers k*SeqBlock+1 to (k+1)*SeqBlock) belonging to node 1 when k is
+// even and to node 2 when it is odd. A DB hands out numbers of its own
+// blocks only, whatever it learns or fails to learn from the other node,
+// so that even two active nodes (a split brain) repeat no number. The
+// reservation recorded in the SeqStore still covers everything up to its
+// limit, the other node's blocks included: it bounds what may have been
+// sent with the key by either node.
+//
+// A standby DB (SetStandby) keeps its outbound states but hands out no
+// number at all (the data path counts the drops as DropSequence) until
+// Activate moves each above what the active node reported.
+
+// pairOwns reports whether this DB may hand out number n (n >= 1).
+func (db *DB) pairOwns(n uint64) bool {
+	node := db.opts.PairNode
+	return node == 0 || ((n-1)/db.opts.SeqBlock)%2 == uint64(node-1)
+}
+
+// pairSkip returns the counter to continue from instead of used: used if
+// the number after it is this DB's, else the last number of the other
+// node's block that follows, capped at lim (the reservation).
+func (db *DB) pairSkip(used, lim uint64) uint64 {
+	if used >= lim || db.pairOwns(used+1) {
+		return used
+	}
+	return min(db.pairBlockEnd(used), lim)
+}
+
+// pairBlockEnd returns the last number of the block holding used+1.
+func (db *DB) pairBlockEnd(used uint64) uint64 {
+	return (used/db.opts.SeqBlock + 1) * db.opts.SeqBlock
+}
+
+// SetStandby makes the DB a pair's standby (on) or not. A standby's
+// outbound states, those live now and those added while it stands by,
+// hand out no sequence number and reserve none beyond the first block of
+// their own, until Activate. SetStandby(false) does not release the
+// states it silenced: Activate does, state by state.
+func (db *DB) SetStandby(on bool) {
+	db.keying.Lock()
+	defer db.keying.Unlock()
+	db.standby.Store(on)
+	if !on {
+		return
+	}
+	d := &db.sadb
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, s := range d.installed {
+		if s.dir == DirOut {
+			s.silent.Store(true)
+		}
+	}
+}
+
+// Standby reports whether the DB stands by (SetStandby).
+func (db *DB) Standby() bool { return db.standby.Load() }
+
+// Silent reports whether an outbound state hands out no sequence number
+// because its DB stands by or Activate could not release it.
+func (s *SA) Silent() bool { return s.silent.Load() }
+
+// Activation is what Activate did with one silent outbound state.
+type Activation struct {
+	SA *SA
+	// Floor is the number the state continues above (the report's, or
+	// its own record's if higher); 0 when refused.
+	Floor uint64
+	// Err says why the state stays silent (no report for its key, or
+	// the store failed); nil when it was released.
+	Err error
+}
+
+// Activate ends the DB's standby (SetStandby(false)) and releases its
+// silent outbound states: report returns, for a state's key, the highest
+// sequence number the other node may have reserved, and false if it
+// cannot know it (no fresh report). A released state continues above
+// that number (durably recorded first) in a block of its own; a state
+// whose key has no report stays silent, and gets a soft-expire event
+// (reason ExpireSequence), so that its IKE daemon rekeys it.
+func (db *DB) Activate(report func(fp crypto.Fingerprint) (uint64, bool)) []Activation {
+	db.keying.Lock()
+	defer db.keying.Unlock()
+	db.standby.Store(false)
+	d := &db.sadb
+	d.mu.Lock()
+	var silent []*SA
+	for _, s := range d.installed {
+		if s.dir == DirOut && s.silent.Load() && s.State() != StateDead {
+			silent = append(silent, s)
+		}
+	}
+	d.mu.Unlock()
+	acts := make([]Activation, 0, len(silent))
+	for _, s := range silent {
+		a := Activation{SA: s}
+		floor, ok := report(s.fp)
+		if !ok {
+			a.Err = fmt.Errorf("sa: state spi 0x%08x: no fresh report of how far key %s's sequence numbers went on the other node: it stays silent until rekeyed", s.spi, fpString(s.fp))
+			db.softExpire(s, ExpireSequence)
+			acts = append(acts, a)
+			continue
+		}
+		floor = max(floor, s.seqUsed.Load())
+		if floor >= s.seqMax {
+			a.Err = kindErrorf(ErrKeyExhausted, "sa: state spi 0x%08x: key %s has used every sequence number (up to %d)", s.spi, fpString(s.fp), floor)
+			db.softExpire(s, ExpireSequence)
+			acts = append(acts, a)
+			continue
+		}
+		lim, err := db.reserveFloor(s, s, floor)
+		if err != nil {
+			a.Err = err
+			acts = append(acts, a)
+			continue
+		}
+		if lim != 0 {
+			db.raiseSeq(s, floor, lim)
+			s.silent.Store(false)
+			a.Floor = floor
+		}
+		acts = append(acts, a)
+	}
+	return acts
+}
