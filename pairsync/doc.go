@@ -12,7 +12,20 @@
 // and counter, so an old Ack cannot confirm a new reservation. Messages
 // are authenticated with HMAC-SHA256 under the pair's key.
 //
-// The design (why UDP and this, and not the kernel's XFRM events or a
-// stream) and what a takeover promises are in docs/ha.md once the pair
-// is built; this package is its first piece.
+// The rules a takeover relies on (the channel that applies them is being
+// built; docs/ha.md will give the rationale):
+//
+//   - Disjoint numbers: the nodes hand out numbers of their own blocks
+//     only (sa.Options.PairNode), so that not even a split brain repeats
+//     a (key, sequence number).
+//   - The lease: every message of the active carries each key's current
+//     reservation, acknowledged or not, and echoes the latest Stamp of
+//     the standby. The standby holds a key's reservation as fresh until
+//     L after the echoed stamp of the latest message that carried it
+//     (stamps taken while it stands by only). The active uses a
+//     reservation the standby has not acknowledged only once L has passed
+//     since it last heard the standby: by then every ledger that could
+//     lack it has gone stale.
+//   - A standby takes over a key only with a fresh reservation, above it
+//     (sa.DB.Activate); without one the key stays silent and is rekeyed.
 package pairsync

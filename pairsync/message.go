@@ -42,7 +42,7 @@ func (t Type) String() string {
 const (
 	magic      = "ESPP"
 	version    = 1
-	headerLen  = 4 + 1 + 1 + 2 + 8 + 8 // magic, version, type, count, epoch, counter
+	headerLen  = 4 + 1 + 1 + 2 + 5*8 // magic, version, type, count, epoch, counter, stamp, peer epoch, echo
 	macLen     = sha256.Size
 	reserveLen = len(crypto.Fingerprint{}) + 8
 	// MaxMessage is the largest message Encode makes and Decode takes:
@@ -75,6 +75,13 @@ type Message struct {
 	// Epoch names the sender's run (random at start); Counter numbers
 	// its messages within it, increasing.
 	Epoch, Counter uint64
+	// Stamp is the sender's monotonic clock when it sent the message
+	// (nanoseconds since its start). Echo is the latest Stamp the sender
+	// had received from the other node, whose run was PeerEpoch (0: none
+	// yet). An echo of the standby's own stamp bounds, on the standby's
+	// clock, how long ago the active sent what the message says: the
+	// lease a takeover relies on (doc.go).
+	Stamp, PeerEpoch, Echo uint64
 	// AckEpoch and AckCounter: for TypeAck, the request it answers.
 	AckEpoch, AckCounter uint64
 	// Reservations: TypeReserve and TypeAck.
@@ -120,6 +127,9 @@ func (m *Message) Append(b []byte, k *Key) ([]byte, error) {
 	b = binary.BigEndian.AppendUint16(b, uint16(count))
 	b = binary.BigEndian.AppendUint64(b, m.Epoch)
 	b = binary.BigEndian.AppendUint64(b, m.Counter)
+	b = binary.BigEndian.AppendUint64(b, m.Stamp)
+	b = binary.BigEndian.AppendUint64(b, m.PeerEpoch)
+	b = binary.BigEndian.AppendUint64(b, m.Echo)
 	if m.Type == TypeAck {
 		b = binary.BigEndian.AppendUint64(b, m.AckEpoch)
 		b = binary.BigEndian.AppendUint64(b, m.AckCounter)
@@ -176,6 +186,9 @@ func Decode(b []byte, k *Key) (Message, error) {
 	count := int(binary.BigEndian.Uint16(b[6:]))
 	m.Epoch = binary.BigEndian.Uint64(b[8:])
 	m.Counter = binary.BigEndian.Uint64(b[16:])
+	m.Stamp = binary.BigEndian.Uint64(b[24:])
+	m.PeerEpoch = binary.BigEndian.Uint64(b[32:])
+	m.Echo = binary.BigEndian.Uint64(b[40:])
 	p := body[headerLen:]
 	switch m.Type {
 	case TypeAck:

@@ -16,7 +16,7 @@ func fp(b byte) crypto.Fingerprint { return crypto.Fingerprint{b, b ^ 0x5a, 7} }
 
 func sampleMessages() []Message {
 	return []Message{
-		{Type: TypeReserve, Epoch: 0x1122334455667788, Counter: 1,
+		{Type: TypeReserve, Epoch: 0x1122334455667788, Counter: 1, Stamp: 5e9, PeerEpoch: 0xabcdef, Echo: 4e9,
 			Reservations: []Reservation{{fp(1), 1 << 20}, {fp(2), 1<<40 + 5}}},
 		{Type: TypeReserve, Epoch: 9, Counter: 2},
 		{Type: TypeAck, Epoch: 3, Counter: 77, AckEpoch: 0x1122334455667788, AckCounter: 1,
@@ -169,7 +169,7 @@ func FuzzDecode(f *testing.F) {
 func TestRandomRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 200 {
-		m := Message{Type: Type(1 + r.IntN(3)), Epoch: r.Uint64(), Counter: r.Uint64()}
+		m := Message{Type: Type(1 + r.IntN(3)), Epoch: r.Uint64(), Counter: r.Uint64(), Stamp: r.Uint64(), PeerEpoch: r.Uint64(), Echo: r.Uint64()}
 		if m.Type == TypeAck {
 			m.AckEpoch, m.AckCounter = r.Uint64(), r.Uint64()
 		}
