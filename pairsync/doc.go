@@ -12,20 +12,21 @@
 // and counter, so an old Ack cannot confirm a new reservation. Messages
 // are authenticated with HMAC-SHA256 under the pair's key.
 //
-// The rules a takeover relies on (the channel that applies them is being
-// built; docs/ha.md will give the rationale):
+// The rules a takeover relies on (Node applies them; docs/ha.md gives the
+// rationale):
 //
 //   - Disjoint numbers: the nodes hand out numbers of their own blocks
 //     only (sa.Options.PairNode), so that not even a split brain repeats
 //     a (key, sequence number).
-//   - The lease: every message of the active carries each key's current
-//     reservation, acknowledged or not, and echoes the latest Stamp of
-//     the standby. The standby holds a key's reservation as fresh until
-//     L after the echoed stamp of the latest message that carried it
+//   - The lease: every message of the active that carries a key carries
+//     its current reservation, and echoes the latest Stamp of the
+//     standby. The standby holds a key's reservation as fresh until L
+//     after the echoed stamp of the latest message that carried it
 //     (stamps taken while it stands by only). The active uses a
-//     reservation the standby has not acknowledged only once L has passed
-//     since it last heard the standby: by then every ledger that could
-//     lack it has gone stale.
+//     reservation the standby has not acknowledged only once L·1.1 has
+//     passed since it last heard the standby before it made the
+//     reservation: every message without it echoes an older stamp, so by
+//     then no ledger holds one fresh.
 //   - A standby takes over a key only with a fresh reservation, above it
 //     (sa.DB.Activate); without one the key stays silent and is rekeyed.
 package pairsync

@@ -24,6 +24,7 @@ const (
 	TypeReserve Type = 1 // outbound reservations, to be acknowledged
 	TypeAck     Type = 2 // the reservations of one Reserve, recorded
 	TypeWindows Type = 3 // inbound replay windows
+	TypeHello   Type = 4 // the standby's stamp, for the lease
 )
 
 func (t Type) String() string {
@@ -34,6 +35,8 @@ func (t Type) String() string {
 		return "ack"
 	case TypeWindows:
 		return "windows"
+	case TypeHello:
+		return "hello"
 	}
 	return fmt.Sprintf("type %d", uint8(t))
 }
@@ -114,6 +117,10 @@ func (m *Message) Append(b []byte, k *Key) ([]byte, error) {
 		count = len(m.Windows)
 		if len(m.Reservations) != 0 {
 			return nil, fmt.Errorf("%w: windows with reservations", ErrFormat)
+		}
+	case TypeHello:
+		if len(m.Reservations)+len(m.Windows) != 0 {
+			return nil, fmt.Errorf("%w: hello with a body", ErrFormat)
 		}
 	default:
 		return nil, fmt.Errorf("%w: %v", ErrFormat, m.Type)
@@ -232,6 +239,10 @@ func Decode(b []byte, k *Key) (Message, error) {
 		}
 		if len(p) != 0 {
 			return Message{}, fmt.Errorf("%w: %d bytes after the windows", ErrFormat, len(p))
+		}
+	case TypeHello:
+		if count != 0 || len(p) != 0 {
+			return Message{}, fmt.Errorf("%w: hello with a body", ErrFormat)
 		}
 	default:
 		return Message{}, fmt.Errorf("%w: %v", ErrFormat, m.Type)

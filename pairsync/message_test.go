@@ -26,6 +26,7 @@ func sampleMessages() []Message {
 			{FP: fp(4), Top: 5},
 			{FP: fp(5), Top: 1 << 33, Bitmap: bytes.Repeat([]byte{0xa5}, MaxBitmap)},
 		}},
+		{Type: TypeHello, Epoch: 4, Counter: 8, Stamp: 1e9, PeerEpoch: 9, Echo: 2e9},
 	}
 }
 

@@ -1,0 +1,101 @@
+package pairsync
+
+import (
+	"time"
+
+	"github.com/espd/espd/crypto"
+)
+
+// Resume is the store's: it includes what the ledger recorded of the
+// other node's reservations, so a state installed on this node continues
+// above them.
+func (n *Node) Resume(fp crypto.Fingerprint, negotiated bool) (uint64, error) {
+	return n.cfg.Store.Resume(fp, negotiated)
+}
+
+// Reserve records the reservation in the store; while the node is active
+// it then tells the standby and returns only once the standby acknowledged
+// it, or once the lease rule lets it go unacknowledged (L·1.1 after the
+// standby was last heard before the reservation: doc.go). A standby's reservations are not sent:
+// its states hand out no numbers.
+func (n *Node) Reserve(fp crypto.Fingerprint, limit uint64) error {
+	if err := n.cfg.Store.Reserve(fp, limit); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	if limit > n.reserved[fp] {
+		n.reserved[fp] = limit
+	}
+	active := n.role == RoleActive
+	// Every message that did not carry limit echoes a stamp heard by
+	// now: at deadline the standby holds none of them fresh.
+	deadline := n.lastHeard + n.leaseWait()
+	n.mu.Unlock()
+	if !active {
+		return nil
+	}
+	return n.await(fp, limit, deadline)
+}
+
+// await sends fp's reservation until the standby acknowledges limit or
+// the deadline of the lease passes.
+func (n *Node) await(fp crypto.Fingerprint, limit uint64, deadline time.Duration) error {
+	retry := max(n.cfg.Interval/5, 10*time.Millisecond)
+	sent := false
+	for {
+		n.mu.Lock()
+		switch {
+		case n.closed:
+			n.mu.Unlock()
+			return ErrClosed
+		case n.acked[fp] >= limit:
+			if sent {
+				n.stats.AckWaits++
+			}
+			n.mu.Unlock()
+			return nil
+		case n.now() >= deadline:
+			n.stats.LeaseWaits++
+			n.mu.Unlock()
+			return nil
+		}
+		b := n.encodeLocked(&Message{Type: TypeReserve, Reservations: []Reservation{{fp, n.reserved[fp]}}})
+		wait := min(retry, deadline-n.now())
+		ch := n.changed
+		n.mu.Unlock()
+		n.send(b)
+		sent = true
+		t := time.NewTimer(max(wait, time.Millisecond))
+		select {
+		case <-ch:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// leaseWait is how long after the standby was last heard an active node
+// uses a reservation it has not acknowledged: L and a tenth for the two
+// clocks' drift.
+func (n *Node) leaseWait() time.Duration { return n.cfg.Lease + n.cfg.Lease/10 }
+
+// Retire is the store's; the key is no longer carried.
+func (n *Node) Retire(fp crypto.Fingerprint, last uint64) error {
+	err := n.cfg.Store.Retire(fp, last)
+	n.mu.Lock()
+	delete(n.reserved, fp)
+	delete(n.acked, fp)
+	n.mu.Unlock()
+	return err
+}
+
+// Inbound is the store's.
+func (n *Node) Inbound(fp crypto.Fingerprint, negotiated bool) error {
+	return n.cfg.Store.Inbound(fp, negotiated)
+}
+
+// RetireInbound is the store's.
+func (n *Node) RetireInbound(fp crypto.Fingerprint) error { return n.cfg.Store.RetireInbound(fp) }
+
+// Used is the store's.
+func (n *Node) Used(fp crypto.Fingerprint) (out, in bool, err error) { return n.cfg.Store.Used(fp) }
