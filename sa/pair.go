@@ -134,3 +134,20 @@ func (db *DB) Activate(report func(fp crypto.Fingerprint) (uint64, bool)) []Acti
 	}
 	return acts
 }
+
+// Fingerprint returns the fingerprint of the state's keys: what a pair's
+// reports name it by.
+func (s *SA) Fingerprint() crypto.Fingerprint { return s.fp }
+
+// MergeReplay adds a replay state reported for an inbound state (top,
+// and bitmap in esp.ReplayWindow.Bitmap's layout) to its window: the
+// window then refuses what either refused (esp.ReplayWindow.Merge). It
+// does nothing for an outbound state or one without a window.
+func (s *SA) MergeReplay(top uint64, bitmap []byte) {
+	if s.dir != DirIn {
+		return
+	}
+	if d := s.dec.Load(); d != nil && d.Replay != nil {
+		d.Replay.Merge(top, bitmap)
+	}
+}

@@ -237,3 +237,32 @@ func TestPairSeqMax(t *testing.T) {
 		}
 	}
 }
+
+// TestMergeReplay: a pair's reported window is added to an inbound
+// state's (the union), and an outbound state ignores one.
+func TestMergeReplay(t *testing.T) {
+	db := newPairDB(t, 1, newCapStore())
+	in := mustAdd(t, db, testConfig(0x5400, DirIn, 1))
+	out := mustAdd(t, db, testConfig(0x5401, DirOut, 1))
+	if in.Fingerprint() != crypto.KeyFingerprint(testConfig(0x5400, DirIn, 1).EncKey, testConfig(0x5400, DirIn, 1).IntegKey) {
+		t.Fatal("Fingerprint is not the keys'")
+	}
+	in.MergeReplay(100, []byte{0b101}) // 100 and 98 received
+	if in.ReplayTop() != 100 {
+		t.Fatalf("top %d after the merge, want 100", in.ReplayTop())
+	}
+	dec := in.Decapsulator()
+	for seq, seen := range map[uint64]bool{100: true, 99: false, 98: true, 101: false} {
+		if got := dec.Replay.Check(seq) != nil; got != seen {
+			t.Errorf("seq %d refused %v, want %v", seq, got, seen)
+		}
+	}
+	in.MergeReplay(50, nil) // below: changes nothing
+	if in.ReplayTop() != 100 {
+		t.Errorf("an older report moved the top to %d", in.ReplayTop())
+	}
+	out.MergeReplay(100, nil)
+	if out.ReplayTop() != 0 {
+		t.Error("an outbound state took a window")
+	}
+}
