@@ -58,6 +58,10 @@ type Backend interface {
 	// Subscribe starts an event stream buffering up to buffer events
 	// (SUBSCRIBE). SubscribeDB adapts sa.DB.Subscribe.
 	Subscribe(buffer int) (Subscription, error)
+	// PairRole sets this node's role in its gateway pair when role is not
+	// wire.PairRoleNone, and returns the pair's status after (PAIR_ROLE).
+	// An espd not in a pair returns an error with EOPNOTSUPP.
+	PairRole(role wire.PairRole) (wire.PairStatus, error)
 }
 
 // backendErrno classifies the errors of the sa package and of contexts.

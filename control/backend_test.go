@@ -67,3 +67,8 @@ func (b dbBackend) Stats() (wire.GlobalStats, error) {
 }
 
 func (b dbBackend) Subscribe(buffer int) (Subscription, error) { return SubscribeDB(b.db, buffer), nil }
+
+// PairRole answers as an espd that is not one of a gateway pair.
+func (b dbBackend) PairRole(wire.PairRole) (wire.PairStatus, error) {
+	return wire.PairStatus{}, wire.Errorf(wire.EOPNOTSUPP, "not one of a gateway pair")
+}

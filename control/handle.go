@@ -114,6 +114,7 @@ func init() {
 		wire.MsgIKERegister:   handleIKERegister,
 		wire.MsgIKEPacket:     handleIKEPacket,
 		wire.MsgIKEUnregister: handleIKEUnregister,
+		wire.MsgPairRole:      handlePairRole,
 	}
 }
 
@@ -346,4 +347,16 @@ func handleUnsubscribe(c *conn, m *wire.Message, r *replier) error {
 	}
 	c.unsubscribe()
 	return r.reply(nil)
+}
+
+func handlePairRole(c *conn, m *wire.Message, r *replier) error {
+	role, err := wire.ReadPairRole(m.Attrs)
+	if err != nil {
+		return err
+	}
+	st, err := c.s.backend.PairRole(role)
+	if err != nil {
+		return err
+	}
+	return r.reply(func(b *wire.Builder) { wire.PutPairStatus(b, st) })
 }

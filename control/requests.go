@@ -217,3 +217,14 @@ func (c *Client) Subscribe(ctx context.Context, kinds ...wire.EventKind) (<-chan
 	}
 	return ch, nil
 }
+
+// PairRole sets this espd's role in its gateway pair (PAIR_ROLE) when
+// role is not wire.PairRoleNone, and returns the pair's status after;
+// PairRoleNone only reads it. An espd not in a pair answers EOPNOTSUPP.
+func (c *Client) PairRole(ctx context.Context, role wire.PairRole) (wire.PairStatus, error) {
+	attrs, err := single(c.do(ctx, wire.MsgPairRole, func(b *wire.Builder) { wire.PutPairRole(b, role) }))
+	if err != nil {
+		return wire.PairStatus{}, err
+	}
+	return wire.ReadPairStatus(attrs)
+}

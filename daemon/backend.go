@@ -126,3 +126,6 @@ func (d *Daemon) Stats() (wire.GlobalStats, error) {
 func (d *Daemon) Subscribe(buffer int) (control.Subscription, error) {
 	return control.SubscribeDB(d.db, buffer), nil
 }
+
+// PairRole sets (role != 0) and reports this node's gateway-pair role.
+func (d *Daemon) PairRole(role wire.PairRole) (wire.PairStatus, error) { return d.pairRole(role) }

@@ -73,6 +73,9 @@ type Options struct {
 	// NotifyStopping when the shutdown begins. It is called from Run's
 	// goroutine, which waits for it.
 	Notify func(state string)
+	// Pair makes espd one node of an active/standby gateway pair
+	// (pair.go, docs/ha.md); it starts standing by.
+	Pair PairOptions
 }
 
 // The state strings Options.Notify receives (sd_notify(3)).
@@ -110,6 +113,8 @@ type Daemon struct {
 	warnedIfIDs map[uint32]bool
 
 	ike atomic.Pointer[ikeHub] // the IKE hand-off, while it runs (ike.go)
+
+	pair *pair // the gateway pair's link, with Options.Pair (pair.go)
 }
 
 // New prepares a daemon; Run starts it.
@@ -126,13 +131,29 @@ func New(opts Options) (*Daemon, error) {
 		opts.IO.HoldFile = HoldFile(opts.StateDir)
 	}
 	opts.IO.setDefaults()
-	db := sa.NewDB(sa.Options{Seq: seq, SeqError: seqErrorLogger(log)})
+	dbOpts := sa.Options{Seq: seq, SeqError: seqErrorLogger(log)}
+	var db *sa.DB
+	var pr *pair
+	if opts.Pair.Node != 0 {
+		if pr, err = newPair(opts.Pair, seq, &db, log); err != nil {
+			closeSeq()
+			return nil, err
+		}
+		dbOpts.Seq, dbOpts.PairNode = pr.node, opts.Pair.Node
+	}
+	db = sa.NewDB(dbOpts)
+	if pr != nil {
+		db.SetStandby(true) // until told otherwise (PAIR_ROLE)
+	}
 	dp, err := dataplane.New(opts.Dataplane, db, log.With("component", "dataplane"))
 	if err != nil {
+		if pr != nil {
+			pr.node.Close()
+		}
 		closeSeq()
 		return nil, err
 	}
-	d := &Daemon{opts: opts, log: log, db: db, dp: dp, closeSeq: closeSeq, ifaces: map[uint32]*ifaceDev{}}
+	d := &Daemon{opts: opts, log: log, db: db, dp: dp, closeSeq: closeSeq, ifaces: map[uint32]*ifaceDev{}, pair: pr}
 	d.policyRoutes.noIPv6 = opts.IO.NoIPv6
 	d.policyRoutes.log = log.With("component", "routing")
 	d.routes = &d.policyRoutes
@@ -175,6 +196,11 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 	go func() { defer wg.Done(); d.db.Run(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); d.logEvents(ctx) }()
+	if d.pair != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.pair.node.Run(ctx) }()
+		d.log.Info("gateway pair: standing by until told the role", "node", d.pair.num, "listen", d.opts.Pair.Listen, "peer", d.opts.Pair.Peer)
+	}
 	if d.kio.xdp != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); syncXDP(ctx, d.db, d.kio.xdp, d.log.With("component", "dataplane")) }()

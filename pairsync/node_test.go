@@ -31,9 +31,9 @@ func (m *memStore) Reserve(fp crypto.Fingerprint, limit uint64) error {
 	return nil
 }
 func (m *memStore) Retire(fp crypto.Fingerprint, last uint64) error { return nil }
-func (m *memStore) Inbound(crypto.Fingerprint, bool) error         { return nil }
-func (m *memStore) RetireInbound(crypto.Fingerprint) error         { return nil }
-func (m *memStore) Used(crypto.Fingerprint) (bool, bool, error)    { return false, false, nil }
+func (m *memStore) Inbound(crypto.Fingerprint, bool) error          { return nil }
+func (m *memStore) RetireInbound(crypto.Fingerprint) error          { return nil }
+func (m *memStore) Used(crypto.Fingerprint) (bool, bool, error)     { return false, false, nil }
 
 // lossyConn drops what it sends while cut, and every drop-th datagram.
 type lossyConn struct {

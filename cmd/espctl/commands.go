@@ -270,3 +270,55 @@ func monitor(a *app, ctx context.Context, args []string) error {
 	}
 	return nil
 }
+
+// pairRole sets the role of espd in its gateway pair (keepalived's notify
+// script runs it) and prints the status after.
+func pairRole(a *app, ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("pair role", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: espctl pair role active|standby")
+		fs.PrintDefaults()
+	}
+	var name string
+	parse := func(args []string) error {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			return errors.New("pair role needs active or standby")
+		}
+		name = fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil { // flags after the role
+			return err
+		}
+		if fs.NArg() != 0 {
+			return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		}
+		return nil
+	}
+	if err := a.parse(fs, parse, args); err != nil {
+		return err
+	}
+	var role wire.PairRole
+	switch name {
+	case "active":
+		role = wire.PairRoleActive
+	case "standby":
+		role = wire.PairRoleStandby
+	default:
+		return usagef("pair role %q: want active or standby", name)
+	}
+	set := func(c *control.Client, ctx context.Context) (wire.PairStatus, error) { return c.PairRole(ctx, role) }
+	return query(a, ctx, set, pairView, printPair)
+}
+
+// pairStatus prints the status of espd's gateway pair.
+func pairStatus(a *app, ctx context.Context, args []string) error {
+	if err := a.noFlags("pair status", args); err != nil {
+		return err
+	}
+	get := func(c *control.Client, ctx context.Context) (wire.PairStatus, error) {
+		return c.PairRole(ctx, wire.PairRoleNone)
+	}
+	return query(a, ctx, get, pairView, printPair)
+}

@@ -65,6 +65,11 @@ func (b dbBackend) Subscribe(n int) (control.Subscription, error) {
 	return control.SubscribeDB(b.db, n), nil
 }
 
+// PairRole answers as an espd that is not one of a gateway pair.
+func (b dbBackend) PairRole(wire.PairRole) (wire.PairStatus, error) {
+	return wire.PairStatus{}, wire.Errorf(wire.EOPNOTSUPP, "espd runs without --pair-node: it is not one of a gateway pair")
+}
+
 // daemon is an in-process control server over a fresh sa.DB.
 type daemon struct {
 	db   *sa.DB
@@ -73,9 +78,16 @@ type daemon struct {
 
 func startDaemon(t *testing.T) *daemon {
 	t.Helper()
+	return startDaemonWith(t, func(db *sa.DB) control.Backend { return dbBackend{db} })
+}
+
+// startDaemonWith is startDaemon serving the Backend that backend makes
+// of the fresh sa.DB.
+func startDaemonWith(t *testing.T, backend func(*sa.DB) control.Backend) *daemon {
+	t.Helper()
 	db := sa.NewDB(sa.Options{AcquireInterval: -1})
 	sock := filepath.Join(t.TempDir(), "espd.sock")
-	s, err := control.Listen(dbBackend{db}, control.ServerConfig{Path: sock})
+	s, err := control.Listen(backend(db), control.ServerConfig{Path: sock})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -214,6 +214,15 @@ func TestBadInput(t *testing.T) {
 		{[]string{"spi", "alloc", "--min", "0x200", "--max", "0x100"}, "is above --max"},
 		{[]string{"stats", "--spi", "1"}, "--spi and --dst name the state"},
 		{[]string{"monitor", "--events", "soft,boom"}, `unknown event "boom"`},
+		{[]string{"pair"}, "pair needs a subcommand (role, status)"},
+		{[]string{"pair", "roles"}, `unknown command "pair" "roles" (role, status)`},
+		{[]string{"pair", "role"}, "pair role needs active or standby"},
+		{[]string{"pair", "role", "--json"}, "pair role needs active or standby"},
+		{[]string{"pair", "role", "master"}, `pair role "master": want active or standby`},
+		{[]string{"pair", "role", "Active"}, `want active or standby`},
+		{[]string{"pair", "role", "active", "standby"}, `unexpected argument "standby"`},
+		{[]string{"pair", "role", "active", "--node", "1"}, "flag provided but not defined: -node"},
+		{[]string{"pair", "status", "active"}, `unexpected argument "active"`},
 	}
 	for _, c := range cases {
 		var out, errb bytes.Buffer

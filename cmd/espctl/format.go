@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"strings"
 	"time"
@@ -215,6 +216,25 @@ func printStats(w io.Writer, st control.Stats) {
 			in.Config.SPI, addrString(in.Config.Dst), in.Config.Dir, in.Config.ReqID, ifIDString(in.Config.IfID), in.Stats.State,
 			in.Stats.Packets, in.Stats.Bytes, dropsString(&in.Stats.Drops))
 	}
+}
+
+// printPair prints a gateway pair's status on one line:
+// "node 1 role active released 3 silent 0 peer-heard 120ms".
+func printPair(w io.Writer, st wire.PairStatus) {
+	fmt.Fprintf(w, "node %d role %v released %d silent %d peer-heard %s\n",
+		st.Node, st.Role, st.Released, st.Silent, peerHeardString(st.PeerHeardMs))
+}
+
+// peerHeardString formats the time since the other node was last heard,
+// "never" for 0.
+func peerHeardString(ms uint64) string {
+	if ms == 0 {
+		return "never"
+	}
+	if ms > uint64(math.MaxInt64/time.Millisecond) {
+		return fmt.Sprintf("%dms", ms)
+	}
+	return (time.Duration(ms) * time.Millisecond).String()
 }
 
 // printEvent prints one event on one line, prefixed by its time.

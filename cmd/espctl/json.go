@@ -244,6 +244,23 @@ func eventView(e wire.Event) eventJSON {
 	return v
 }
 
+type pairJSON struct {
+	Node     uint32 `json:"node"`
+	Role     string `json:"role"`
+	Released uint32 `json:"released"`
+	Silent   uint32 `json:"silent"`
+	// PeerHeardMs is null when the other node was never heard.
+	PeerHeardMs *uint64 `json:"peer_heard_ms"`
+}
+
+func pairView(st wire.PairStatus) pairJSON {
+	v := pairJSON{Node: st.Node, Role: st.Role.String(), Released: st.Released, Silent: st.Silent}
+	if st.PeerHeardMs != 0 {
+		v.PeerHeardMs = &st.PeerHeardMs
+	}
+	return v
+}
+
 // writeJSON writes v as one line of JSON.
 func writeJSON(w io.Writer, v any) error {
 	return json.NewEncoder(w).Encode(v)

@@ -1,11 +1,13 @@
 // Command espctl configures espd over its control socket: states (SAs),
-// policies, SPI allocation, counters and events.
+// policies, SPI allocation, counters, events and a gateway pair's role.
 //
 //	espctl [-s socket] [--json] sa add|update|del|get|list|flush [flags]
 //	espctl [-s socket] [--json] policy add|update|del|get|list|flush [flags]
 //	espctl [-s socket] [--json] spi alloc [--min SPI --max SPI]
 //	espctl [-s socket] [--json] stats [--spi SPI --dst ADDR]
 //	espctl [-s socket] [--json] monitor [--events KINDS] [--count N]
+//	espctl [-s socket] [--json] pair role active|standby
+//	espctl [-s socket] [--json] pair status
 //
 // Run "espctl sa add -h" and so on for the flags of each command.
 package main
@@ -58,6 +60,8 @@ commands:
   spi alloc   [--min SPI] [--max SPI]
   stats       [--spi SPI --dst ADDR]
   monitor     [--events soft-expire,hard-expire,acquire,mapping] [--count N]
+  pair role   active|standby   (set this espd's role in its gateway pair)
+  pair status
 
 "espctl sa add -h" lists the state options (mode tunnel or transport, replay window,
 ESN, UDP encapsulation, reqid, selectors, lifetimes, outer TTL/DSCP/ECN/DF, TFC);
@@ -131,7 +135,8 @@ var commands = map[string]map[string]command{
 		"add": policyAdd, "update": policyUpdate, "del": policyDel, "delete": policyDel,
 		"get": policyGet, "list": policyList, "show": policyList, "flush": policyFlush,
 	},
-	"spi": {"alloc": spiAlloc},
+	"spi":  {"alloc": spiAlloc},
+	"pair": {"role": pairRole, "status": pairStatus},
 }
 
 func (a *app) dispatch(ctx context.Context, args []string) error {
@@ -146,7 +151,7 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 	}
 	verbs, ok := commands[args[0]]
 	if !ok {
-		return usagef("unknown command %q (sa, policy, spi, stats, monitor)", args[0])
+		return usagef("unknown command %q (sa, policy, spi, stats, monitor, pair)", args[0])
 	}
 	if len(args) < 2 {
 		return usagef("%s needs a subcommand (%s)", args[0], verbList(verbs))
@@ -166,7 +171,7 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 }
 
 func verbList(verbs map[string]command) string {
-	for _, order := range [][]string{{"add", "update", "del", "get", "list", "flush"}, {"alloc"}} {
+	for _, order := range [][]string{{"add", "update", "del", "get", "list", "flush"}, {"alloc"}, {"role", "status"}} {
 		if _, ok := verbs[order[0]]; ok {
 			s := ""
 			for i, v := range order {

@@ -3,6 +3,8 @@ package wire
 import (
 	"bytes"
 	"encoding/hex"
+	"fmt"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -49,6 +51,27 @@ func TestDocExample(t *testing.T) {
 		}
 		if _, err := Decode(blocks[i]); err != nil {
 			t.Errorf("example %d: %v", i, err)
+		}
+	}
+}
+
+// TestDocNumbers checks that docs/control-protocol.md has a table row for
+// every message type and top-level attribute the codec names, with the
+// codec's number: "| 0x0050 | PAIR_ROLE |", "| 89 | PAIR_ROLE |".
+func TestDocNumbers(t *testing.T) {
+	b, err := os.ReadFile("../../docs/control-protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	for typ, name := range msgNames {
+		if row := fmt.Sprintf("| 0x%04x | %s |", uint16(typ), name); !strings.Contains(doc, row) {
+			t.Errorf("docs/control-protocol.md has no row %q", row)
+		}
+	}
+	for a, name := range attrNames[spaceTop] {
+		if row := fmt.Sprintf("| %d | %s |", a, name); !strings.Contains(doc, row) {
+			t.Errorf("docs/control-protocol.md has no row %q", row)
 		}
 	}
 }

@@ -38,6 +38,8 @@ var attrNames = [...]map[AttrType]string{
 		AttrFlow: "FLOW", AttrNewAddr: "NEW_ADDR", AttrNewPort: "NEW_PORT", AttrEventsLost: "EVENTS_LOST",
 		AttrEventTime: "EVENT_TIME", AttrEventMask: "EVENT_MASK",
 		AttrIKEPorts: "IKE_PORTS", AttrIKEData: "IKE_DATA",
+		AttrPairNode: "PAIR_NODE", AttrPairRole: "PAIR_ROLE", AttrPairReleased: "PAIR_RELEASED",
+		AttrPairSilent: "PAIR_SILENT", AttrPairPeerHeard: "PAIR_PEER_HEARD",
 	},
 	spaceSelector: {SelSrc: "SEL_SRC", SelDst: "SEL_DST", SelProto: "SEL_PROTO",
 		SelSrcPorts: "SEL_SRC_PORTS", SelDstPorts: "SEL_DST_PORTS"},

@@ -130,5 +130,11 @@ func sampleMessages(t testing.TB) [][]byte {
 	add(MsgSAAdd, 0, func(b *Builder) { putSAConfig(b, wiretest.TransportConfig(t, 0x3001), true) })
 	add(MsgSAGet, FlagReply, func(b *Builder) { PutSAInfo(b, SAInfo{Config: wiretest.TransportConfig(t, 0x3001)}) })
 	add(MsgPolicyAdd, 0, func(b *Builder) { PutPolicy(b, wiretest.TransportPolicy()) })
+	// A gateway pair's role: set, query, status.
+	add(MsgPairRole, 0, func(b *Builder) { PutPairRole(b, PairRoleActive) })
+	add(MsgPairRole, 0, nil)
+	add(MsgPairRole, FlagReply, func(b *Builder) {
+		PutPairStatus(b, PairStatus{Node: 2, Role: PairRoleStandby, Released: 3, Silent: 1, PeerHeardMs: 120})
+	})
 	return out
 }

@@ -75,6 +75,9 @@ const (
 	MsgIKERegister   MsgType = 0x0040
 	MsgIKEPacket     MsgType = 0x0041
 	MsgIKEUnregister MsgType = 0x0042
+
+	// A gateway pair's role (pair_codec.go).
+	MsgPairRole MsgType = 0x0050
 )
 
 var msgNames = map[MsgType]string{
@@ -85,6 +88,7 @@ var msgNames = map[MsgType]string{
 	MsgPolicyGet: "POLICY_GET", MsgPolicyList: "POLICY_LIST", MsgPolicyFlush: "POLICY_FLUSH",
 	MsgStats: "STATS", MsgSubscribe: "SUBSCRIBE", MsgUnsubscribe: "UNSUBSCRIBE",
 	MsgIKERegister: "IKE_REGISTER", MsgIKEPacket: "IKE_PACKET", MsgIKEUnregister: "IKE_UNREGISTER",
+	MsgPairRole: "PAIR_ROLE",
 }
 
 // String returns the protocol name of the message type.

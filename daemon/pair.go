@@ -1,0 +1,199 @@
+package daemon
+
+import (
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/espd/espd/control/wire"
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/pairsync"
+	"github.com/espd/espd/sa"
+)
+
+// PairOptions make espd one node of an active/standby gateway pair
+// (docs/ha.md). Node 0: no pair.
+type PairOptions struct {
+	Node int // 1 or 2: which sequence blocks this node numbers from
+	// Listen and Peer are the pair link's UDP addresses (host:port) of
+	// this node and of the other.
+	Listen, Peer string
+	// KeyFile holds the pair's key, 64 hex digits, readable by its owner
+	// only.
+	KeyFile string
+	// Interval and Lease: pairsync.Config's (0: its defaults).
+	Interval, Lease time.Duration
+}
+
+// pair is the daemon's part in a gateway pair.
+type pair struct {
+	node *pairsync.Node
+	num  int
+	log  *slog.Logger
+
+	mu       sync.Mutex // serializes role changes
+	released int
+	silent   int
+}
+
+// readPairKey reads the pair's key from path: 64 hex digits, in a file
+// that only its owner may read.
+func readPairKey(path string) (pairsync.Key, error) {
+	var k pairsync.Key
+	fi, err := os.Stat(path)
+	if err != nil {
+		return k, fmt.Errorf("pair key: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return k, fmt.Errorf("pair key %s: mode %v lets others read it: chmod 600", path, fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return k, fmt.Errorf("pair key: %w", err)
+	}
+	defer clear(b)
+	s := strings.TrimSpace(string(b))
+	if len(s) != 2*pairsync.KeyLen {
+		return k, fmt.Errorf("pair key %s: want %d hex digits (openssl rand -hex %d), found %d characters", path, 2*pairsync.KeyLen, pairsync.KeyLen, len(s))
+	}
+	if _, err := hex.Decode(k[:], []byte(s)); err != nil {
+		return k, fmt.Errorf("pair key %s: %w", path, err)
+	}
+	return k, nil
+}
+
+// newPair opens the pair link and makes the Node that wraps store (nil:
+// in memory). db is read only once Run runs.
+func newPair(o PairOptions, store sa.SeqStore, db **sa.DB, log *slog.Logger) (*pair, error) {
+	if o.Node != 1 && o.Node != 2 {
+		return nil, fmt.Errorf("pair: node %d: a pair's nodes are 1 and 2", o.Node)
+	}
+	if o.Listen == "" || o.Peer == "" || o.KeyFile == "" {
+		return nil, fmt.Errorf("pair: node %d needs the link's own address, the peer's and the key file", o.Node)
+	}
+	key, err := readPairKey(o.KeyFile)
+	if err != nil {
+		return nil, err
+	}
+	peer, err := net.ResolveUDPAddr("udp", o.Peer)
+	if err != nil {
+		return nil, fmt.Errorf("pair peer: %w", err)
+	}
+	c, err := net.ListenPacket("udp", o.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("pair link: %w", err)
+	}
+	if store == nil {
+		store = sa.NewMemSeqStore()
+	}
+	log = log.With("component", "pair")
+	node, err := pairsync.NewNode(pairsync.Config{
+		Key: key, Conn: c, Peer: peer, Store: store, Interval: o.Interval, Lease: o.Lease, Logger: log,
+		Windows:   func() []pairsync.Window { return pairWindows(*db) },
+		OnWindows: func(ws []pairsync.Window) { mergeWindows(*db, ws) },
+	})
+	clear(key[:])
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &pair{node: node, num: o.Node, log: log}, nil
+}
+
+// pairWindows returns the replay windows of the live inbound states.
+func pairWindows(db *sa.DB) []pairsync.Window {
+	var ws []pairsync.Window
+	for _, s := range db.SAs() {
+		if s.Dir() != sa.DirIn || !s.Alive() || s.ReplayTop() == 0 {
+			continue
+		}
+		ws = append(ws, pairsync.Window{FP: s.Fingerprint(), Top: s.ReplayTop(), Bitmap: s.ReplayBitmap()})
+	}
+	return ws
+}
+
+// mergeWindows adds reported windows to the inbound states of their keys.
+func mergeWindows(db *sa.DB, ws []pairsync.Window) {
+	if len(ws) == 0 {
+		return
+	}
+	byFP := make(map[crypto.Fingerprint]pairsync.Window, len(ws))
+	for _, w := range ws {
+		byFP[w.FP] = w
+	}
+	for _, s := range db.SAs() {
+		if s.Dir() != sa.DirIn {
+			continue
+		}
+		if w, ok := byFP[s.Fingerprint()]; ok {
+			s.MergeReplay(w.Top, w.Bitmap)
+		}
+	}
+}
+
+// pairRole sets (role != 0) or reads this node's role (PAIR_ROLE).
+// Becoming active merges the windows the other node reported into the
+// inbound states and releases each silent outbound state above its
+// key's fresh report (sa.DB.Activate); a key without one stays silent
+// and is soft-expired, so charon rekeys it. Becoming standby silences
+// every outbound state.
+func (d *Daemon) pairRole(role wire.PairRole) (wire.PairStatus, error) {
+	p := d.pair
+	if p == nil {
+		return wire.PairStatus{}, wire.Errorf(wire.EOPNOTSUPP, "espd runs without --pair-node: it is not one of a gateway pair")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch role {
+	case wire.PairRoleNone:
+	case wire.PairRoleActive:
+		if p.node.Role() == pairsync.RoleActive && !d.db.Standby() {
+			break
+		}
+		p.node.SetRole(pairsync.RoleActive)
+		d.activate(p)
+	case wire.PairRoleStandby:
+		d.db.SetStandby(true)
+		p.node.SetRole(pairsync.RoleStandby)
+		p.released, p.silent = 0, 0
+	default:
+		return wire.PairStatus{}, wire.Errorf(wire.EINVAL, "pair role %d: want active (1) or standby (2)", role)
+	}
+	st := wire.PairStatus{Node: uint32(p.num), Role: wire.PairRoleStandby, Released: uint32(p.released), Silent: uint32(p.silent)}
+	if p.node.Role() == pairsync.RoleActive {
+		st.Role = wire.PairRoleActive
+	}
+	if ago, ok := p.node.PeerHeard(); ok {
+		st.PeerHeardMs = max(uint64(ago.Milliseconds()), 1)
+	}
+	return st, nil
+}
+
+// activate takes over: windows first (replays are refused from the
+// first packet), then the outbound states.
+func (d *Daemon) activate(p *pair) {
+	for _, s := range d.db.SAs() {
+		if s.Dir() != sa.DirIn {
+			continue
+		}
+		if w, ok := p.node.Window(s.Fingerprint()); ok {
+			s.MergeReplay(w.Top, w.Bitmap)
+		}
+	}
+	p.released, p.silent = 0, 0
+	for _, a := range d.db.Activate(p.node.Report) {
+		if a.Err != nil {
+			p.silent++
+			p.log.Warn("takeover: state stays silent until rekeyed", "spi", fmt.Sprintf("0x%08x", a.SA.SPI()), "err", a.Err)
+			continue
+		}
+		p.released++
+		p.log.Info("takeover: state continues", "spi", fmt.Sprintf("0x%08x", a.SA.SPI()), "above", a.Floor)
+	}
+	p.log.Info("pair role active", "released", p.released, "silent", p.silent)
+}
