@@ -42,6 +42,9 @@ import (
 // haSegment is the one segment of the pair (segment_count = 1).
 const haSegment = 1
 
+// haPairPort is the UDP port of the espds' pair link.
+const haPairPort = 4520
+
 // haTakeoverBound is how long the standby may take to hold the addresses
 // and activate its segment after the active node died (generous: with
 // keepalived's 0.2 s adverts it takes about a second).
@@ -91,7 +94,7 @@ func haFIFO(g *gateway) string {
 // has closed the FIFO: charon reads one command per open, and one written
 // while it still handles the previous would be lost. It logs what it did
 // to logPath, one "start" and one "done" line per command.
-func haNotifyScript(charonPid int, logPath string) string {
+func haNotifyScript(charonPid int, logPath, espctl, sock string) string {
 	return fmt.Sprintf(`#!/bin/sh
 pid=%[1]d
 fifo=/proc/$pid/root/run/charon.ha
@@ -101,11 +104,13 @@ n=0
 while [ "$n" -lt 1000 ] && IFS= read -r line; do
 	n=$((n+1))
 	case "$line" in
-	GROUP*" MASTER"*) cmd=+%[3]d ;;
-	GROUP*" BACKUP"*|GROUP*" FAULT"*|GROUP*" STOP"*) cmd=-%[3]d ;;
+	GROUP*" MASTER"*) cmd=+%[3]d role=active ;;
+	GROUP*" BACKUP"*|GROUP*" FAULT"*|GROUP*" STOP"*) cmd=-%[3]d role=standby ;;
 	*) continue ;;
 	esac
 	echo "$(date +%%s.%%N) start $cmd ($line)" >>"$log"
+	timeout 10 %[4]q -s %[5]q pair role "$role" >>"$log" 2>&1
+	echo "$(date +%%s.%%N) espd $role rc=$?" >>"$log"
 	rc=nofifo
 	i=0
 	while [ "$i" -lt 50 ]; do
@@ -129,7 +134,7 @@ while [ "$n" -lt 1000 ] && IFS= read -r line; do
 	done
 	echo "$(date +%%s.%%N) done $cmd rc=$rc" >>"$log"
 done <"$events"
-`, charonPid, logPath, haSegment)
+`, charonPid, logPath, haSegment, espctl, sock)
 }
 
 // haKeepalivedConf is testbed.KeepalivedConf with the notify FIFO and its
@@ -150,7 +155,7 @@ func (n *haNode) startKeepalived(t *testing.T, priority int) {
 	t.Helper()
 	script := filepath.Join(n.dir, "notify.sh")
 	n.notifyLog = filepath.Join(n.dir, "notify.log")
-	if err := os.WriteFile(script, []byte(haNotifyScript(n.charon.Pid(), n.notifyLog)), 0o700); err != nil {
+	if err := os.WriteFile(script, []byte(haNotifyScript(n.charon.Pid(), n.notifyLog, espctlBin, n.sock)), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	conf := haKeepalivedConf(t, n.name, testbed.KeepalivedOptions{Priority: priority, AdvertInt: "0.2"},
@@ -334,9 +339,18 @@ func newHAPair(t *testing.T) *haPair {
 		vips: []string{testbed.GwATransitV4.Addr().String(), testbed.GwALANV4.Addr().String(),
 			testbed.GwATransitV6.Addr().String(), testbed.GwALANV6.Addr().String()},
 	}
-	for _, g := range []*gateway{h.node1.gateway, h.node2.gateway, h.peer} {
-		g.startEspd()
+	// The two espds' pair link, on the sync link beside the ha plugin's.
+	key := filepath.Join(t.TempDir(), "pair.key")
+	if err := os.WriteFile(key, []byte("5eed"+strings.Repeat("0123456789abcdef", 3)+"0123456789ab\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
+	syncs := []netip.Prefix{testbed.Node1SyncV4, testbed.Node2SyncV4}
+	for i, n := range []*haNode{h.node1, h.node2} {
+		n.startEspd("--pair-node", strconv.Itoa(i+1), "--pair-key-file", key,
+			"--pair-listen", netip.AddrPortFrom(syncs[i].Addr(), haPairPort).String(),
+			"--pair-peer", netip.AddrPortFrom(syncs[1-i].Addr(), haPairPort).String())
+	}
+	h.peer.startEspd()
 	h.node1.startCharon(haCharonOptions(testbed.Node1SyncV4, testbed.Node2SyncV4))
 	h.node2.startCharon(haCharonOptions(testbed.Node2SyncV4, testbed.Node1SyncV4))
 	h.peer.startCharon(charonOptions{})
@@ -528,13 +542,6 @@ func TestHAPair(t *testing.T) {
 		tookVIPs.Sub(killed).Round(time.Millisecond), tookSegment.Sub(killed).Round(time.Millisecond),
 		n2.lastNotifyAt("start", fmt.Sprintf("+%d", haSegment)).Sub(killed).Round(time.Millisecond), stillOn1)
 
-	// The traffic through node2 needs espd's part of the pair (issue 23):
-	// until the two espds sync their reservations and windows, node2
-	// numbers its packets from 1 and the peer drops them all as replays.
-	// ESPD_HA_TRAFFIC=1 runs the check meanwhile, to see it fail.
-	if os.Getenv("ESPD_HA_TRAFFIC") != "1" {
-		t.Skip("the traffic through the standby after the takeover waits for espd's pair sync (issue 23): node2 restarts its sequence numbers at 1 and the peer drops them as replays; ESPD_HA_TRAFFIC=1 runs the check")
-	}
 	checkFailoverTraffic(t, h, failover{killed: killed, tookOver: tookVIPs, peerChild: peerChild,
 		peerBefore: stPeer, capture: capPeer})
 }
