@@ -151,3 +151,38 @@ func (s *SA) MergeReplay(top uint64, bitmap []byte) {
 		d.Replay.Merge(top, bitmap)
 	}
 }
+
+// FollowPeer is for a split brain, both nodes of a pair active: the other
+// node reports that key fp's numbers may have gone up to floor. The live,
+// released outbound state of fp then continues above it: its counter is
+// raised (never lowered) without a reservation, and the extension its
+// next packet starts reserves this node's first own block above floor.
+// So when the split heals, the node that carries the traffic numbers
+// above what the other sent, and an idle node reserves nothing (the two
+// do not leapfrog). It reports whether a state was raised.
+func (db *DB) FollowPeer(fp crypto.Fingerprint, floor uint64) bool {
+	d := &db.sadb
+	d.mu.Lock()
+	var s *SA
+	if e := d.keys[fp]; e != nil {
+		s = e.live
+	}
+	d.mu.Unlock()
+	if s == nil || s.dir != DirOut || s.silent.Load() || s.State() == StateDead {
+		return false
+	}
+	floor = min(floor, s.seqMax)
+	for {
+		u := s.seqUsed.Load()
+		if u >= floor {
+			return false
+		}
+		if s.seqUsed.CompareAndSwap(u, floor) {
+			break
+		}
+	}
+	if floor == s.seqMax {
+		db.hardExpire(s, ExpireSequence)
+	}
+	return true
+}

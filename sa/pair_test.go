@@ -266,3 +266,36 @@ func TestMergeReplay(t *testing.T) {
 		t.Error("an outbound state took a window")
 	}
 }
+
+// TestPairFollowPeer: a state raised above the other node's report
+// reserves nothing until it is used, then continues in this node's first
+// own block above the report; a report below changes nothing.
+func TestPairFollowPeer(t *testing.T) {
+	st := newCapStore()
+	db := newPairDB(t, 1, st)
+	s := mustAdd(t, db, testConfig(0x5500, DirOut, 1))
+	if f, _ := grant(t, s, 3); f != 1 {
+		t.Fatalf("first grant at %d", f)
+	}
+	before := st.reserved(s.fp)
+	const floor = 4 * pairBlock // the end of node 2's block 3
+	if !db.FollowPeer(s.fp, floor) {
+		t.Fatal("FollowPeer raised nothing")
+	}
+	if db.FollowPeer(s.fp, 2) {
+		t.Error("a lower report raised the state")
+	}
+	if r := st.reserved(s.fp); r != before {
+		t.Errorf("FollowPeer reserved %d (was %d) before any use", r, before)
+	}
+	f, g := grant(t, s, 2)
+	if f != floor+1 || g != 2 || ownerOf(f) != 1 {
+		t.Errorf("after FollowPeer: granted %d+%d, want %d+2 in node 1's block", f, g, floor+1)
+	}
+	if r := st.reserved(s.fp); r < floor+2 {
+		t.Errorf("reservation %d below what was granted", r)
+	}
+	if db.FollowPeer(crypto.Fingerprint{1}, 100) {
+		t.Error("FollowPeer raised a key without a state")
+	}
+}

@@ -120,7 +120,8 @@ func (db *DB) extendOnce(s *SA) error {
 	if lim == 0 || lim >= s.seqMax || s.State() == StateDead {
 		return nil
 	}
-	next := db.seqNext(lim, s.seqMax)
+	// The counter can be above the reservation after FollowPeer.
+	next := db.seqNext(max(lim, s.seqUsed.Load()), s.seqMax)
 	if err := db.opts.Seq.Reserve(s.fp, next); err != nil {
 		return err
 	}
