@@ -96,6 +96,13 @@ func newPair(o PairOptions, store sa.SeqStore, db **sa.DB, log *slog.Logger) (*p
 		Key: key, Conn: c, Peer: peer, Store: store, Interval: o.Interval, Lease: o.Lease, Logger: log,
 		Windows:   func() []pairsync.Window { return pairWindows(*db) },
 		OnWindows: func(ws []pairsync.Window) { mergeWindows(*db, ws) },
+		OnPeerActive: func(rs []pairsync.Reservation) {
+			for _, r := range rs {
+				if (*db).FollowPeer(r.FP, r.Limit) {
+					log.Warn("split brain: a state continues above the other active node's reservation", "above", r.Limit)
+				}
+			}
+		},
 	})
 	clear(key[:])
 	if err != nil {

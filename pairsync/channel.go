@@ -215,8 +215,9 @@ func (n *Node) receive(b []byte) {
 			}
 			n.mu.Unlock()
 			if warn {
-				n.log.Warn("pair link: the other node acts as active too (split brain): each keeps to its own sequence blocks, so no number repeats; the VRRP configuration decides which one carries the traffic")
+				n.log.Warn("pair link: the other node acts as active too (split brain): each keeps to its own sequence blocks, so no number repeats, and continues above the other's reports; the VRRP configuration decides which one carries the traffic")
 			}
+			n.followPeer(&m)
 			return
 		}
 		standbySince := n.standbySince
@@ -254,4 +255,22 @@ func (n *Node) standbyApply(m *Message, standbySince uint64) {
 	b := n.encodeLocked(&Message{Type: TypeAck, AckEpoch: m.Epoch, AckCounter: m.Counter, Reservations: m.Reservations})
 	n.mu.Unlock()
 	n.send(b)
+}
+
+// followPeer records an active peer's reservations and hands them to
+// OnPeerActive.
+func (n *Node) followPeer(m *Message) {
+	if m.Type != TypeReserve || len(m.Reservations) == 0 {
+		return
+	}
+	if err := n.ledger.Apply(m); err != nil {
+		n.mu.Lock()
+		n.stats.RecordErrors++
+		n.mu.Unlock()
+		n.log.Error("pair link: cannot record the other active node's reservations", "err", err)
+		return
+	}
+	if n.cfg.OnPeerActive != nil {
+		n.cfg.OnPeerActive(m.Reservations)
+	}
 }

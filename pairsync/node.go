@@ -64,7 +64,11 @@ type Config struct {
 	// node stands by. Either may be nil.
 	Windows   func() []Window
 	OnWindows func([]Window)
-	Logger    *slog.Logger
+	// OnPeerActive hears the reservations the other node reports while
+	// both are active (a split brain), once recorded in Store: this
+	// node's states continue above them (sa.DB.FollowPeer). May be nil.
+	OnPeerActive func([]Reservation)
+	Logger       *slog.Logger
 }
 
 // ErrClosed is returned by a Reserve that the Node's Close interrupted.

@@ -290,3 +290,34 @@ func TestNodeStandbySince(t *testing.T) {
 	p.ac.cut.Store(false)
 	waitFor(t, "a fresh report after the demotion", func() bool { _, ok := p.b.Report(fp(1)); return ok })
 }
+
+// TestNodeSplitBrain: two active nodes record each other's reservations
+// and hand them to OnPeerActive; neither waits for an ack for longer
+// than the lease.
+func TestNodeSplitBrain(t *testing.T) {
+	var mu sync.Mutex
+	got := map[crypto.Fingerprint]uint64{}
+	p := newTestPair(t, 0, func(a, b *Config) {
+		b.OnPeerActive = func(rs []Reservation) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, r := range rs {
+				got[r.FP] = max(got[r.FP], r.Limit)
+			}
+		}
+	})
+	p.a.SetRole(RoleActive)
+	p.b.SetRole(RoleActive)
+	reserveBounded(t, p.a, fp(3), 5<<20)
+	waitFor(t, "the other active's reservation", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return got[fp(3)] == 5<<20
+	})
+	if v, _ := p.bsto.Resume(fp(3), true); v != 5<<20 {
+		t.Errorf("the other active's store holds %d, want %d", v, 5<<20)
+	}
+	if p.b.Stats().SplitBrain == 0 {
+		t.Error("no split brain counted")
+	}
+}
