@@ -158,7 +158,7 @@ func (n *haNode) startKeepalived(t *testing.T, priority int) {
 	if err := os.WriteFile(script, []byte(haNotifyScript(n.charon.Pid(), n.notifyLog, espctlBin, n.sock)), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	conf := haKeepalivedConf(t, n.name, testbed.KeepalivedOptions{Priority: priority, AdvertInt: "0.2"},
+	conf := haKeepalivedConf(t, n.name, testbed.KeepalivedOptions{Priority: priority, NoPreempt: true, AdvertInt: "0.2"},
 		filepath.Join(n.dir, "keepalived.events"), script)
 	n.keepalived = testbed.StartKeepalived(t, n.node, n.dir, conf)
 	t.Cleanup(func() {
@@ -413,12 +413,18 @@ func (h *haPair) pingServerToClient(t *testing.T, when string) {
 }
 
 // TestHAPair: an active/standby pair of charon + espd gateways with the
-// ha plugin, keepalived switching the addresses and the segment. The peer
-// brings the tunnel up to the pair's address; the standby's charon gets
-// the IKE_SA and the CHILD_SA through the ha plugin and its espd the same
-// states. Then the active node dies (espd, charon and keepalived killed,
-// its links cut): the standby takes the addresses and the segment, and
-// the traffic must go on through it (checkFailoverTraffic).
+// ha plugin, keepalived (nopreempt) switching the addresses, the segment
+// and espd's role. The peer brings the tunnel up to the pair's address;
+// the standby's charon gets the IKE_SA and the CHILD_SA through the ha
+// plugin and its espd the same states, silent. Then, with pings and a TCP
+// transfer running, the active node dies (espd, charon and keepalived
+// killed, its links cut): the standby carries the traffic on within
+// haResumeBound, above the dead node's sequence numbers, with the peer's
+// SPIs unchanged and no replay or integrity drop at the peer. The dead
+// node comes back, is resynchronised (the ha plugin's rekey burst) and
+// stands by; then the other node dies and it takes over again, with the
+// same checks. Captures of both nodes' and the peer's transit sides show
+// no (SPI, sequence number) sent twice and no cleartext.
 func TestHAPair(t *testing.T) {
 	requireStrongSwan(t)
 	if _, err := os.Stat("/usr/lib/ipsec/plugins/libstrongswan-ha.so"); err != nil {
@@ -479,209 +485,395 @@ func TestHAPair(t *testing.T) {
 
 	// Some traffic before the failover, so that node1's sequence numbers
 	// (and the peer's replay window) are well ahead of 1: 300 echo
-	// requests and replies.
+	// requests and replies. Every ESP and cleartext frame on the three
+	// transit sides is captured from here to the end.
+	caps := h.startCaptures(t)
 	ctx := context.Background()
-	capPeer, err := h.p.GwB.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 128})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { capPeer.Stop() }) // in case the test ends before checkFailoverTraffic stops it
 	if r, err := h.p.Server.Ping(ctx, testbed.ClientV4.Addr(), testbed.PingOptions{Count: 300, Interval: 5 * time.Millisecond, Wait: time.Second}); err != nil || r.Received < 290 {
 		t.Fatalf("burst before the failover: %v\n%s", err, tail(r.Output, 5))
 	}
-	st1, st2, stPeer := n1.stats(), n2.stats(), peer.stats()
-	t.Logf("before the failover: node1 %s; %s", st1.saLine(c1.SPIOut), st1.saLine(c1.SPIIn))
-	t.Logf("before the failover: node2 %s; %s", st2.saLine(c2.SPIOut), st2.saLine(c2.SPIIn))
-	t.Logf("before the failover: peer %s; %s", stPeer.saLine(peerChild.SPIIn), stPeer.saLine(peerChild.SPIOut))
 
-	// 4. node1 dies: espd, charon and keepalived killed together, and its
-	// links cut, as a node that lost power (a killed keepalived leaves the
-	// addresses on node1's links, which would still answer ARP).
-	activations := n2.activations()
+	// 4. node1 dies with the traffic running: espd, charon and keepalived
+	// killed together, and its links cut, as a node that lost power.
+	h.failover(t, n1, n2, peerChild, func() {
+		for _, p := range []*testbed.Process{n1.espd, n1.charon, n1.keepalived} {
+			crashProcess(t, p)
+		}
+		h.p.Cut(t, n1.node, true)
+		for _, p := range []*testbed.Process{n1.espd, n1.charon, n1.keepalived} {
+			reapKilled(t, p)
+		}
+	})
+
+	// 5. node1 comes back (its addresses gone, as after a reboot; its
+	// state directory kept): the ha plugin resynchronises it and rekeys
+	// the CHILD_SA (the rekey burst), and node1 stands by (nopreempt)
+	// with the new CHILD_SA, while the traffic goes on through node2.
+	tr := h.startTraffic(t, 20*time.Second)
+	peerBefore := peer.stats()
+	h.restartNode(t, n1, 150)
+	newChild := h.waitResync(t, n1, n2, peerChild)
+	tr.wait(t)
+	tr.check(t, "during node1's return and the resync", time.Time{}, h.peer, newChild, peerBefore)
+
+	// 6. node2 dies: node1 takes over again, continuing the new CHILD_SA
+	// exactly.
+	h.failover(t, n2, n1, newChild, func() {
+		for _, p := range []*testbed.Process{n2.espd, n2.charon, n2.keepalived} {
+			crashProcess(t, p)
+		}
+		h.p.Cut(t, n2.node, true)
+		for _, p := range []*testbed.Process{n2.espd, n2.charon, n2.keepalived} {
+			reapKilled(t, p)
+		}
+	})
+
+	// The whole run: neither node sent an (SPI, sequence number) twice,
+	// and nothing crossed the transit link in clear.
+	caps.check(t)
+}
+
+// haCaptures are the captures of the transit side of both nodes and the
+// peer, for the whole run.
+type haCaptures struct {
+	nodes [2]*testbed.Capture
+	peer  *testbed.Capture
+}
+
+// startCaptures starts capturing the three transit sides.
+func (h *haPair) startCaptures(t *testing.T) *haCaptures {
+	t.Helper()
+	c := &haCaptures{}
+	var err error
+	for i, n := range []*testbed.Node{h.p.Node1, h.p.Node2} {
+		if c.nodes[i], err = n.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 128}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.peer, err = h.p.GwB.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 128}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, x := range []*testbed.Capture{c.nodes[0], c.nodes[1], c.peer} {
+			x.Stop()
+		}
+	})
+	return c
+}
+
+// check stops the captures and requires that the pair sent no (SPI,
+// sequence number) twice (as both nodes' transit sides saw their ESP go
+// out, and as the peer received it), that the captures lost nothing, and
+// that no inner address crossed any of them in clear.
+func (c *haCaptures) check(t *testing.T) {
+	t.Helper()
+	vip := testbed.GwATransitV4.Addr()
+	inner := []netip.Addr{testbed.ClientV4.Addr(), testbed.ServerV4.Addr(), testbed.ClientV6.Addr(), testbed.ServerV6.Addr()}
+	type key struct{ spi, seq uint32 }
+	sent := map[key]string{}
+	for i, x := range c.nodes {
+		res, err := x.Stop()
+		if err != nil {
+			t.Fatalf("capture on node%d: %v", i+1, err)
+		}
+		if !res.Complete() {
+			t.Errorf("capture on node%d lost frames: %s", i+1, res.Summary())
+		}
+		n := 0
+		for _, f := range res.Frames {
+			if (f.Class == testbed.ClassESP || f.Class == testbed.ClassESPInUDP) && f.Outgoing && f.Src == vip {
+				k := key{f.SPI, f.Seq}
+				if prev, dup := sent[k]; dup {
+					t.Errorf("node%d sent spi 0x%08x seq %d, which %s had sent", i+1, f.SPI, f.Seq, prev)
+				}
+				sent[k] = fmt.Sprintf("node%d", i+1)
+				n++
+			}
+		}
+		if leaks := res.Leaks(inner...); len(leaks) > 0 {
+			t.Errorf("node%d's transit side carried %d cleartext frames, first %v", i+1, len(leaks), leaks[0].String())
+		}
+		t.Logf("node%d's transit side: %s; %d ESP packets sent from the pair's address", i+1, res.Summary(), n)
+	}
+	res, err := c.peer.Stop()
+	if err != nil {
+		t.Fatalf("capture on the peer: %v", err)
+	}
+	seen := map[key]bool{}
+	n := 0
+	for _, f := range res.Frames {
+		if (f.Class == testbed.ClassESP || f.Class == testbed.ClassESPInUDP) && !f.Outgoing && f.Src == vip {
+			k := key{f.SPI, f.Seq}
+			if seen[k] {
+				t.Errorf("the peer received spi 0x%08x seq %d twice from the pair", f.SPI, f.Seq)
+			}
+			seen[k] = true
+			n++
+		}
+	}
+	if leaks := res.Leaks(inner...); len(leaks) > 0 {
+		t.Errorf("the peer's transit side carried %d cleartext frames, first %v", len(leaks), leaks[0].String())
+	}
+	if !res.Complete() {
+		t.Errorf("capture on the peer lost frames: %s", res.Summary())
+	}
+	t.Logf("the peer's transit side: %s; %d ESP packets from the pair's address, each (SPI, seq) once; the nodes sent %d", res.Summary(), n, len(sent))
+	if n == 0 || len(sent) == 0 {
+		t.Error("no ESP from the pair captured")
+	}
+}
+
+// haTraffic is the traffic through the pair while a node fails: echo
+// requests every 100 ms from the server to the client, each reply timed
+// (-D), missing ones reported as they go (-O), and a paced TCP transfer
+// from the server to the client.
+type haTraffic struct {
+	start    time.Time
+	pingDone chan struct{}
+	pingOut  string
+	pingErr  error
+	xferDone chan struct{}
+	xfer     testbed.TransferResult
+	xferErr  error
+	count    int
+}
+
+var pingReplyRE = regexp.MustCompile(`(?m)^\[(\d+\.\d+)\] \d+ bytes from [^:]+: icmp_seq=(\d+)`)
+
+// haTransferRate paces the transfer (bytes per second).
+const haTransferRate = 250 << 10
+
+// startTraffic starts the pings and the transfer, for about d.
+func (h *haPair) startTraffic(t *testing.T, d time.Duration) *haTraffic {
+	t.Helper()
+	tr := &haTraffic{start: time.Now(), pingDone: make(chan struct{}), xferDone: make(chan struct{}), count: int(d / (100 * time.Millisecond))}
+	go func() {
+		defer close(tr.pingDone)
+		ctx, cancel := context.WithTimeout(context.Background(), d+20*time.Second)
+		defer cancel()
+		tr.pingOut, tr.pingErr = h.p.Server.Run(ctx, "ping", "-n", "-D", "-O", "-4", "-c", strconv.Itoa(tr.count), "-i", "0.1", "-W", "1",
+			testbed.ClientV4.Addr().String())
+	}()
+	go func() {
+		defer close(tr.xferDone)
+		n := int64(d.Seconds() * haTransferRate)
+		tr.xfer, tr.xferErr = testbed.Transfer(context.Background(), testbed.TransferOptions{
+			From: h.p.Server, To: h.p.Client, Dst: testbed.ClientV4.Addr(), Bytes: n, Timeout: d + 60*time.Second,
+			Seed: uint64(n), MaxRate: haTransferRate,
+		})
+		if tr.xferErr == nil && (tr.xfer.Bytes != n || tr.xfer.Sent != tr.xfer.Received) {
+			tr.xferErr = fmt.Errorf("%d of %d bytes arrived, intact %v", tr.xfer.Bytes, n, tr.xfer.Sent == tr.xfer.Received)
+		}
+	}()
+	return tr
+}
+
+// wait waits (bounded by their own timeouts) for the pings and the
+// transfer to end.
+func (tr *haTraffic) wait(t *testing.T) {
+	t.Helper()
+	for _, c := range []chan struct{}{tr.pingDone, tr.xferDone} {
+		select {
+		case <-c:
+		case <-time.After(3 * time.Minute):
+			t.Fatal("the traffic through the pair did not end")
+		}
+	}
+}
+
+// check requires what a failover (at tookOver; zero: none expected) must
+// leave: the transfer complete and intact, the pings answered again
+// within haResumeBound of tookOver and then at most 2 lost, none lost
+// without a failover; the peer's CHILD_SA as child, its espd's states
+// the same, and no replay or integrity drop at the peer since before.
+func (tr *haTraffic) check(t *testing.T, what string, tookOver time.Time, peer *gateway, child childSA, before espdStats) {
+	t.Helper()
+	if tr.pingErr != nil && !strings.Contains(tr.pingOut, "packets transmitted") {
+		t.Fatalf("%s: ping from the server: %v\n%s", what, tr.pingErr, tr.pingOut)
+	}
+	var replies []time.Time
+	var seqs []int
+	for _, m := range pingReplyRE.FindAllStringSubmatch(tr.pingOut, -1) {
+		sec, _ := strconv.ParseFloat(m[1], 64)
+		seq, _ := strconv.Atoi(m[2])
+		replies = append(replies, time.Unix(0, int64(sec*1e9)))
+		seqs = append(seqs, seq)
+	}
+	t.Logf("%s: %d of %d echo requests answered; ping:\n%s", what, len(replies), tr.count, tail(tr.pingOut, 4))
+	if tr.xferErr != nil {
+		t.Errorf("%s: the TCP transfer failed: %v (%v)", what, tr.xferErr, tr.xfer)
+	} else {
+		t.Logf("%s: TCP transfer %v", what, tr.xfer)
+	}
+	if tookOver.IsZero() {
+		if lost := tr.count - len(replies); lost > 2 {
+			t.Errorf("%s: %d of %d echo requests lost without a failover", what, lost, tr.count)
+		}
+	} else {
+		first := -1
+		for i, at := range replies {
+			if at.After(tookOver) {
+				first = i
+				break
+			}
+		}
+		switch {
+		case first < 0:
+			t.Errorf("%s: no echo request answered after the takeover", what)
+		default:
+			gap := replies[first].Sub(tookOver)
+			var last time.Time
+			if first > 0 {
+				last = replies[first-1]
+			}
+			t.Logf("%s: the first reply after the takeover came %v after it (icmp_seq %d; the last one before: %v before the takeover)",
+				what, gap.Round(time.Millisecond), seqs[first], tookOver.Sub(last).Round(time.Millisecond))
+			if gap > haResumeBound {
+				t.Errorf("%s: traffic resumed %v after the takeover, more than %v", what, gap, haResumeBound)
+			}
+			if lost := (tr.count - seqs[first]) - (len(replies) - 1 - first); lost > 2 {
+				t.Errorf("%s: %d echo requests lost after traffic resumed", what, lost)
+			}
+		}
+	}
+	after, ok := peer.installedChild("net")
+	if !ok || after.SPIIn != child.SPIIn || after.SPIOut != child.SPIOut {
+		t.Errorf("%s: the peer's CHILD_SA changed: before %s/%s, after %+v (installed %v)", what, child.SPIIn, child.SPIOut, after, ok)
+	}
+	if spis := peer.espdSPIs(); len(spis["in"]) != 1 || spis["in"][0] != child.SPIIn || len(spis["out"]) != 1 || spis["out"][0] != child.SPIOut {
+		t.Errorf("%s: the peer's espd states changed: %v, want in %s out %s", what, spis, child.SPIIn, child.SPIOut)
+	}
+	st := peer.stats()
+	var replays, integrity uint64
+	for _, spi := range []string{child.SPIIn} {
+		replays += st.saDrop(spi, "replay") - before.saDrop(spi, "replay")
+		integrity += st.saDrop(spi, "integrity") - before.saDrop(spi, "integrity")
+	}
+	t.Logf("%s: peer espd %s; %s; global drops %v", what, st.saLine(child.SPIIn), st.saLine(child.SPIOut), nonZero(st.Global.Drops))
+	if replays != 0 || integrity != 0 {
+		t.Errorf("%s: the peer dropped %d packets from the pair as replays and %d for their ICV", what, replays, integrity)
+	}
+}
+
+// failover kills the active node with kill while the traffic runs and
+// checks that the standby takes the addresses and its segment and
+// carries the traffic on (haTraffic.check).
+func (h *haPair) failover(t *testing.T, active, standby *haNode, child childSA, kill func()) {
+	t.Helper()
+	what := fmt.Sprintf("%s fails over to %s", active.name, standby.name)
+	tr := h.startTraffic(t, 12*time.Second)
+	// Let the traffic run through the active node for a while first.
+	if !waitFor(20*time.Second, func() bool { return time.Since(tr.start) > 3*time.Second }) {
+		t.Fatal("unreachable")
+	}
+	peerBefore := h.peer.stats()
+	activations := standby.activations()
 	killed := time.Now()
-	for _, p := range []*testbed.Process{n1.espd, n1.charon, n1.keepalived} {
-		crashProcess(t, p)
-	}
-	h.p.Cut(t, h.p.Node1, true)
-	for _, p := range []*testbed.Process{n1.espd, n1.charon, n1.keepalived} {
-		reapKilled(t, p)
-	}
-
-	// node2 takes the addresses and its segment.
+	kill()
 	var held []string
 	if !waitFor(haTakeoverBound, func() bool {
 		held = nil
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		for _, a := range h.vips {
-			if n2.node.HoldsAddr(ctx, a) {
+			if standby.node.HoldsAddr(ctx, a) {
 				held = append(held, a)
 			}
 		}
 		return len(held) == len(h.vips)
 	}) {
-		t.Fatalf("node2 holds only %v of %v %v after node1 died", held, h.vips, haTakeoverBound)
+		t.Fatalf("%s: %s holds only %v of %v %v after %s died", what, standby.name, held, h.vips, haTakeoverBound, active.name)
 	}
 	tookVIPs := time.Now()
-	if !waitFor(haTakeoverBound, func() bool { return n2.activations() > activations && n2.segmentActive() }) {
-		t.Fatalf("node2's segment %d not activated %v after node1 died (notify: %q)", haSegment, haTakeoverBound, n2.lastNotify())
+	if !waitFor(haTakeoverBound, func() bool { return standby.activations() > activations && standby.segmentActive() }) {
+		t.Fatalf("%s: %s's segment %d not activated %v after %s died (notify: %q)", what, standby.name, haSegment, haTakeoverBound, active.name, standby.lastNotify())
 	}
-	tookSegment := time.Now()
-	if !waitFor(5*time.Second, func() bool { return n2.ikeState() == "ESTABLISHED" }) {
-		t.Fatalf("node2: IKE_SA %q after the segment's activation, want ESTABLISHED", n2.ikeState())
+	if !waitFor(5*time.Second, func() bool { return standby.ikeState() == "ESTABLISHED" }) {
+		t.Fatalf("%s: %s's IKE_SA %q after the segment's activation, want ESTABLISHED", what, standby.name, standby.ikeState())
 	}
-	ctx2, cancel := context.WithTimeout(ctx, 5*time.Second)
-	stillOn1 := 0
-	for _, a := range h.vips {
-		if h.p.Node1.HoldsAddr(ctx2, a) {
-			stillOn1++
-		}
-	}
-	cancel()
-	t.Logf("node2 was seen holding the addresses %v and its segment active %v after node1 died; keepalived had reported master to its notify script %v after (node1 still has %d of the addresses on its cut links)",
-		tookVIPs.Sub(killed).Round(time.Millisecond), tookSegment.Sub(killed).Round(time.Millisecond),
-		n2.lastNotifyAt("start", fmt.Sprintf("+%d", haSegment)).Sub(killed).Round(time.Millisecond), stillOn1)
-
-	checkFailoverTraffic(t, h, failover{killed: killed, tookOver: tookVIPs, peerChild: peerChild,
-		peerBefore: stPeer, capture: capPeer})
-}
-
-// failover is what checkFailoverTraffic needs of the failover.
-type failover struct {
-	killed, tookOver time.Time
-	peerChild        childSA   // the peer's CHILD_SA before the failover
-	peerBefore       espdStats // the peer's espd counters before
-	capture          *testbed.Capture
-}
-
-var pingReplyRE = regexp.MustCompile(`(?m)^\[(\d+\.\d+)\] \d+ bytes from [^:]+: icmp_seq=(\d+)`)
-
-// checkFailoverTraffic observes the traffic from the server to the client
-// through the pair for 10 s after the standby took over, logs what
-// happened (the pings' replies, the peer's CHILD_SA, the peer espd's
-// counters, the ESP the peer received from the pair's address, node2's
-// log) and requires that it resumed within haResumeBound of the takeover,
-// with the peer's SPIs unchanged and no replay or integrity drops at the
-// peer.
-func checkFailoverTraffic(t *testing.T, h *haPair, f failover) {
-	peer, n2 := h.peer, h.node2
-
-	// 100 echo requests 100 ms apart, each reply timed (-D), missing
-	// ones reported as they go (-O).
-	const count, interval = 100, 100 * time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(count)*interval+15*time.Second)
-	defer cancel()
-	pingStart := time.Now()
-	out, err := h.p.Server.Run(ctx, "ping", "-n", "-D", "-O", "-4", "-c", strconv.Itoa(count), "-i", "0.1", "-W", "1",
-		testbed.ClientV4.Addr().String())
-	if err != nil && !strings.Contains(out, "packets transmitted") {
-		t.Fatalf("ping from the server: %v\n%s", err, out)
-	}
-	res, _ := h.capture(f)
-
-	var first time.Time
-	firstSeq, answered, answeredAfter := 0, 0, 0
-	for _, m := range pingReplyRE.FindAllStringSubmatch(out, -1) {
-		sec, _ := strconv.ParseFloat(m[1], 64)
-		seq, _ := strconv.Atoi(m[2])
-		at := time.Unix(0, int64(sec*1e9))
-		answered++
-		if first.IsZero() {
-			first, firstSeq = at, seq
-		} else {
-			answeredAfter++
-		}
-	}
-	if first.IsZero() {
-		t.Logf("failover: none of %d echo requests (from %v after the takeover on) was answered", count,
-			pingStart.Sub(f.tookOver).Round(time.Millisecond))
-	} else {
-		t.Logf("failover: %d of %d echo requests answered; the first (icmp_seq %d) %v after the takeover, %v after node1 died; %d of the %d after it answered",
-			answered, count, firstSeq, first.Sub(f.tookOver).Round(time.Millisecond), first.Sub(f.killed).Round(time.Millisecond),
-			answeredAfter, count-firstSeq)
-	}
-	t.Logf("ping:\n%s", tail(out, 6))
-
-	// The peer: its CHILD_SA and espd's counters.
-	after, ok := peer.installedChild("net")
-	t.Logf("peer's CHILD_SA before %s/%s, after %+v (installed %v)", f.peerChild.SPIIn, f.peerChild.SPIOut, after, ok)
-	stPeer := peer.stats()
-	in, out2 := f.peerChild.SPIIn, f.peerChild.SPIOut
-	t.Logf("peer espd after: %s; %s; global drops %v invalid-spi %d no-state %d malformed %d", stPeer.saLine(in), stPeer.saLine(out2),
-		nonZero(stPeer.Global.Drops), stPeer.Global.InvalidSPI, stPeer.Global.NoState, stPeer.Global.Malformed)
-	replays := stPeer.saDrop(in, "replay") - f.peerBefore.saDrop(in, "replay")
-	integrity := stPeer.saDrop(in, "integrity") - f.peerBefore.saDrop(in, "integrity")
-	t.Logf("peer espd dropped %d packets from the pair as replays and %d for their ICV since the failover", replays, integrity)
-	st2 := n2.stats()
-	t.Logf("node2 espd after: %s; %s; global drops %v invalid-spi %d no-state %d", st2.saLine(out2), st2.saLine(in),
-		nonZero(st2.Global.Drops), st2.Global.InvalidSPI, st2.Global.NoState)
-	t.Logf("peer's transit link: %s", res)
-	t.Logf("node2's charon, HA and state lines:\n%s", grepLines(n2.charon.Log(), 60,
-		"HA ", "segment", "PASSIVE", "state change", "espd: ", "scheduling", "DPD", "keepalive", "MOBIKE", "roam", "INFORMATIONAL"))
-	t.Logf("node2's espd, warnings and errors:\n%s", grepLines(n2.espd.Log(), 30, "level=WARN", "level=ERROR"))
-
-	// What a working failover shows.
-	if first.IsZero() || first.Sub(f.tookOver) > haResumeBound {
-		t.Errorf("traffic through the tunnel did not resume within %v of node2's takeover (first reply: %v)", haResumeBound, first)
-	} else if lost := count - firstSeq - answeredAfter; lost > 2 {
-		t.Errorf("traffic resumed but %d of the %d echo requests after the first answer were lost", lost, count-firstSeq)
-	}
-	if !ok || after.SPIIn != f.peerChild.SPIIn || after.SPIOut != f.peerChild.SPIOut {
-		t.Errorf("the peer's CHILD_SA changed: before %s/%s, after %+v (installed %v)", f.peerChild.SPIIn, f.peerChild.SPIOut, after, ok)
-	}
-	if spis := peer.espdSPIs(); len(spis["in"]) != 1 || spis["in"][0] != in || len(spis["out"]) != 1 || spis["out"][0] != out2 {
-		t.Errorf("the peer's espd states changed: %v, want in %s out %s", spis, in, out2)
-	}
-	if replays != 0 || integrity != 0 {
-		t.Errorf("the peer dropped %d packets from the pair as replays and %d for their ICV after the failover", replays, integrity)
+	t.Logf("%s: %s held the addresses %v after %s died, its segment %v after; keepalived had told its notify script %v after",
+		what, standby.name, tookVIPs.Sub(killed).Round(time.Millisecond), active.name, time.Since(killed).Round(time.Millisecond),
+		standby.lastNotifyAt("start", fmt.Sprintf("+%d", haSegment)).Sub(killed).Round(time.Millisecond))
+	tr.wait(t)
+	// The addresses moved at tookVIPs at the latest; the takeover of the
+	// states is what the notify script started then.
+	tr.check(t, what, tookVIPs, h.peer, child, peerBefore)
+	st := standby.stats()
+	t.Logf("%s: %s's espd %s; %s; pair: %s", what, standby.name, st.saLine(child.SPIIn), st.saLine(child.SPIOut),
+		strings.TrimSpace(standby.mustEspctl("pair", "status")))
+	if t.Failed() {
+		t.Logf("%s's charon, HA and state lines:\n%s", standby.name, grepLines(standby.charon.Log(), 60,
+			"HA ", "segment", "PASSIVE", "state change", "espd: ", "scheduling", "DPD", "MOBIKE", "roam", "INFORMATIONAL"))
+		t.Logf("%s's espd, warnings, errors and the pair:\n%s", standby.name, grepLines(standby.espd.Log(), 40, "level=WARN", "level=ERROR", "component=pair"))
+		t.FailNow()
 	}
 }
 
-// capture stops the peer's capture and summarises the ESP between the
-// peer and the pair's address after node1 died: from the pair, the
-// sequence numbers by SPI (first ones, last one, count), and the largest
-// before; to the pair, the count; and the IKE datagrams.
-func (h *haPair) capture(f failover) (string, error) {
-	res, err := f.capture.Stop()
-	if err != nil {
-		return fmt.Sprintf("capture: %v", err), err
-	}
-	vip := testbed.GwATransitV4.Addr()
-	type seqs struct {
-		maxBefore uint32
-		after     []uint32
-	}
-	from := map[uint32]*seqs{}
-	toAfter, ikeAfter := 0, 0
-	for _, fr := range res.Frames {
-		isESP := fr.Class == testbed.ClassESP || fr.Class == testbed.ClassESPInUDP
-		switch {
-		case fr.Class == testbed.ClassIKE && fr.Time.After(f.killed):
-			ikeAfter++
-		case isESP && !fr.Outgoing && fr.Src == vip:
-			s := from[fr.SPI]
-			if s == nil {
-				s = &seqs{}
-				from[fr.SPI] = s
-			}
-			if fr.Time.Before(f.killed) {
-				s.maxBefore = max(s.maxBefore, fr.Seq)
-			} else {
-				s.after = append(s.after, fr.Seq)
-			}
-		case isESP && fr.Outgoing && fr.Dst == vip && fr.Time.After(f.killed):
-			toAfter++
+// restartNode brings a node that failed back as after a reboot: the
+// pair's addresses it still had are removed, its links are up again, and
+// espd (the same state directory), charon (the ha plugin asks the other
+// node for a resync) and keepalived start again.
+func (h *haPair) restartNode(t *testing.T, n *haNode, priority int) {
+	t.Helper()
+	for _, v := range []struct {
+		p   netip.Prefix
+		ifn string
+	}{{testbed.GwATransitV4, testbed.IfTransit}, {testbed.GwATransitV6, testbed.IfTransit}, {testbed.GwALANV4, testbed.IfLAN}, {testbed.GwALANV6, testbed.IfLAN}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		held := n.node.HoldsAddr(ctx, v.p.Addr().String())
+		cancel()
+		if held {
+			n.node.MustIP(t, "addr", "del", v.p.String(), "dev", v.ifn)
 		}
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s; after node1 died: %d ESP to the pair, %d IKE", res.Summary(), toAfter, ikeAfter)
-	for spi, s := range from {
-		fmt.Fprintf(&b, "; ESP from the pair spi 0x%08x: highest seq before %d, after %d packets", spi, s.maxBefore, len(s.after))
-		if n := len(s.after); n > 0 {
-			fmt.Fprintf(&b, " seq %v .. %d", s.after[:min(n, 5)], s.after[n-1])
-		}
+	h.p.Cut(t, n.node, false)
+	n.runEspd()
+	sync, other := testbed.Node1SyncV4, testbed.Node2SyncV4
+	if n == h.node2 {
+		sync, other = other, sync
 	}
-	return b.String(), nil
+	n.startCharon(haCharonOptions(sync, other))
+	pairConn, _ := v4("aes128gcm16")
+	n.load(pairConn.String())
+	fifo := haFIFO(n.gateway)
+	if !waitFor(10*time.Second, func() bool { st, err := os.Stat(fifo); return err == nil && st.Mode()&os.ModeNamedPipe != 0 }) {
+		t.Fatalf("%s: charon made no HA FIFO %s", n.name, fifo)
+	}
+	n.startKeepalived(t, priority)
+}
+
+// waitResync waits until the node that came back holds, from the ha
+// plugin's resync, the CHILD_SA that the active node's rekey burst made
+// (its SPIs differ from old), with the same states in its espd as the
+// active's, standing by; it returns the peer's new CHILD_SA.
+func (h *haPair) waitResync(t *testing.T, back, active *haNode, old childSA) childSA {
+	t.Helper()
+	var peerChild childSA
+	if !waitFor(30*time.Second, func() bool {
+		c, ok := h.peer.installedChild("net")
+		peerChild = c
+		return ok && c.SPIIn != old.SPIIn && c.SPIOut != old.SPIOut && len(h.peer.childSAs()) == 1
+	}) {
+		t.Fatalf("no rekey of the CHILD_SA after %s's resync: the peer has %+v", back.name, h.peer.childSAs())
+	}
+	var sb, sa map[string][]string
+	if !waitFor(20*time.Second, func() bool {
+		sb, sa = back.espdSPIs(), active.espdSPIs()
+		return fmt.Sprint(sb) == fmt.Sprint(sa) && len(sa["out"]) == 1 && sa["out"][0] == peerChild.SPIIn
+	}) {
+		t.Fatalf("after the resync: %s's espd has %v, %s's %v, the peer's CHILD_SA %s/%s", back.name, sb, active.name, sa, peerChild.SPIIn, peerChild.SPIOut)
+	}
+	if !waitFor(20*time.Second, func() bool { return strings.Contains(back.lastNotify(), fmt.Sprintf("done -%d rc=0", haSegment)) }) {
+		t.Fatalf("%s did not stand by after it came back (notify %q)", back.name, back.lastNotify())
+	}
+	st := strings.TrimSpace(back.mustEspctl("pair", "status"))
+	if !strings.Contains(st, "role standby") {
+		t.Fatalf("%s's espd after it came back: %s", back.name, st)
+	}
+	t.Logf("%s came back: the resync's rekey made CHILD_SA %s/%s (was %s/%s); both espds hold it; %s's espd: %s; %s",
+		back.name, peerChild.SPIIn, peerChild.SPIOut, old.SPIIn, old.SPIOut, back.name, st,
+		grepLines(active.charon.Log(), 3, "resyncing"))
+	return peerChild
 }
 
 // grepLines returns the lines of log containing any of subs, the last n.
