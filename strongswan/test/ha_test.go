@@ -368,15 +368,16 @@ func newHAPair(t *testing.T) *haPair {
 			t.Fatalf("%s: charon made no HA FIFO %s", n.name, fifo)
 		}
 	}
-	h.node1.startKeepalived(t, 150)
-	h.node2.startKeepalived(t, 100)
-
+	// nopreempt: whichever node is master first stays master, so node1
+	// starts first and holds the addresses before node2 starts.
 	start := time.Now()
+	h.node1.startKeepalived(t, 150)
 	for _, a := range h.vips {
 		if ok, holders := testbed.WaitHeldBy(p.Nodes(), p.Node1, a, 30*time.Second); !ok {
 			t.Fatalf("at start: %s held by %v, want node1 alone", a, holders)
 		}
 	}
+	h.node2.startKeepalived(t, 100)
 	// keepalived announces backup on both nodes as it starts, then master
 	// on node1; each announcement reaches the other charon too. Wait for
 	// the last ones to have run and the segments to have settled.
@@ -412,6 +413,20 @@ func (h *haPair) pingServerToClient(t *testing.T, when string) {
 	}
 }
 
+// requireHA fails (in CI) or skips the test without strongSwan and its ha
+// plugin.
+func requireHA(t *testing.T) {
+	t.Helper()
+	requireStrongSwan(t)
+	if _, err := os.Stat("/usr/lib/ipsec/plugins/libstrongswan-ha.so"); err != nil {
+		msg := "strongSwan's ha plugin is not installed (apt-get install libcharon-extra-plugins)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+}
+
 // TestHAPair: an active/standby pair of charon + espd gateways with the
 // ha plugin, keepalived (nopreempt) switching the addresses, the segment
 // and espd's role. The peer brings the tunnel up to the pair's address;
@@ -426,14 +441,7 @@ func (h *haPair) pingServerToClient(t *testing.T, when string) {
 // same checks. Captures of both nodes' and the peer's transit sides show
 // no (SPI, sequence number) sent twice and no cleartext.
 func TestHAPair(t *testing.T) {
-	requireStrongSwan(t)
-	if _, err := os.Stat("/usr/lib/ipsec/plugins/libstrongswan-ha.so"); err != nil {
-		msg := "strongSwan's ha plugin is not installed (apt-get install libcharon-extra-plugins)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	requireHA(t)
 	h := newHAPair(t)
 	n1, n2, peer := h.node1, h.node2, h.peer
 
@@ -891,4 +899,39 @@ func grepLines(log string, n int, subs ...string) string {
 		out = out[len(out)-n:]
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestHAPairCut: the active node loses its links (cables pulled) but
+// lives on. Its keepalived sees the carrier go, enters FAULT and tells
+// its espd and charon to stand by; the other node takes over as in
+// TestHAPair. When the links come back the first node stands by
+// (nopreempt), the traffic undisturbed; then the second node's links are
+// pulled and the first takes over again. Same checks as TestHAPair.
+func TestHAPairCut(t *testing.T) {
+	requireHA(t)
+	h := newHAPair(t)
+	n1, n2, peer := h.node1, h.node2, h.peer
+	peer.mustSwanctl("--initiate", "--child", "net", "--timeout", "20")
+	peerChild := peer.waitChild("net", 10*time.Second)
+	n2.waitChild("net", 10*time.Second)
+	h.pingServerToClient(t, "node1 active")
+	caps := h.startCaptures(t)
+
+	h.failover(t, n1, n2, peerChild, func() { h.p.Cut(t, n1.node, true) })
+	if !waitFor(10*time.Second, func() bool { return strings.Contains(n1.mustEspctl("pair", "status"), "role standby") }) {
+		t.Fatalf("node1, cut off, did not stand by: %s", n1.mustEspctl("pair", "status"))
+	}
+
+	// The links come back: node1 stands by, the traffic goes on.
+	tr := h.startTraffic(t, 8*time.Second)
+	before := peer.stats()
+	h.p.Cut(t, n1.node, false)
+	tr.wait(t)
+	tr.check(t, "node1's links back", time.Time{}, peer, peerChild, before)
+	if st := n1.mustEspctl("pair", "status"); !strings.Contains(st, "role standby") {
+		t.Fatalf("node1 after its links came back: %s", st)
+	}
+
+	h.failover(t, n2, n1, peerChild, func() { h.p.Cut(t, n2.node, true) })
+	caps.check(t)
 }
