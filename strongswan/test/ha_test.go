@@ -935,3 +935,67 @@ func TestHAPairCut(t *testing.T) {
 	h.failover(t, n2, n1, peerChild, func() { h.p.Cut(t, n2.node, true) })
 	caps.check(t)
 }
+
+// TestHAPairSplitBrain: node2 stops hearing node1's VRRP adverts (they are
+// dropped in its nftables input) while everything else works: both nodes
+// become masters, both espds active, and the traffic follows the
+// gratuitous ARPs of both. This is not a failover the pair survives
+// whole (both charons then answer for the same IKE_SA, whose message IDs
+// diverge: docs/ha.md), and the test does not require that the traffic
+// flows; it requires espd's promise: the two active espds follow each
+// other's reservations over the pair link (sa.DB.FollowPeer) and, as the
+// captures of both nodes' and the peer's transit sides show, never send
+// one (SPI, sequence number) twice, nor anything in clear, during the
+// split and after it heals.
+func TestHAPairSplitBrain(t *testing.T) {
+	requireHA(t)
+	h := newHAPair(t)
+	n1, n2, peer := h.node1, h.node2, h.peer
+	peer.mustSwanctl("--initiate", "--child", "net", "--timeout", "20")
+	peerChild := peer.waitChild("net", 10*time.Second)
+	n2.waitChild("net", 10*time.Second)
+	h.pingServerToClient(t, "node1 active")
+	caps := h.startCaptures(t)
+
+	ctx := context.Background()
+	nft := func(args ...string) {
+		t.Helper()
+		if out, err := h.p.Node2.Run(ctx, append([]string{"nft"}, args...)...); err != nil {
+			t.Fatalf("nft %v on node2: %v\n%s", args, err, out)
+		}
+	}
+	tr := h.startTraffic(t, 12*time.Second)
+	if !waitFor(20*time.Second, func() bool { return time.Since(tr.start) > 2*time.Second }) {
+		t.Fatal("unreachable")
+	}
+	nft("add", "table", "inet", "sstvrrp")
+	nft("add", "chain", "inet", "sstvrrp", "in", "{ type filter hook input priority 0 ; }")
+	nft("add", "rule", "inet", "sstvrrp", "in", "ip", "protocol", "vrrp", "drop")
+	if !waitFor(haTakeoverBound, func() bool {
+		return strings.Contains(n1.mustEspctl("pair", "status"), "role active") &&
+			strings.Contains(n2.mustEspctl("pair", "status"), "role active")
+	}) {
+		t.Fatalf("no split brain: node1 %s; node2 %s", n1.mustEspctl("pair", "status"), n2.mustEspctl("pair", "status"))
+	}
+	followed := func() bool {
+		return strings.Contains(n1.espd.Log(), "continues above the other active node") ||
+			strings.Contains(n2.espd.Log(), "continues above the other active node")
+	}
+	if !waitFor(20*time.Second, followed) {
+		t.Errorf("neither espd followed the other's reservations:\n%s\n%s",
+			grepLines(n1.espd.Log(), 20, "component=pair"), grepLines(n2.espd.Log(), 20, "component=pair"))
+	}
+	tr.wait(t)
+	replies := len(pingReplyRE.FindAllString(tr.pingOut, -1))
+	t.Logf("during the split: %d of %d echo requests answered, transfer %v (err %v); peer %s",
+		replies, tr.count, tr.xfer, tr.xferErr, peer.stats().saLine(peerChild.SPIIn))
+
+	nft("delete", "table", "inet", "sstvrrp")
+	if !waitFor(haTakeoverBound, func() bool { return strings.Contains(n2.mustEspctl("pair", "status"), "role standby") }) {
+		t.Errorf("node2 after the split: %s", n2.mustEspctl("pair", "status"))
+	}
+	tr = h.startTraffic(t, 6*time.Second)
+	tr.wait(t)
+	t.Logf("after the split: %d of %d echo requests answered; node1's IKE_SA %q", len(pingReplyRE.FindAllString(tr.pingOut, -1)), tr.count, n1.ikeState())
+	caps.check(t)
+}
