@@ -30,8 +30,9 @@ import (
 // number of states: the SA database's (the totals over every state,
 // removed ones included, acquires, lost events, the numbers of states,
 // reservations and policies) and the data path's (espd_dataplane_*, from
-// dataplane.Stats), and with the IKE hand-off its relay's (espd_ike_*,
-// metrics_ike.go): about 55 series in 8 KB, the same with 10 states or
+// dataplane.Stats), with the IKE hand-off its relay's (espd_ike_*,
+// metrics_ike.go) and with a gateway pair the pair's (espd_pair_*,
+// metrics_pair.go): about 55 series in 8 KB, the same with 10 states or
 // 100,000. Each counter is exported once, from the one place that counts
 // it, and its help says what increments it (metrics_series_test.go
 // checks both, and that every series moves). What follows from other
@@ -60,6 +61,9 @@ func (d *Daemon) metricsHandler() http.Handler {
 	m := newMetrics(d.db, d.dp.Stats, d.opts.MetricsPerSA, d.log.With("component", "metrics"))
 	if h := d.ike.Load(); h != nil { // Run starts the hand-off first
 		m.reg.MustRegister(&ikeCollector{hub: h})
+	}
+	if d.pair != nil {
+		m.reg.MustRegister(&pairCollector{p: d.pair})
 	}
 	if len(d.opts.IO.XDP) > 0 && d.kio != nil {
 		m.reg.MustRegister(&xdpCollector{path: d.kio.xdp})

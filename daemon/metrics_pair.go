@@ -1,0 +1,91 @@
+package daemon
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/espd/espd/pairsync"
+)
+
+// The gateway pair's series (espd --pair-node): the node's role, when the
+// other node was last heard, the pair link's counters (pairsync.Stats)
+// and what the last takeover did. They are exported only with a pair.
+// espd_pair_peer_heard_seconds is absent until the other node has been
+// heard: a gauge with no value to give is left out rather than given a
+// made-up one.
+var (
+	descPairRole = prometheus.NewDesc("espd_pair_role",
+		"This node's role in the gateway pair: 1 active, 2 standby (set with PAIR_ROLE, espctl pair role; espd starts as standby).", nil, nil)
+	descPairPeerHeard = prometheus.NewDesc("espd_pair_peer_heard_seconds",
+		"Seconds since an authentic message of the other node last arrived on the pair link; absent until one has.", nil, nil)
+	descPairSent = prometheus.NewDesc("espd_pair_messages_sent_total",
+		"Messages this node sent on the pair link, by type: reserve (an active's reservations: before it uses one, resent until acknowledged, and all of them every sweep interval), ack (a standby's, one per reserve it recorded), windows (an active's inbound replay windows, every sweep interval), hello (a standby's, every half interval); counted when encoded, so sends that failed are included.", []string{"type"}, nil)
+	descPairReceived = prometheus.NewDesc("espd_pair_messages_received_total",
+		"Authentic messages received on the pair link, by type (as for espd_pair_messages_sent_total), the old, duplicated and split-brain ones included.", []string{"type"}, nil)
+	descPairSentBytes = prometheus.NewDesc("espd_pair_sent_bytes_total",
+		"Bytes of the messages in espd_pair_messages_sent_total (UDP payload).", nil, nil)
+	descPairRecvBytes = prometheus.NewDesc("espd_pair_received_bytes_total",
+		"Bytes of the messages in espd_pair_messages_received_total (UDP payload).", nil, nil)
+	descPairSendErrors = prometheus.NewDesc("espd_pair_send_errors_total",
+		"Messages of espd_pair_messages_sent_total that the kernel refused to send on the pair link.", nil, nil)
+	descPairRejected = prometheus.NewDesc("espd_pair_rejected_total",
+		"Datagrams received on the pair link and dropped because they are not authentic under the pair's key or are malformed (an unknown version or type included).", nil, nil)
+	descPairSplitBrain = prometheus.NewDesc("espd_pair_split_brain_total",
+		"Reserve and windows messages received while this node was active (dropped): the other node acts as active too.", nil, nil)
+	descPairLeaseWaits = prometheus.NewDesc("espd_pair_lease_waits_total",
+		"Reservations this active node used without the standby's acknowledgement, once the lease had run out (the lease and a tenth after the standby was last heard).", nil, nil)
+	descPairAckWaits = prometheus.NewDesc("espd_pair_ack_waits_total",
+		"Reservations this active node sent to the standby and used once it acknowledged them.", nil, nil)
+	descPairRecordErrors = prometheus.NewDesc("espd_pair_record_errors_total",
+		"Reserve messages of the active this standby could not record (its sequence-number store failed): it sends no hello until it records one again, so the active proceeds on the lease.", nil, nil)
+	descPairReleased = prometheus.NewDesc("espd_pair_takeover_released",
+		"Outbound states the last takeover (role active) released: they continue above the other node's fresh report; 0 while standing by.", nil, nil)
+	descPairSilent = prometheus.NewDesc("espd_pair_takeover_silent",
+		"Outbound states the last takeover left silent (no fresh report, every sequence number used, or the store failed) until rekeyed; 0 while standing by.", nil, nil)
+)
+
+// pairSentTypes are the types a node sends; index 0 of pairsync.Stats'
+// arrays (other types) is not exported: Decode refuses an unknown type,
+// which counts in espd_pair_rejected_total instead.
+var pairSentTypes = []pairsync.Type{pairsync.TypeReserve, pairsync.TypeAck, pairsync.TypeWindows, pairsync.TypeHello}
+
+// pairCollector exports the gateway pair's series.
+type pairCollector struct {
+	p *pair
+}
+
+// Describe implements prometheus.Collector.
+func (c *pairCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPairRole, descPairPeerHeard, descPairSent, descPairReceived,
+		descPairSentBytes, descPairRecvBytes, descPairSendErrors, descPairRejected, descPairSplitBrain,
+		descPairLeaseWaits, descPairAckWaits, descPairRecordErrors, descPairReleased, descPairSilent} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *pairCollector) Collect(ch chan<- prometheus.Metric) {
+	counter, gauge := prometheus.CounterValue, prometheus.GaugeValue
+	n := c.p.node
+	ch <- prometheus.MustNewConstMetric(descPairRole, gauge, float64(n.Role()))
+	if ago, ok := n.PeerHeard(); ok {
+		ch <- prometheus.MustNewConstMetric(descPairPeerHeard, gauge, ago.Seconds())
+	}
+	st := n.Stats()
+	for _, t := range pairSentTypes {
+		ch <- prometheus.MustNewConstMetric(descPairSent, counter, float64(st.Sent[t]), t.String())
+		ch <- prometheus.MustNewConstMetric(descPairReceived, counter, float64(st.Received[t]), t.String())
+	}
+	ch <- prometheus.MustNewConstMetric(descPairSentBytes, counter, float64(st.SentBytes))
+	ch <- prometheus.MustNewConstMetric(descPairRecvBytes, counter, float64(st.RecvBytes))
+	ch <- prometheus.MustNewConstMetric(descPairSendErrors, counter, float64(st.SendErrors))
+	ch <- prometheus.MustNewConstMetric(descPairRejected, counter, float64(st.Rejected))
+	ch <- prometheus.MustNewConstMetric(descPairSplitBrain, counter, float64(st.SplitBrain))
+	ch <- prometheus.MustNewConstMetric(descPairLeaseWaits, counter, float64(st.LeaseWaits))
+	ch <- prometheus.MustNewConstMetric(descPairAckWaits, counter, float64(st.AckWaits))
+	ch <- prometheus.MustNewConstMetric(descPairRecordErrors, counter, float64(st.RecordErrors))
+	c.p.mu.Lock()
+	released, silent := c.p.released, c.p.silent
+	c.p.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(descPairReleased, gauge, float64(released))
+	ch <- prometheus.MustNewConstMetric(descPairSilent, gauge, float64(silent))
+}

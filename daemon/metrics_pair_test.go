@@ -1,0 +1,223 @@
+package daemon
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/control/wire"
+	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/dataplane"
+	"github.com/espd/espd/pairsync"
+	"github.com/espd/espd/sa"
+)
+
+// reserveWithin runs n.Reserve, which must return within 10 s.
+func reserveWithin(t *testing.T, n *pairsync.Node, fp crypto.Fingerprint, limit uint64) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- n.Reserve(fp, limit) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Reserve(%d): %v", limit, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Reserve(%d) still waits after 10 s", limit)
+	}
+}
+
+// TestMetricsPair drives a gateway pair's two nodes (loopback UDP, the
+// daemon's own wiring) through every event the espd_pair_* series count,
+// scraping each node's /metrics before and after: every series must have
+// moved on one node at least, carry its counter, and be in movedElsewhere
+// under this test. A daemon without a pair exports none.
+func TestMetricsPair(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	db := sa.NewDB(sa.Options{})
+	dp, err := dataplane.New(dataplane.Config{}, db, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := scrape(t, (&Daemon{log: log, db: db, dp: dp}).metricsHandler()); strings.Contains(body, "espd_pair_") {
+		t.Errorf("espd_pair_* series without a pair:\n%s", body)
+	}
+
+	a, b, start := newPairNodes(t)
+	nodes := []*pairNode{a, b}
+	scrapeAll := func() []series {
+		var out []series
+		for _, n := range nodes {
+			out = append(out, scrapeBody(t, func(t *testing.T) string { return scrape(t, n.d.metricsHandler()) }))
+		}
+		return out
+	}
+	before := scrapeAll()
+	for i, s := range before {
+		if v, ok := s["espd_pair_peer_heard_seconds{}"]; ok {
+			t.Errorf("node %d: espd_pair_peer_heard_seconds = %v before anything was heard", i+1, v)
+		}
+	}
+	start()
+
+	// Node 1 active: its reservations are acknowledged (hellos from node
+	// 2 first, so that the lease does not run out meanwhile), its windows
+	// reported.
+	a.setRole(t, wire.PairRoleActive)
+	pairWait(t, "node 1 hears node 2", func() bool { _, ok := a.node.PeerHeard(); return ok })
+	in, out, unreported := pairState(t, 0x400, sa.DirIn), pairState(t, 0x500, sa.DirOut), pairState(t, 0x501, sa.DirOut)
+	sIn := a.add(t, in)
+	b.add(t, in)
+	for seq := uint64(1); seq <= 10; seq++ {
+		accept(sIn, seq)
+	}
+	a.add(t, out)
+	reported := b.add(t, out)
+	b.add(t, unreported)
+	for k := range 3 {
+		reserveWithin(t, a.node, crypto.Fingerprint{0xee, byte(k)}, 1<<20)
+	}
+	pairWait(t, "an acknowledged reservation and a window report", func() bool {
+		return a.node.Stats().AckWaits > 0 && b.node.Stats().Received[pairsync.TypeWindows] > 0
+	})
+
+	// Forgeries to node 2: garbage, and an authentic message of an unknown
+	// type, which counts as rejected (no type="other" series).
+	evil, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer evil.Close()
+	hello, err := (&pairsync.Message{Type: pairsync.TypeHello, Epoch: 1, Counter: 1}).Append(nil, &pairTestKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown := append([]byte(nil), hello[:len(hello)-sha256.Size]...)
+	unknown[5] = 9 // the type
+	mac := hmac.New(sha256.New, pairTestKey[:])
+	mac.Write(unknown)
+	unknown = mac.Sum(unknown)
+	rejected := b.node.Stats().Rejected
+	for _, d := range [][]byte{[]byte("not a pair message"), unknown} {
+		if _, err := evil.WriteTo(d, b.conn.LocalAddr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pairWait(t, "the forgeries rejected", func() bool { return b.node.Stats().Rejected >= rejected+2 })
+	if st := b.node.Stats(); st.Received[0] != 0 {
+		t.Errorf("an authentic message of an unknown type counted as received (%d): export type=\"other\"", st.Received[0])
+	}
+
+	// Node 2's store fails: it cannot record a reservation, goes quiet,
+	// and node 1 proceeds on the lease.
+	b.store.fail.Store(true)
+	reserveWithin(t, a.node, crypto.Fingerprint{0xee, 0}, 3<<20)
+	if st := a.node.Stats(); st.LeaseWaits == 0 {
+		t.Error("a reservation the standby could not record returned without a lease wait")
+	}
+	pairWait(t, "a record error", func() bool { return b.node.Stats().RecordErrors > 0 })
+	b.store.fail.Store(false)
+
+	// Node 1's sends fail for a sweep.
+	a.conn.fail.Store(true)
+	pairWait(t, "a send error", func() bool { return a.node.Stats().SendErrors > 0 })
+	a.conn.fail.Store(false)
+
+	// Node 2 takes over while node 1 still acts as active: one state
+	// released, one silent, and node 1 hears a split brain.
+	pairWait(t, "a fresh report", func() bool { _, ok := b.node.Report(reported.Fingerprint()); return ok })
+	if st := b.setRole(t, wire.PairRoleActive); st.Released != 1 || st.Silent != 1 {
+		t.Fatalf("takeover: released %d, silent %d; want 1 and 1", st.Released, st.Silent)
+	}
+	pairWait(t, "a split brain", func() bool { return a.node.Stats().SplitBrain > 0 })
+
+	// Each counter's series lies between the counter read before the
+	// scrape and after it.
+	counters := map[string]func(pairsync.Stats) uint64{
+		"espd_pair_sent_bytes_total{}":     func(s pairsync.Stats) uint64 { return s.SentBytes },
+		"espd_pair_received_bytes_total{}": func(s pairsync.Stats) uint64 { return s.RecvBytes },
+		"espd_pair_send_errors_total{}":    func(s pairsync.Stats) uint64 { return s.SendErrors },
+		"espd_pair_rejected_total{}":       func(s pairsync.Stats) uint64 { return s.Rejected },
+		"espd_pair_split_brain_total{}":    func(s pairsync.Stats) uint64 { return s.SplitBrain },
+		"espd_pair_lease_waits_total{}":    func(s pairsync.Stats) uint64 { return s.LeaseWaits },
+		"espd_pair_ack_waits_total{}":      func(s pairsync.Stats) uint64 { return s.AckWaits },
+		"espd_pair_record_errors_total{}":  func(s pairsync.Stats) uint64 { return s.RecordErrors },
+	}
+	for _, ty := range pairSentTypes {
+		counters[fmt.Sprintf("espd_pair_messages_sent_total{type=%q}", ty)] = func(s pairsync.Stats) uint64 { return s.Sent[ty] }
+		counters[fmt.Sprintf("espd_pair_messages_received_total{type=%q}", ty)] = func(s pairsync.Stats) uint64 { return s.Received[ty] }
+	}
+	var after []series
+	for i, n := range nodes {
+		lo := n.node.Stats()
+		s := scrapeBody(t, func(t *testing.T) string { return scrape(t, n.d.metricsHandler()) })
+		hi := n.node.Stats()
+		after = append(after, s)
+		for key, f := range counters {
+			if v, ok := s[key]; !ok || v < float64(f(lo)) || v > float64(f(hi)) {
+				t.Errorf("node %d: %s = %v (exported %v), want %d to %d", i+1, key, v, ok, f(lo), f(hi))
+			}
+		}
+		n.d.pair.mu.Lock()
+		released, silent := n.d.pair.released, n.d.pair.silent
+		n.d.pair.mu.Unlock()
+		if s["espd_pair_takeover_released{}"] != float64(released) || s["espd_pair_takeover_silent{}"] != float64(silent) {
+			t.Errorf("node %d: takeover released %v, silent %v; want %d, %d", i+1,
+				s["espd_pair_takeover_released{}"], s["espd_pair_takeover_silent{}"], released, silent)
+		}
+		if s["espd_pair_role{}"] != float64(n.node.Role()) || n.node.Role() != pairsync.RoleActive {
+			t.Errorf("node %d: espd_pair_role = %v, role %v", i+1, s["espd_pair_role{}"], n.node.Role())
+		}
+		if _, heard := n.node.PeerHeard(); !heard || s["espd_pair_peer_heard_seconds{}"] <= 0 || s["espd_pair_peer_heard_seconds{}"] > 10 {
+			t.Errorf("node %d: espd_pair_peer_heard_seconds = %v (heard %v)", i+1, s["espd_pair_peer_heard_seconds{}"], heard)
+		}
+	}
+
+	// Every series moved on a node; every one is in movedElsewhere under
+	// this test, and every entry of it for a pair's series is exported.
+	moved, exported := map[string]bool{}, map[string]bool{}
+	for i := range nodes {
+		for key, v := range after[i] {
+			name, _, _ := strings.Cut(key, "{")
+			if !strings.HasPrefix(name, "espd_pair_") {
+				continue
+			}
+			exported[name] = true
+			old, ok := before[i][key]
+			moved[key] = moved[key] || (ok && old != v) || (!ok && v != 0)
+		}
+	}
+	for key, m := range moved {
+		if !m {
+			t.Errorf("did not move on either node: %s", key)
+		}
+		if strings.Contains(key, `type="other"`) {
+			t.Errorf("%s: no message of another type is ever received", key)
+		}
+	}
+	for name := range exported {
+		if e := movedElsewhere[name]; e.test != "TestMetricsPair" || e.file != pairTestFile {
+			t.Errorf("%s: movedElsewhere names %q in %q, want TestMetricsPair", name, e.test, e.file)
+		}
+		checkMovedEntry(t, name)
+	}
+	for name := range movedElsewhere {
+		if optionTest(name) == "TestMetricsPair" && !exported[name] {
+			t.Errorf("movedElsewhere lists %s, which a pair does not export", name)
+		}
+	}
+	fams, err := parseText(scrape(t, a.d.metricsHandler()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, f := range fams {
+		if h := f.GetHelp(); strings.HasPrefix(name, "espd_pair_") && (h == "" || !strings.HasSuffix(h, ".")) {
+			t.Errorf("%s: help %q is not a sentence", name, h)
+		}
+	}
+}
