@@ -5,6 +5,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
+	"github.com/espd/espd/pairsync"
 	"github.com/espd/espd/sa"
 
 	"golang.org/x/sys/unix"
@@ -199,6 +201,8 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 	if d.pair != nil {
 		wg.Add(1)
 		go func() { defer wg.Done(); d.pair.node.Run(ctx) }()
+		wg.Add(1)
+		go func() { defer wg.Done(); d.retryRelease(ctx, cmp.Or(d.opts.Pair.Interval, pairsync.DefaultInterval)) }()
 		d.log.Info("gateway pair: standing by until told the role", "node", d.pair.num, "listen", d.opts.Pair.Listen, "peer", d.opts.Pair.Peer)
 	}
 	if d.kio.xdp != nil {
@@ -215,6 +219,7 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 		d.log.Info("configuration loaded", "path", d.opts.ConfigPath, "states", states, "policies", policies)
 	}
 	d.dropStaleInterfaces(recorded)
+	d.applyRoleFile()
 
 	ccfg := d.opts.Control
 	if ccfg.Logf == nil {

@@ -18,7 +18,7 @@ var (
 	descPairPeerHeard = prometheus.NewDesc("espd_pair_peer_heard_seconds",
 		"Seconds since an authentic message of the other node last arrived on the pair link; absent until one has.", nil, nil)
 	descPairSent = prometheus.NewDesc("espd_pair_messages_sent_total",
-		"Messages this node sent on the pair link, by type: reserve (an active's reservations: before it uses one, resent until acknowledged, and all of them every sweep interval), ack (a standby's, one per reserve it recorded), windows (an active's inbound replay windows, every sweep interval), hello (a standby's, every half interval); counted when encoded, so sends that failed are included.", []string{"type"}, nil)
+		"Messages this node sent on the pair link, by type: reserve (an active's reservations: before it uses one, resent until acknowledged, and all of them every sweep interval), ack (a standby's, one per reserve it recorded), windows (an active's inbound replay windows, every sweep interval), hello (a standby's, every half interval), own (a standby's own reservations, the most it may have sent, every sweep interval); counted when encoded, so sends that failed are included.", []string{"type"}, nil)
 	descPairReceived = prometheus.NewDesc("espd_pair_messages_received_total",
 		"Authentic messages received on the pair link, by type (as for espd_pair_messages_sent_total), the old, duplicated and split-brain ones included.", []string{"type"}, nil)
 	descPairSentBytes = prometheus.NewDesc("espd_pair_sent_bytes_total",
@@ -46,7 +46,7 @@ var (
 // pairSentTypes are the types a node sends; index 0 of pairsync.Stats'
 // arrays (other types) is not exported: Decode refuses an unknown type,
 // which counts in espd_pair_rejected_total instead.
-var pairSentTypes = []pairsync.Type{pairsync.TypeReserve, pairsync.TypeAck, pairsync.TypeWindows, pairsync.TypeHello}
+var pairSentTypes = []pairsync.Type{pairsync.TypeReserve, pairsync.TypeAck, pairsync.TypeWindows, pairsync.TypeHello, pairsync.TypeOwn}
 
 // pairCollector exports the gateway pair's series.
 type pairCollector struct {

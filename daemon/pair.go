@@ -1,8 +1,11 @@
 package daemon
 
 import (
+	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -28,6 +31,9 @@ type PairOptions struct {
 	KeyFile string
 	// Interval and Lease: pairsync.Config's (0: its defaults).
 	Interval, Lease time.Duration
+	// RoleFile, if set, holds the role ("active" or "standby") that the
+	// node takes when espd starts (applyRoleFile).
+	RoleFile string
 }
 
 // pair is the daemon's part in a gateway pair.
@@ -193,14 +199,74 @@ func (d *Daemon) activate(p *pair) {
 		}
 	}
 	p.released, p.silent = 0, 0
+	d.release(p, false)
+	p.log.Info("pair role active", "released", p.released, "silent", p.silent)
+}
+
+// release runs sa.DB.Activate on the silent outbound states, counting
+// what it released and what stays silent; a retry logs only releases.
+// Called with p.mu held.
+func (d *Daemon) release(p *pair, retry bool) {
+	p.silent = 0
 	for _, a := range d.db.Activate(p.node.Report) {
 		if a.Err != nil {
 			p.silent++
-			p.log.Warn("takeover: state stays silent until rekeyed", "spi", fmt.Sprintf("0x%08x", a.SA.SPI()), "err", a.Err)
+			if !retry {
+				p.log.Warn("takeover: state stays silent until a fresh report of its key arrives or it is rekeyed", "spi", fmt.Sprintf("0x%08x", a.SA.SPI()), "err", a.Err)
+			}
 			continue
 		}
 		p.released++
 		p.log.Info("takeover: state continues", "spi", fmt.Sprintf("0x%08x", a.SA.SPI()), "above", a.Floor)
 	}
-	p.log.Info("pair role active", "released", p.released, "silent", p.silent)
+}
+
+// retryRelease, while the node is active, releases every Interval the
+// outbound states still silent (their keys had no fresh report at the
+// takeover, or they were added silent since) once a fresh report of
+// their key arrives: the other node's own reservations, at a first start
+// where neither was active before, or after espd restarted.
+func (d *Daemon) retryRelease(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		p := d.pair
+		p.mu.Lock()
+		if p.node.Role() == pairsync.RoleActive && p.silent > 0 {
+			d.release(p, true)
+		}
+		p.mu.Unlock()
+	}
+}
+
+// applyRoleFile gives the node the role recorded in Options.Pair.RoleFile
+// (the notify script writes it before it calls espctl pair role), so that
+// an espd restarted on the active node takes its part again; without the
+// file it stands by.
+func (d *Daemon) applyRoleFile() {
+	path := d.opts.Pair.RoleFile
+	if d.pair == nil || path == "" {
+		return
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	if err != nil {
+		d.pair.log.Warn("pair role file: standing by", "path", path, "err", err)
+		return
+	}
+	switch r := strings.TrimSpace(string(b)); r {
+	case "active":
+		d.pair.log.Info("pair role file says active", "path", path)
+		d.pairRole(wire.PairRoleActive)
+	case "standby":
+	default:
+		d.pair.log.Warn("pair role file: want active or standby: standing by", "path", path, "content", r)
+	}
 }

@@ -69,10 +69,13 @@ func (n *Node) tick(sweep bool) {
 	case RoleStandby:
 		if !n.recordErr {
 			msgs = append(msgs, n.encodeLocked(&Message{Type: TypeHello}))
+			if sweep {
+				msgs = append(msgs, n.sweepReservationsLocked(TypeOwn)...)
+			}
 		}
 	case RoleActive:
 		if sweep {
-			msgs = n.sweepReservationsLocked()
+			msgs = n.sweepReservationsLocked(TypeReserve)
 		}
 	}
 	active := n.role == RoleActive
@@ -88,20 +91,20 @@ func (n *Node) tick(sweep bool) {
 // maxRecords is how many reservations fit one message.
 const maxRecords = (MaxMessage - headerLen - 16 - macLen) / reserveLen
 
-// sweepReservationsLocked encodes every reservation, in messages that
-// each carry a key's current one.
-func (n *Node) sweepReservationsLocked() [][]byte {
+// sweepReservationsLocked encodes every reservation in messages of type
+// t, each carrying a key's current one.
+func (n *Node) sweepReservationsLocked(t Type) [][]byte {
 	var out [][]byte
 	rs := make([]Reservation, 0, min(len(n.reserved), maxRecords))
 	for fp, lim := range n.reserved {
 		rs = append(rs, Reservation{fp, lim})
 		if len(rs) == maxRecords {
-			out = append(out, n.encodeLocked(&Message{Type: TypeReserve, Reservations: rs}))
+			out = append(out, n.encodeLocked(&Message{Type: t, Reservations: rs}))
 			rs = rs[:0]
 		}
 	}
-	if len(rs) > 0 || len(out) == 0 {
-		out = append(out, n.encodeLocked(&Message{Type: TypeReserve, Reservations: rs}))
+	if len(rs) > 0 || (len(out) == 0 && t == TypeReserve) {
+		out = append(out, n.encodeLocked(&Message{Type: t, Reservations: rs}))
 	}
 	return out
 }
@@ -167,7 +170,7 @@ func (n *Node) send(b []byte) {
 }
 
 func typeIndex(t Type) int {
-	if t >= TypeReserve && t <= TypeHello {
+	if t >= TypeReserve && t <= TypeOwn {
 		return int(t)
 	}
 	return 0
@@ -206,6 +209,16 @@ func (n *Node) receive(b []byte) {
 		}
 		n.broadcastLocked()
 		n.mu.Unlock()
+	case TypeOwn:
+		// A standby's own record: what the other node may have sent
+		// itself. Fresh for a takeover as the active's reports are.
+		standbySince, standby := n.standbySince, n.role == RoleStandby
+		n.mu.Unlock()
+		if standby {
+			n.standbyApply(&m, standbySince)
+		} else if err := n.ledger.Apply(&m); err != nil {
+			n.log.Error("pair link: cannot record the standby's reservations", "err", err)
+		}
 	case TypeReserve, TypeWindows:
 		if n.role != RoleStandby {
 			n.stats.SplitBrain++
@@ -251,6 +264,10 @@ func (n *Node) standbyApply(m *Message, standbySince uint64) {
 		for _, r := range m.Reservations {
 			n.fresh[r.FP] = max(n.fresh[r.FP], m.Echo)
 		}
+	}
+	if m.Type != TypeReserve {
+		n.mu.Unlock()
+		return
 	}
 	b := n.encodeLocked(&Message{Type: TypeAck, AckEpoch: m.Epoch, AckCounter: m.Counter, Reservations: m.Reservations})
 	n.mu.Unlock()

@@ -27,6 +27,13 @@
 //     passed since it last heard the standby before it made the
 //     reservation: every message without it echoes an older stamp, so by
 //     then no ledger holds one fresh.
+//   - A standby reports its own reservations too (Own, every interval):
+//     what it may have sent itself, from its store. Held fresh by the same
+//     echo rule, they let a node take over when neither was active before
+//     (a first start, manual keys) or after its espd restarted.
 //   - A standby takes over a key only with a fresh reservation, above it
-//     (sa.DB.Activate); without one the key stays silent and is rekeyed.
+//     (sa.DB.Activate); without one the key stays silent until one
+//     arrives, and is soft-expired so that its IKE daemon rekeys it.
+//   - Two active nodes (a split brain) record each other's reservations
+//     and continue above them (sa.DB.FollowPeer).
 package pairsync

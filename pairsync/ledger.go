@@ -32,12 +32,12 @@ func NewLedger(rec Recorder) *Ledger {
 	return &Ledger{rec: rec, reserved: map[crypto.Fingerprint]uint64{}, windows: map[crypto.Fingerprint]Window{}}
 }
 
-// Apply takes a Reserve or a Windows message. A Reserve's reservations are
+// Apply takes a Reserve, Own or Windows message. A Reserve's reservations are
 // recorded (Recorder first) before Apply returns nil, which is when its
 // Ack may go; on an error some may have been taken, none is lost.
 func (l *Ledger) Apply(m *Message) error {
 	switch m.Type {
-	case TypeReserve:
+	case TypeReserve, TypeOwn:
 		for _, r := range m.Reservations {
 			if err := l.reserve(r); err != nil {
 				return err

@@ -25,6 +25,7 @@ const (
 	TypeAck     Type = 2 // the reservations of one Reserve, recorded
 	TypeWindows Type = 3 // inbound replay windows
 	TypeHello   Type = 4 // the standby's stamp, for the lease
+	TypeOwn     Type = 5 // a standby's own reservations: the most it may have sent
 )
 
 func (t Type) String() string {
@@ -37,6 +38,8 @@ func (t Type) String() string {
 		return "windows"
 	case TypeHello:
 		return "hello"
+	case TypeOwn:
+		return "own"
 	}
 	return fmt.Sprintf("type %d", uint8(t))
 }
@@ -87,7 +90,7 @@ type Message struct {
 	Stamp, PeerEpoch, Echo uint64
 	// AckEpoch and AckCounter: for TypeAck, the request it answers.
 	AckEpoch, AckCounter uint64
-	// Reservations: TypeReserve and TypeAck.
+	// Reservations: TypeReserve, TypeAck and TypeOwn.
 	Reservations []Reservation
 	// Windows: TypeWindows.
 	Windows []Window
@@ -108,7 +111,7 @@ var (
 func (m *Message) Append(b []byte, k *Key) ([]byte, error) {
 	var count int
 	switch m.Type {
-	case TypeReserve, TypeAck:
+	case TypeReserve, TypeAck, TypeOwn:
 		count = len(m.Reservations)
 		if len(m.Windows) != 0 {
 			return nil, fmt.Errorf("%w: %v with windows", ErrFormat, m.Type)
@@ -205,7 +208,7 @@ func Decode(b []byte, k *Key) (Message, error) {
 		m.AckEpoch, m.AckCounter = binary.BigEndian.Uint64(p), binary.BigEndian.Uint64(p[8:])
 		p = p[16:]
 		fallthrough
-	case TypeReserve:
+	case TypeReserve, TypeOwn:
 		if len(p) != count*reserveLen {
 			return Message{}, fmt.Errorf("%w: %d bytes for %d reservations", ErrFormat, len(p), count)
 		}

@@ -106,7 +106,7 @@ type Node struct {
 
 // Stats counts a Node's traffic and waits.
 type Stats struct {
-	Sent, Received       [5]uint64 // messages by Type (index 0: others)
+	Sent, Received       [6]uint64 // messages by Type (index 0: others)
 	SentBytes, RecvBytes uint64
 	SendErrors           uint64
 	Rejected             uint64 // not authentic or malformed

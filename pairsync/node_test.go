@@ -321,3 +321,25 @@ func TestNodeSplitBrain(t *testing.T) {
 		t.Error("no split brain counted")
 	}
 }
+
+// TestNodeStandbyOwn: two standbys report their own reservations (what
+// each may have sent itself, from its store), so that whichever becomes
+// active first continues above the other's even when neither was active.
+func TestNodeStandbyOwn(t *testing.T) {
+	p := newTestPair(t, 0)
+	if err := p.astore.Reserve(fp(4), 7<<20); err != nil { // an earlier run's record
+		t.Fatal(err)
+	}
+	if v, err := p.a.Resume(fp(4), true); err != nil || v != 7<<20 {
+		t.Fatalf("Resume: %d, %v", v, err)
+	}
+	reserveBounded(t, p.a, fp(5), 1<<20) // a silent state's first block
+	waitFor(t, "the other standby's own reservations, fresh", func() bool {
+		v4, ok4 := p.b.Report(fp(4))
+		v5, ok5 := p.b.Report(fp(5))
+		return ok4 && ok5 && v4 == 7<<20 && v5 == 1<<20
+	})
+	if s := p.a.Stats(); s.Sent[TypeOwn] == 0 || s.Sent[TypeReserve] != 0 {
+		t.Errorf("a standby sent %d own and %d reserve messages", s.Sent[TypeOwn], s.Sent[TypeReserve])
+	}
+}

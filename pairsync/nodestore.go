@@ -10,7 +10,13 @@ import (
 // other node's reservations, so a state installed on this node continues
 // above them.
 func (n *Node) Resume(fp crypto.Fingerprint, negotiated bool) (uint64, error) {
-	return n.cfg.Store.Resume(fp, negotiated)
+	v, err := n.cfg.Store.Resume(fp, negotiated)
+	if err == nil && v > 0 {
+		n.mu.Lock()
+		n.reserved[fp] = max(n.reserved[fp], v)
+		n.mu.Unlock()
+	}
+	return v, err
 }
 
 // Reserve records the reservation in the store; while the node is active

@@ -97,6 +97,7 @@ func run(args []string) error {
 	fs.StringVar(&opts.Pair.Listen, "pair-listen", "", "with --pair-node, this node's UDP address on the pair link (host:port)")
 	fs.StringVar(&opts.Pair.Peer, "pair-peer", "", "with --pair-node, the other node's UDP address on the pair link (host:port)")
 	fs.StringVar(&opts.Pair.KeyFile, "pair-key-file", "", "with --pair-node, the file of the pair link's key: 64 hex digits, mode 600")
+	fs.StringVar(&opts.Pair.RoleFile, "pair-role-file", "", "with --pair-node, the file holding the role (active or standby) to take at start, which the VRRP notify script writes")
 	fs.StringVar(&pprofAddr, "pprof-listen", "", "debugging: serve net/http/pprof on this address")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
