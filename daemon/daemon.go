@@ -219,7 +219,7 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 		d.log.Info("configuration loaded", "path", d.opts.ConfigPath, "states", states, "policies", policies)
 	}
 	d.dropStaleInterfaces(recorded)
-	d.applyRoleFile()
+	d.applyRoleFile(ctx)
 
 	ccfg := d.opts.Control
 	if ccfg.Logf == nil {

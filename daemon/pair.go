@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -247,8 +248,13 @@ func (d *Daemon) retryRelease(ctx context.Context, every time.Duration) {
 // applyRoleFile gives the node the role recorded in Options.Pair.RoleFile
 // (the notify script writes it before it calls espctl pair role), so that
 // an espd restarted on the active node takes its part again; without the
-// file it stands by.
-func (d *Daemon) applyRoleFile() {
+// file it stands by. Restarted active, a state still silent after the
+// lease (no fresh report: the other node is down) continues above this
+// node's own durable record, which holds every report the other node
+// made while this one was active; the other node could only have sent
+// more in its own blocks by becoming active meanwhile, which VRRP
+// prevents while this node's keepalived stayed master.
+func (d *Daemon) applyRoleFile(ctx context.Context) {
 	path := d.opts.Pair.RoleFile
 	if d.pair == nil || path == "" {
 		return
@@ -265,8 +271,37 @@ func (d *Daemon) applyRoleFile() {
 	case "active":
 		d.pair.log.Info("pair role file says active", "path", path)
 		d.pairRole(wire.PairRoleActive)
+		go d.releaseOwn(ctx, cmp.Or(d.opts.Pair.Lease, pairsync.DefaultLease)*11/10)
 	case "standby":
 	default:
 		d.pair.log.Warn("pair role file: want active or standby: standing by", "path", path, "content", r)
+	}
+}
+
+// releaseOwn waits wait, then releases the states still silent above
+// their own record (applyRoleFile).
+func (d *Daemon) releaseOwn(ctx context.Context, wait time.Duration) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
+	p := d.pair
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.node.Role() != pairsync.RoleActive || p.silent == 0 {
+		return
+	}
+	p.silent = 0
+	for _, a := range d.db.Activate(func(crypto.Fingerprint) (uint64, bool) { return 0, true }) {
+		if a.Err != nil {
+			p.silent++
+			p.log.Warn("restarted active: state stays silent", "spi", fmt.Sprintf("0x%08x", a.SA.SPI()), "err", a.Err)
+			continue
+		}
+		p.released++
+		p.log.Warn("restarted active without a fresh report from the other node: state continues above this node's own record", "spi", fmt.Sprintf("0x%08x", a.SA.SPI()), "above", a.Floor)
 	}
 }
