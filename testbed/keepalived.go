@@ -26,6 +26,10 @@ type KeepalivedOptions struct {
 	// AdvertInt is the VRRPv3 advertisement interval in seconds ("0.2");
 	// empty means "1". A backup takes over after about three missed.
 	AdvertInt string
+	// NotifyFIFO and NotifyScript, if set, make keepalived write its state
+	// changes, in order, into the FIFO NotifyFIFO and run NotifyScript (as
+	// root) to read them (vrrp_notify_fifo, vrrp_notify_fifo_script).
+	NotifyFIFO, NotifyScript string
 }
 
 // KeepalivedConf returns a keepalived.conf for node (its router_id) of a
@@ -57,17 +61,21 @@ func KeepalivedConf(node string, o KeepalivedOptions) string {
 }
 `, name, ifn, vrid, o.Priority, adv, preempt, v4, ifn, v6, ifn)
 	}
+	notify := ""
+	if o.NotifyFIFO != "" {
+		notify = fmt.Sprintf("    script_user root\n    vrrp_notify_fifo %s\n    vrrp_notify_fifo_script %q\n", o.NotifyFIFO, o.NotifyScript)
+	}
 	return fmt.Sprintf(`global_defs {
     router_id %s
     vrrp_version 3
-}
+%s}
 vrrp_sync_group PAIR {
     group {
         WAN
         LAN
     }
 }
-`, node) + inst("WAN", IfTransit, 51, GwATransitV4.String(), GwATransitV6.String()) +
+`, node, notify) + inst("WAN", IfTransit, 51, GwATransitV4.String(), GwATransitV6.String()) +
 		inst("LAN", IfLAN, 52, GwALANV4.String(), GwALANV6.String())
 }
 
@@ -123,3 +131,27 @@ func WaitHeldBy(nodes []*Node, want *Node, a string, timeout time.Duration) (ok 
 
 // writeFile writes text to path (mode 0600).
 func writeFile(path, text string) error { return os.WriteFile(path, []byte(text), 0o600) }
+
+// WriteNotifyScript writes script (docs/ha.md's notify script, as
+// written) into dir and, beside it, a wrapper that exports env ("NAME=value",
+// values without spaces or quotes are safest) and runs it; it returns the
+// wrapper's path, for KeepalivedOptions.NotifyScript.
+func WriteNotifyScript(tb testing.TB, dir, script string, env ...string) string {
+	tb.Helper()
+	doc := filepath.Join(dir, "espd-pair-notify")
+	wrapper := filepath.Join(dir, "notify.sh")
+	var b strings.Builder
+	b.WriteString("#!/bin/sh\n")
+	for _, e := range env {
+		name, value, _ := strings.Cut(e, "=")
+		fmt.Fprintf(&b, "export %s=%q\n", name, value)
+	}
+	fmt.Fprintf(&b, "exec sh %q \"$@\"\n", doc)
+	if err := os.WriteFile(doc, []byte(script), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(wrapper, []byte(b.String()), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	return wrapper
+}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/espd/espd/internal/docblock"
 	"github.com/espd/espd/testbed"
 )
 
@@ -83,83 +84,32 @@ func haFIFO(g *gateway) string {
 	return fmt.Sprintf("/proc/%d/root/run/charon.ha", g.charon.Pid())
 }
 
-// haNotifyScript is a node's keepalived vrrp_notify_fifo_script: it reads
-// keepalived's state changes, in the order they happened, from the FIFO
-// keepalived names as its last argument (notify_master and its kind run
-// concurrently, and a quick backup-master-backup at start could reach
-// charon out of order) and turns the sync group's into commands for the
-// ha plugin: master "+1", backup, fault and stop "-1". It writes each
-// into charon's FIFO (waiting, bounded, for charon to have made it; giving
-// up if no charon reads within 5 s), then waits, bounded, until charon
-// has closed the FIFO: charon reads one command per open, and one written
-// while it still handles the previous would be lost. It logs what it did
-// to logPath, one "start" and one "done" line per command.
-func haNotifyScript(charonPid int, logPath, espctl, sock string) string {
-	return fmt.Sprintf(`#!/bin/sh
-pid=%[1]d
-fifo=/proc/$pid/root/run/charon.ha
-log=%[2]q
-eval "events=\${$#}"
-n=0
-while [ "$n" -lt 1000 ] && IFS= read -r line; do
-	n=$((n+1))
-	case "$line" in
-	GROUP*" MASTER"*) cmd=+%[3]d role=active ;;
-	GROUP*" BACKUP"*|GROUP*" FAULT"*|GROUP*" STOP"*) cmd=-%[3]d role=standby ;;
-	*) continue ;;
-	esac
-	echo "$(date +%%s.%%N) start $cmd ($line)" >>"$log"
-	timeout 10 %[4]q -s %[5]q pair role "$role" >>"$log" 2>&1
-	echo "$(date +%%s.%%N) espd $role rc=$?" >>"$log"
-	rc=nofifo
-	i=0
-	while [ "$i" -lt 50 ]; do
-		if [ -p "$fifo" ]; then
-			timeout 5 sh -c 'printf "%%s\n" "$1" >"$2"' sh "$cmd" "$fifo"
-			rc=$?
-			break
-		fi
-		i=$((i+1))
-		sleep 0.1
-	done
-	i=0
-	while [ "$rc" = 0 ] && [ "$i" -lt 100 ]; do
-		open=0
-		for fd in /proc/$pid/fd/*; do
-			[ "$(readlink "$fd" 2>/dev/null)" = /run/charon.ha ] && open=1
-		done
-		[ "$open" = 0 ] && break
-		i=$((i+1))
-		sleep 0.02
-	done
-	echo "$(date +%%s.%%N) done $cmd rc=$rc" >>"$log"
-done <"$events"
-`, charonPid, logPath, haSegment, espctl, sock)
-}
-
-// haKeepalivedConf is testbed.KeepalivedConf with the notify FIFO and its
-// script.
-func haKeepalivedConf(t *testing.T, role string, o testbed.KeepalivedOptions, events, script string) string {
+// haNotifyScript writes into dir docs/ha.md's notify script as written
+// and a wrapper that runs it with this node's paths (charon's pid and
+// FIFO, as the host sees them in charon's private /run; espctl with the
+// node's socket; the role file and the log), and returns the wrapper's
+// path: keepalived's vrrp_notify_fifo_script.
+func haNotifyScript(t *testing.T, dir string, charonPid int, logPath, sock, roleFile string) string {
 	t.Helper()
-	conf := testbed.KeepalivedConf(role, o)
-	const defs = "global_defs {\n"
-	if !strings.Contains(conf, defs) {
-		t.Fatalf("testbed.KeepalivedConf has no %q to add the notify FIFO to:\n%s", defs, conf)
+	script, err := docblock.One("../../docs/ha.md", "sh", "ha notify")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return strings.Replace(conf, defs, defs+fmt.Sprintf("    script_user root\n    vrrp_notify_fifo %s\n    vrrp_notify_fifo_script %q\n",
-		events, script), 1)
+	charon := "none"
+	if charonPid != 0 {
+		charon = strconv.Itoa(charonPid)
+	}
+	return testbed.WriteNotifyScript(t, dir, script, "CHARON_PID="+charon, "CHARON_HA_FIFO=/proc/"+charon+"/root/run/charon.ha",
+		"ESPCTL="+espctlBin+" -s "+sock, "ESPD_PAIR_LOG="+logPath, "ESPD_PAIR_ROLE_FILE="+roleFile)
 }
 
 // startKeepalived starts the node's keepalived with its notify script.
 func (n *haNode) startKeepalived(t *testing.T, priority int) {
 	t.Helper()
-	script := filepath.Join(n.dir, "notify.sh")
 	n.notifyLog = filepath.Join(n.dir, "notify.log")
-	if err := os.WriteFile(script, []byte(haNotifyScript(n.charon.Pid(), n.notifyLog, espctlBin, n.sock)), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	conf := haKeepalivedConf(t, n.name, testbed.KeepalivedOptions{Priority: priority, NoPreempt: true, AdvertInt: "0.2"},
-		filepath.Join(n.dir, "keepalived.events"), script)
+	script := haNotifyScript(t, n.dir, n.charon.Pid(), n.notifyLog, n.sock, n.roleFile())
+	conf := testbed.KeepalivedConf(n.name, testbed.KeepalivedOptions{Priority: priority, NoPreempt: true, AdvertInt: "0.2",
+		NotifyFIFO: filepath.Join(n.dir, "keepalived.events"), NotifyScript: script})
 	n.keepalived = testbed.StartKeepalived(t, n.node, n.dir, conf)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -168,6 +118,9 @@ func (n *haNode) startKeepalived(t *testing.T, priority int) {
 		}
 	})
 }
+
+// roleFile is where the notify script records the node's role for espd.
+func (n *haNode) roleFile() string { return filepath.Join(n.dir, "pair-role") }
 
 // notifies returns the notify script's log.
 func (n *haNode) notifies() string {
@@ -346,7 +299,7 @@ func newHAPair(t *testing.T) *haPair {
 	}
 	syncs := []netip.Prefix{testbed.Node1SyncV4, testbed.Node2SyncV4}
 	for i, n := range []*haNode{h.node1, h.node2} {
-		n.startEspd("--pair-node", strconv.Itoa(i+1), "--pair-key-file", key,
+		n.startEspd("--pair-node", strconv.Itoa(i+1), "--pair-key-file", key, "--pair-role-file", n.roleFile(),
 			"--pair-listen", netip.AddrPortFrom(syncs[i].Addr(), haPairPort).String(),
 			"--pair-peer", netip.AddrPortFrom(syncs[1-i].Addr(), haPairPort).String())
 	}
@@ -495,7 +448,7 @@ func TestHAPair(t *testing.T) {
 	// (and the peer's replay window) are well ahead of 1: 300 echo
 	// requests and replies. Every ESP and cleartext frame on the three
 	// transit sides is captured from here to the end.
-	caps := h.startCaptures(t)
+	caps := testbed.StartPairCaptures(t, h.p)
 	ctx := context.Background()
 	if r, err := h.p.Server.Ping(ctx, testbed.ClientV4.Addr(), testbed.PingOptions{Count: 300, Interval: 5 * time.Millisecond, Wait: time.Second}); err != nil || r.Received < 290 {
 		t.Fatalf("burst before the failover: %v\n%s", err, tail(r.Output, 5))
@@ -538,97 +491,7 @@ func TestHAPair(t *testing.T) {
 
 	// The whole run: neither node sent an (SPI, sequence number) twice,
 	// and nothing crossed the transit link in clear.
-	caps.check(t)
-}
-
-// haCaptures are the captures of the transit side of both nodes and the
-// peer, for the whole run.
-type haCaptures struct {
-	nodes [2]*testbed.Capture
-	peer  *testbed.Capture
-}
-
-// startCaptures starts capturing the three transit sides.
-func (h *haPair) startCaptures(t *testing.T) *haCaptures {
-	t.Helper()
-	c := &haCaptures{}
-	var err error
-	for i, n := range []*testbed.Node{h.p.Node1, h.p.Node2} {
-		if c.nodes[i], err = n.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 128}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if c.peer, err = h.p.GwB.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 128}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, x := range []*testbed.Capture{c.nodes[0], c.nodes[1], c.peer} {
-			x.Stop()
-		}
-	})
-	return c
-}
-
-// check stops the captures and requires that the pair sent no (SPI,
-// sequence number) twice (as both nodes' transit sides saw their ESP go
-// out, and as the peer received it), that the captures lost nothing, and
-// that no inner address crossed any of them in clear.
-func (c *haCaptures) check(t *testing.T) {
-	t.Helper()
-	vip := testbed.GwATransitV4.Addr()
-	inner := []netip.Addr{testbed.ClientV4.Addr(), testbed.ServerV4.Addr(), testbed.ClientV6.Addr(), testbed.ServerV6.Addr()}
-	type key struct{ spi, seq uint32 }
-	sent := map[key]string{}
-	for i, x := range c.nodes {
-		res, err := x.Stop()
-		if err != nil {
-			t.Fatalf("capture on node%d: %v", i+1, err)
-		}
-		if !res.Complete() {
-			t.Errorf("capture on node%d lost frames: %s", i+1, res.Summary())
-		}
-		n := 0
-		for _, f := range res.Frames {
-			if (f.Class == testbed.ClassESP || f.Class == testbed.ClassESPInUDP) && f.Outgoing && f.Src == vip {
-				k := key{f.SPI, f.Seq}
-				if prev, dup := sent[k]; dup {
-					t.Errorf("node%d sent spi 0x%08x seq %d, which %s had sent", i+1, f.SPI, f.Seq, prev)
-				}
-				sent[k] = fmt.Sprintf("node%d", i+1)
-				n++
-			}
-		}
-		if leaks := res.Leaks(inner...); len(leaks) > 0 {
-			t.Errorf("node%d's transit side carried %d cleartext frames, first %v", i+1, len(leaks), leaks[0].String())
-		}
-		t.Logf("node%d's transit side: %s; %d ESP packets sent from the pair's address", i+1, res.Summary(), n)
-	}
-	res, err := c.peer.Stop()
-	if err != nil {
-		t.Fatalf("capture on the peer: %v", err)
-	}
-	seen := map[key]bool{}
-	n := 0
-	for _, f := range res.Frames {
-		if (f.Class == testbed.ClassESP || f.Class == testbed.ClassESPInUDP) && !f.Outgoing && f.Src == vip {
-			k := key{f.SPI, f.Seq}
-			if seen[k] {
-				t.Errorf("the peer received spi 0x%08x seq %d twice from the pair", f.SPI, f.Seq)
-			}
-			seen[k] = true
-			n++
-		}
-	}
-	if leaks := res.Leaks(inner...); len(leaks) > 0 {
-		t.Errorf("the peer's transit side carried %d cleartext frames, first %v", len(leaks), leaks[0].String())
-	}
-	if !res.Complete() {
-		t.Errorf("capture on the peer lost frames: %s", res.Summary())
-	}
-	t.Logf("the peer's transit side: %s; %d ESP packets from the pair's address, each (SPI, seq) once; the nodes sent %d", res.Summary(), n, len(sent))
-	if n == 0 || len(sent) == 0 {
-		t.Error("no ESP from the pair captured")
-	}
+	caps.Check(t)
 }
 
 // haTraffic is the traffic through the pair while a node fails: echo
@@ -915,7 +778,7 @@ func TestHAPairCut(t *testing.T) {
 	peerChild := peer.waitChild("net", 10*time.Second)
 	n2.waitChild("net", 10*time.Second)
 	h.pingServerToClient(t, "node1 active")
-	caps := h.startCaptures(t)
+	caps := testbed.StartPairCaptures(t, h.p)
 
 	h.failover(t, n1, n2, peerChild, func() { h.p.Cut(t, n1.node, true) })
 	if !waitFor(10*time.Second, func() bool { return strings.Contains(n1.mustEspctl("pair", "status"), "role standby") }) {
@@ -933,7 +796,7 @@ func TestHAPairCut(t *testing.T) {
 	}
 
 	h.failover(t, n2, n1, peerChild, func() { h.p.Cut(t, n2.node, true) })
-	caps.check(t)
+	caps.Check(t)
 }
 
 // TestHAPairSplitBrain: node2 stops hearing node1's VRRP adverts (they are
@@ -955,7 +818,7 @@ func TestHAPairSplitBrain(t *testing.T) {
 	peerChild := peer.waitChild("net", 10*time.Second)
 	n2.waitChild("net", 10*time.Second)
 	h.pingServerToClient(t, "node1 active")
-	caps := h.startCaptures(t)
+	caps := testbed.StartPairCaptures(t, h.p)
 
 	ctx := context.Background()
 	nft := func(args ...string) {
@@ -997,5 +860,5 @@ func TestHAPairSplitBrain(t *testing.T) {
 	tr = h.startTraffic(t, 6*time.Second)
 	tr.wait(t)
 	t.Logf("after the split: %d of %d echo requests answered; node1's IKE_SA %q", len(pingReplyRE.FindAllString(tr.pingOut, -1)), tr.count, n1.ikeState())
-	caps.check(t)
+	caps.Check(t)
 }

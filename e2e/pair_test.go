@@ -1,0 +1,286 @@
+package e2e
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/espd/espd/internal/docblock"
+	"github.com/espd/espd/testbed"
+)
+
+// pairPort is the UDP port of the espds' pair link in these tests.
+const pairPort = 4520
+
+// pairNode is one node of a manually keyed pair: espd and keepalived.
+type pairNode struct {
+	name       string
+	node       *testbed.Node
+	espd       *espd
+	keepalived *testbed.Process
+	dir        string
+}
+
+// TestPairManual: a gateway pair keyed by hand, without charon. Both
+// nodes' espds load the same configuration file (the tunnel from the
+// pair's transit address to gwB) with --pair-node and docs/ha.md's pair
+// key, and keepalived runs docs/ha.md's notify script as written (no
+// charon). Neither node was ever active: node1, master first, takes over
+// above node2's own report of its reservations and carries the traffic.
+// Then node1 dies (espd and keepalived killed, links cut) with pings and
+// a TCP transfer running: node2 carries them on within 3 s, above node1's
+// numbers, without a replay or integrity drop at the peer. Then node2's
+// espd is killed and restarted alone (keepalived stays master, node1 is
+// still dead): it takes its role from the role file and, once the lease
+// has passed without a report from the dead node, continues above its own
+// record. Captures of both nodes' and the peer's transit sides show no
+// (SPI, sequence number) twice and no cleartext.
+func TestPairManual(t *testing.T) {
+	requireTools(t)
+	if _, err := exec.LookPath(testbed.Keepalived); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("keepalived is not installed")
+		}
+		t.Skip("keepalived is not installed")
+	}
+	notify, err := docblock.One("../docs/ha.md", "sh", "ha notify")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyBlock, err := docblock.One("../docs/ha.md", "sh", "ha pair key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := testbed.NewPairT(t)
+	dir := t.TempDir()
+
+	// docs/ha.md's key, made as written (in dir instead of /etc/espd).
+	if !strings.Contains(keyBlock, "/etc/espd/pair.key") {
+		t.Fatalf("docs/ha.md's key block does not write /etc/espd/pair.key:\n%s", keyBlock)
+	}
+	if out, err := exec.Command("sh", "-ec", strings.ReplaceAll(keyBlock, "/etc/espd/", dir+"/")).CombinedOutput(); err != nil {
+		t.Fatalf("docs/ha.md's key block: %v\n%s", err, out)
+	}
+	key := filepath.Join(dir, "pair.key")
+
+	// The tunnel: the pair's transit address to gwB, LAN A to LAN B.
+	vip, b4 := testbed.GwATransitV4.Addr(), testbed.GwBTransitV4.Addr()
+	const spiOut, spiIn = 0x7001, 0x7002
+	kOut, kIn := randKey(t, 20), randKey(t, 20)
+	pairConf := filepath.Join(dir, "pair.toml")
+	writeSecret(t, pairConf, gatewayFile([]fileSA{
+		{spi: spiOut, dir: "out", src: vip, dst: b4, suite: "aes128gcm16", key: kOut},
+		{spi: spiIn, dir: "in", src: b4, dst: vip, suite: "aes128gcm16", key: kIn},
+	}, []netip.Prefix{testbed.LANAV4}, []netip.Prefix{testbed.LANBV4}))
+	peerConf := filepath.Join(dir, "peer.toml")
+	writeSecret(t, peerConf, gatewayFile([]fileSA{
+		{spi: spiIn, dir: "out", src: b4, dst: vip, suite: "aes128gcm16", key: kIn},
+		{spi: spiOut, dir: "in", src: vip, dst: b4, suite: "aes128gcm16", key: kOut},
+	}, []netip.Prefix{testbed.LANBV4}, []netip.Prefix{testbed.LANAV4}))
+
+	syncs := []netip.Prefix{testbed.Node1SyncV4, testbed.Node2SyncV4}
+	nodes := []*pairNode{{name: "node1", node: p.Node1}, {name: "node2", node: p.Node2}}
+	args := func(i int) []string {
+		return []string{"--config", pairConf, "--pair-node", strconv.Itoa(i + 1), "--pair-key-file", key,
+			"--pair-listen", netip.AddrPortFrom(syncs[i].Addr(), pairPort).String(),
+			"--pair-peer", netip.AddrPortFrom(syncs[1-i].Addr(), pairPort).String(),
+			"--pair-role-file", filepath.Join(nodes[i].dir, "pair-role")}
+	}
+	for i, n := range nodes {
+		n.dir = filepath.Join(dir, n.name)
+		if err := os.Mkdir(n.dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		n.espd = startEspd(t, n.node, args(i)...)
+	}
+	peer := startEspd(t, p.GwB, "--config", peerConf)
+	startKeepalived := func(n *pairNode, priority int) {
+		script := testbed.WriteNotifyScript(t, n.dir, notify, "CHARON_PID=none",
+			"ESPCTL="+espctlBin+" -s "+n.espd.sock, "ESPD_PAIR_LOG="+filepath.Join(n.dir, "notify.log"),
+			"ESPD_PAIR_ROLE_FILE="+filepath.Join(n.dir, "pair-role"))
+		conf := testbed.KeepalivedConf(n.name, testbed.KeepalivedOptions{Priority: priority, NoPreempt: true, AdvertInt: "0.2",
+			NotifyFIFO: filepath.Join(n.dir, "keepalived.events"), NotifyScript: script})
+		n.keepalived = testbed.StartKeepalived(t, n.node, n.dir, conf)
+	}
+	vips := []string{testbed.GwATransitV4.Addr().String(), testbed.GwALANV4.Addr().String()}
+	startKeepalived(nodes[0], 150)
+	for _, a := range vips {
+		if ok, holders := testbed.WaitHeldBy(p.Nodes(), p.Node1, a, 30*time.Second); !ok {
+			t.Fatalf("at start: %s held by %v, want node1", a, holders)
+		}
+	}
+	startKeepalived(nodes[1], 100)
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range nodes {
+				b, _ := os.ReadFile(filepath.Join(n.dir, "notify.log"))
+				t.Logf("%s's notify log:\n%s", n.name, b)
+			}
+		}
+	})
+
+	// 1. node1 (master) releases the tunnel's outbound state once node2's
+	// own report is fresh, and the tunnel works.
+	status := func(n *pairNode) string { return strings.TrimSpace(n.espd.mustCtl(t, "pair", "status")) }
+	if !eventually(20*time.Second, func() bool { return strings.Contains(status(nodes[0]), "role active released 1 silent 0") }) {
+		t.Fatalf("node1 did not release its state: %s", status(nodes[0]))
+	}
+	if st := status(nodes[1]); !strings.Contains(st, "role standby") {
+		t.Fatalf("node2: %s", st)
+	}
+	caps := testbed.StartPairCaptures(t, p)
+	ctx := context.Background()
+	if r, err := p.Server.Ping(ctx, testbed.ClientV4.Addr(), testbed.PingOptions{Count: 200, Interval: 5 * time.Millisecond, Wait: time.Second}); err != nil || r.Received < 190 {
+		t.Fatalf("through node1: %v\n%s", err, tail(r.Output, 5))
+	}
+
+	// 2. node1 dies with the traffic running.
+	before := peerDrops(t, peer, spiOut, b4)
+	tr := startPairTraffic(p, 12*time.Second)
+	if !eventually(20*time.Second, func() bool { return time.Since(tr.start) > 3*time.Second }) {
+		t.Fatal("unreachable")
+	}
+	killed := time.Now()
+	nodes[0].espd.kill(t)
+	if err := syscall.Kill(-nodes[0].keepalived.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-nodes[0].keepalived.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("keepalived survived SIGKILL")
+	}
+	nodes[0].keepalived.Stop(time.Second) // its exit status is the kill
+	p.Cut(t, p.Node1, true)
+	if !eventually(30*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return p.Node2.HoldsAddr(ctx, vips[0]) && p.Node2.HoldsAddr(ctx, vips[1])
+	}) {
+		t.Fatal("node2 did not take the addresses")
+	}
+	took := time.Now()
+	t.Logf("node2 holds the addresses %v after node1 died", took.Sub(killed).Round(time.Millisecond))
+	tr.check(t, "node1 fails over to node2", took, 3*time.Second)
+	if after := peerDrops(t, peer, spiOut, b4); after != before {
+		t.Errorf("the peer's replay and integrity drops went from %v to %v", before, after)
+	}
+	if st := status(nodes[1]); !strings.Contains(st, "role active released 1 silent 0") {
+		t.Errorf("node2 after the takeover: %s", st)
+	}
+
+	// 3. node2's espd alone is killed and restarted: its keepalived stays
+	// master, node1 is still dead. The role file makes it active; with no
+	// fresh report from node1 it continues above its own record after
+	// the lease.
+	nodes[1].espd.kill(t)
+	restarted := time.Now()
+	nodes[1].espd = startEspd(t, p.Node2, args(1)...)
+	if st := status(nodes[1]); !strings.Contains(st, "role active") {
+		t.Fatalf("node2's restarted espd: %s", st)
+	}
+	tr = startPairTraffic(p, 12*time.Second)
+	// The lease (5 s) and a tenth, then the retry's interval.
+	tr.check(t, "node2's espd restarted", restarted, 8*time.Second)
+	if after := peerDrops(t, peer, spiOut, b4); after != before {
+		t.Errorf("the peer's replay and integrity drops went from %v to %v", before, after)
+	}
+	if !nodes[1].espd.logContains("continues above this node's own record") {
+		t.Errorf("node2's restarted espd did not continue above its own record")
+	}
+	caps.Check(t)
+}
+
+// peerDrops returns the peer's replay and integrity drops of the state
+// from the pair.
+func peerDrops(t *testing.T, peer *espd, spi uint32, dst netip.Addr) [2]uint64 {
+	t.Helper()
+	return [2]uint64{peer.saCounter(t, spi, dst, cntReplay...), peer.saCounter(t, spi, dst, cntIntegrity...)}
+}
+
+// pairTraffic is pings every 100 ms and a paced TCP transfer from the
+// server to the client, for a while.
+type pairTraffic struct {
+	start    time.Time
+	count    int
+	done     chan struct{}
+	pingOut  string
+	xfer     testbed.TransferResult
+	xferErr  error
+	xferWant int64
+}
+
+// startPairTraffic starts the traffic, for about d.
+func startPairTraffic(p *testbed.Pair, d time.Duration) *pairTraffic {
+	const rate = 250 << 10
+	tr := &pairTraffic{start: time.Now(), count: int(d / (100 * time.Millisecond)), done: make(chan struct{}), xferWant: int64(d.Seconds() * rate)}
+	pingDone := make(chan struct{})
+	go func() {
+		defer close(pingDone)
+		ctx, cancel := context.WithTimeout(context.Background(), d+20*time.Second)
+		defer cancel()
+		tr.pingOut, _ = p.Server.Run(ctx, "ping", "-n", "-D", "-O", "-4", "-c", strconv.Itoa(tr.count), "-i", "0.1", "-W", "1",
+			testbed.ClientV4.Addr().String())
+	}()
+	go func() {
+		defer close(tr.done)
+		tr.xfer, tr.xferErr = testbed.Transfer(context.Background(), testbed.TransferOptions{
+			From: p.Server, To: p.Client, Dst: testbed.ClientV4.Addr(), Bytes: tr.xferWant, Timeout: d + 60*time.Second,
+			Seed: uint64(tr.xferWant), MaxRate: rate,
+		})
+		<-pingDone
+	}()
+	return tr
+}
+
+// check waits (bounded) for the traffic to end and requires the transfer
+// intact and the pings answered again within bound of since, then at most
+// 2 lost.
+func (tr *pairTraffic) check(t *testing.T, what string, since time.Time, bound time.Duration) {
+	t.Helper()
+	select {
+	case <-tr.done:
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("%s: the traffic did not end", what)
+	}
+	if tr.xferErr != nil || tr.xfer.Bytes != tr.xferWant || tr.xfer.Sent != tr.xfer.Received {
+		t.Errorf("%s: the TCP transfer: %v (%v), want %d bytes intact", what, tr.xferErr, tr.xfer, tr.xferWant)
+	}
+	var first time.Time
+	firstSeq, after := 0, 0
+	for _, m := range pingReplyRE.FindAllStringSubmatch(tr.pingOut, -1) {
+		sec, _ := strconv.ParseFloat(m[1], 64)
+		at := time.Unix(0, int64(sec*1e9))
+		if !at.After(since) {
+			continue
+		}
+		if first.IsZero() {
+			first = at
+			firstSeq, _ = strconv.Atoi(m[2])
+		} else {
+			after++
+		}
+	}
+	if first.IsZero() {
+		t.Fatalf("%s: no echo request answered after it:\n%s", what, tail(tr.pingOut, 5))
+	}
+	gap := first.Sub(since)
+	t.Logf("%s: first reply %v after it (icmp_seq %d), transfer %v", what, gap.Round(time.Millisecond), firstSeq, tr.xfer)
+	if gap > bound {
+		t.Errorf("%s: traffic resumed %v after it, more than %v", what, gap, bound)
+	}
+	if lost := (tr.count - firstSeq) - after; lost > 2 {
+		t.Errorf("%s: %d echo requests lost after traffic resumed:\n%s", what, lost, tail(tr.pingOut, 5))
+	}
+}
+
+// pingReplyRE matches a reply of ping -D.
+var pingReplyRE = regexp.MustCompile(`(?m)^\[(\d+\.\d+)\] \d+ bytes from [^:]+: icmp_seq=(\d+)`)
