@@ -12,7 +12,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -137,11 +139,15 @@ func New(opts Options) (*Daemon, error) {
 	var db *sa.DB
 	var pr *pair
 	if opts.Pair.Node != 0 {
+		opts.Pair.Mark = opts.IO.Mark
 		if pr, err = newPair(opts.Pair, seq, &db, log); err != nil {
 			closeSeq()
 			return nil, err
 		}
-		dbOpts.Seq, dbOpts.PairNode = pr.node, opts.Pair.Node
+		dbOpts.Seq, dbOpts.PairNode, dbOpts.LocalSeq = pr.node, opts.Pair.Node, pr.store
+		if local := opts.Pair.LocalAddrs; len(local) > 0 {
+			dbOpts.PairLocal = func(a netip.Addr) bool { return slices.Contains(local, a.Unmap()) }
+		}
 	}
 	db = sa.NewDB(dbOpts)
 	if pr != nil {

@@ -9,10 +9,14 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
@@ -32,6 +36,13 @@ type PairOptions struct {
 	KeyFile string
 	// Interval and Lease: pairsync.Config's (0: its defaults).
 	Interval, Lease time.Duration
+	// LocalAddrs are this node's own addresses (the sync link's): a state
+	// whose local address is one of them belongs to this node alone, as
+	// the ha plugin's tunnel between the nodes does (sa.Options.PairLocal).
+	LocalAddrs []netip.Addr
+	// Mark is the SO_MARK of the pair link's socket, so that its packets
+	// skip the routes into the TUN (IO.Mark).
+	Mark uint32
 	// RoleFile, if set, holds the role ("active" or "standby") that the
 	// node takes when espd starts (applyRoleFile).
 	RoleFile string
@@ -39,9 +50,10 @@ type PairOptions struct {
 
 // pair is the daemon's part in a gateway pair.
 type pair struct {
-	node *pairsync.Node
-	num  int
-	log  *slog.Logger
+	node  *pairsync.Node
+	store sa.SeqStore // the node's own store, which node wraps
+	num   int
+	log   *slog.Logger
 
 	mu       sync.Mutex // serializes role changes
 	released int
@@ -91,7 +103,16 @@ func newPair(o PairOptions, store sa.SeqStore, db **sa.DB, log *slog.Logger) (*p
 	if err != nil {
 		return nil, fmt.Errorf("pair peer: %w", err)
 	}
-	c, err := net.ListenPacket("udp", o.Listen)
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(o.Mark))
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	c, err := lc.ListenPacket(context.Background(), "udp", o.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("pair link: %w", err)
 	}
@@ -116,7 +137,7 @@ func newPair(o PairOptions, store sa.SeqStore, db **sa.DB, log *slog.Logger) (*p
 		c.Close()
 		return nil, err
 	}
-	return &pair{node: node, num: o.Node, log: log}, nil
+	return &pair{node: node, store: store, num: o.Node, log: log}, nil
 }
 
 // pairWindows returns the replay windows of the live inbound states.

@@ -101,7 +101,7 @@ func (db *DB) installLocked(s *SA) {
 	s.addSeq = d.addSeq
 	s.addTime = db.mono()
 	s.state.Store(uint32(StateValid))
-	if s.dir == DirOut && db.standby.Load() {
+	if s.dir == DirOut && s.pairNode != 0 && db.standby.Load() {
 		s.silent.Store(true)
 	}
 	s.installedAt = len(d.installed)

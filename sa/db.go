@@ -1,6 +1,7 @@
 package sa
 
 import (
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,6 +50,17 @@ type Options struct {
 	// the numbers of its own blocks of SeqBlock (see SetStandby). 0: no
 	// pair.
 	PairNode int
+	// PairLocal, with PairNode, reports whether a state whose local
+	// address (an outbound state's source, an inbound state's
+	// destination) is local belongs to this node alone (the ha plugin's
+	// own tunnel between the two nodes, say): such a state numbers as
+	// outside a pair, is never silent and keeps its key in LocalSeq. It
+	// is decided once, when the state is added. nil: every state is the
+	// pair's.
+	PairLocal func(local netip.Addr) bool
+	// LocalSeq is the SeqStore of the node's own states (PairLocal);
+	// nil: Seq.
+	LocalSeq SeqStore
 }
 
 func (o *Options) setDefaults() {

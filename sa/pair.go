@@ -21,17 +21,26 @@ import (
 // number at all (the data path counts the drops as DropSequence) until
 // Activate moves each above what the active node reported.
 
-// pairOwns reports whether this DB may hand out number n (n >= 1).
-func (db *DB) pairOwns(n uint64) bool {
-	node := db.opts.PairNode
+// pairOwns reports whether node (a state's pairNode) may hand out number
+// n (n >= 1).
+func (db *DB) pairOwns(node int, n uint64) bool {
 	return node == 0 || ((n-1)/db.opts.SeqBlock)%2 == uint64(node-1)
+}
+
+// seqOf returns the store of s's key: LocalSeq for a state of this node
+// alone (Options.PairLocal), else Seq.
+func (db *DB) seqOf(s *SA) SeqStore {
+	if s.pairNode == 0 && db.opts.PairNode != 0 && db.opts.LocalSeq != nil {
+		return db.opts.LocalSeq
+	}
+	return db.opts.Seq
 }
 
 // pairSkip returns the counter to continue from instead of used: used if
 // the number after it is this DB's, else the last number of the other
 // node's block that follows, capped at lim (the reservation).
-func (db *DB) pairSkip(used, lim uint64) uint64 {
-	if used >= lim || db.pairOwns(used+1) {
+func (db *DB) pairSkip(node int, used, lim uint64) uint64 {
+	if used >= lim || db.pairOwns(node, used+1) {
 		return used
 	}
 	return min(db.pairBlockEnd(used), lim)
@@ -58,7 +67,7 @@ func (db *DB) SetStandby(on bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, s := range d.installed {
-		if s.dir == DirOut {
+		if s.dir == DirOut && s.pairNode != 0 {
 			s.silent.Store(true)
 		}
 	}
@@ -168,7 +177,7 @@ func (db *DB) FollowPeer(fp crypto.Fingerprint, floor uint64) bool {
 		s = e.live
 	}
 	d.mu.Unlock()
-	if s == nil || s.dir != DirOut || s.silent.Load() || s.State() == StateDead {
+	if s == nil || s.dir != DirOut || s.pairNode == 0 || s.silent.Load() || s.State() == StateDead {
 		return false
 	}
 	floor = min(floor, s.seqMax)

@@ -2,6 +2,7 @@ package sa
 
 import (
 	"math/rand/v2"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -297,5 +298,41 @@ func TestPairFollowPeer(t *testing.T) {
 	}
 	if db.FollowPeer(crypto.Fingerprint{1}, 100) {
 		t.Error("FollowPeer raised a key without a state")
+	}
+}
+
+// TestPairLocal: a state whose local address is this node's own
+// (Options.PairLocal) numbers as outside a pair, from 1, keeps its key in
+// LocalSeq and is never silent; the pair's states beside it are.
+func TestPairLocal(t *testing.T) {
+	shared, own := newCapStore(), newCapStore()
+	sync := netip.MustParseAddr("198.18.3.2")
+	db := NewDB(Options{Now: newFakeClock().Now, PairNode: 2, SeqBlock: pairBlock, Seq: shared, LocalSeq: own,
+		PairLocal: func(a netip.Addr) bool { return a == sync }})
+	db.SetStandby(true)
+	lc := testConfig(0x5600, DirOut, 1)
+	lc.Src = sync
+	l := mustAdd(t, db, lc)
+	li := testConfig(0x5601, DirIn, 1)
+	li.Dst = sync
+	mustAdd(t, db, li)
+	p := mustAdd(t, db, testConfig(0x5602, DirOut, 2))
+	if l.Silent() || !p.Silent() {
+		t.Fatalf("standby: local silent %v, pair's silent %v", l.Silent(), p.Silent())
+	}
+	if f, g := grant(t, l, 3); f != 1 || g != 3 {
+		t.Errorf("local state granted %d+%d, want 1+3 (no pair blocks)", f, g)
+	}
+	if own.reserved(l.fp) == 0 || shared.reserved(l.fp) != 0 {
+		t.Errorf("local key reserved in LocalSeq %d, in Seq %d", own.reserved(l.fp), shared.reserved(l.fp))
+	}
+	if out, in, _ := own.Used(crypto.KeyFingerprint(li.EncKey, li.IntegKey)); out || !in {
+		t.Errorf("local inbound key not recorded in LocalSeq (out %v in %v)", out, in)
+	}
+	if shared.reserved(p.fp) == 0 || own.reserved(p.fp) != 0 {
+		t.Errorf("pair's key reserved in Seq %d, in LocalSeq %d", shared.reserved(p.fp), own.reserved(p.fp))
+	}
+	if db.FollowPeer(l.fp, 100) {
+		t.Error("FollowPeer raised a local state")
 	}
 }

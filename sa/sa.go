@@ -64,6 +64,7 @@ type SA struct {
 	seqExtAt atomic.Uint64 // seqUsed from which the reservation is extended
 	seqExt   atomic.Bool   // an extension is under way
 	silent   atomic.Bool   // hands out no number: a standby's (SetStandby)
+	pairNode int           // Options.PairNode, 0 for a state of this node alone (PairLocal)
 	_        cacheLinePad
 	packets  atomic.Uint64
 	bytes    atomic.Uint64
@@ -177,10 +178,10 @@ func (s *SA) ReserveSeq(n int) (first uint64, granted int) {
 	for {
 		used := s.seqUsed.Load()
 		lim := min(s.seqLimit.Load(), s.seqMax)
-		if s.db.opts.PairNode != 0 && lim > used {
+		if s.pairNode != 0 && lim > used {
 			// A pair's node hands out its own blocks only: skip the
 			// other node's, and stop at the end of this one.
-			if u := s.db.pairSkip(used, lim); u != used {
+			if u := s.db.pairSkip(s.pairNode, used, lim); u != used {
 				if s.seqUsed.CompareAndSwap(used, u) && u == s.seqMax {
 					s.db.hardExpire(s, ExpireSequence)
 				}

@@ -97,6 +97,15 @@ func (db *DB) newSA(c *Config) (*SA, error) {
 		transform: t,
 		fp:        crypto.KeyFingerprint(c.EncKey, c.IntegKey),
 	}
+	if db.opts.PairNode != 0 {
+		local := c.Src
+		if c.Dir == DirIn {
+			local = c.Dst
+		}
+		if db.opts.PairLocal == nil || !db.opts.PairLocal(local) {
+			s.pairNode = db.opts.PairNode
+		}
+	}
 	p := &params{cfg: c.public()}
 	s.params.Store(p)
 	s.publishCodec(p, nil)
@@ -359,7 +368,7 @@ func (d *sadb) snapshotInstalled(buf []*SA) []*SA {
 func (s *SA) discard() {
 	if s.inRecorded {
 		s.inRecorded = false
-		if err := s.db.opts.Seq.RetireInbound(s.fp); err != nil {
+		if err := s.db.seqOf(s).RetireInbound(s.fp); err != nil {
 			s.db.seqError(fmt.Errorf("sa: state spi 0x%08x (not installed): %w", s.spi, err))
 		}
 	}

@@ -60,9 +60,9 @@ func (db *DB) seqExtendAt(limit uint64) uint64 {
 // seqNext returns the reservation that follows limit for a state that can
 // number up to max: a block further, saturating at max; for a pair's node
 // (Options.PairNode), the end of its first own block above limit.
-func (db *DB) seqNext(limit, max uint64) uint64 {
+func (db *DB) seqNext(node int, limit, max uint64) uint64 {
 	b := db.opts.SeqBlock
-	if db.opts.PairNode == 0 {
+	if node == 0 {
 		if max-limit < b {
 			return max
 		}
@@ -72,7 +72,7 @@ func (db *DB) seqNext(limit, max uint64) uint64 {
 		return max
 	}
 	end := db.pairBlockEnd(limit)
-	if !db.pairOwns(limit + 1) {
+	if !db.pairOwns(node, limit+1) {
 		end += b
 	}
 	return end
@@ -121,8 +121,8 @@ func (db *DB) extendOnce(s *SA) error {
 		return nil
 	}
 	// The counter can be above the reservation after FollowPeer.
-	next := db.seqNext(max(lim, s.seqUsed.Load()), s.seqMax)
-	if err := db.opts.Seq.Reserve(s.fp, next); err != nil {
+	next := db.seqNext(s.pairNode, max(lim, s.seqUsed.Load()), s.seqMax)
+	if err := db.seqOf(s).Reserve(s.fp, next); err != nil {
 		return err
 	}
 	// Fails only if the state was removed meanwhile (seqLimit 0): its
@@ -191,7 +191,7 @@ func (db *DB) resumeSeq(s *SA, floor uint64) error {
 	if err := db.checkDirection(s); err != nil {
 		return err
 	}
-	hw, err := db.opts.Seq.Resume(s.fp, s.params.Load().cfg.Negotiated)
+	hw, err := db.seqOf(s).Resume(s.fp, s.params.Load().cfg.Negotiated)
 	if err != nil {
 		return fmt.Errorf("sa: state spi 0x%08x: cannot know which sequence numbers key %s has used: %w", s.spi, fpString(s.fp), err)
 	}
@@ -199,8 +199,8 @@ func (db *DB) resumeSeq(s *SA, floor uint64) error {
 	if hw >= s.seqMax {
 		return kindErrorf(ErrKeyExhausted, "sa: state spi 0x%08x: key %s has used every sequence number %v can number (up to %d); it needs a new key", s.spi, fpString(s.fp), s.suite, hw)
 	}
-	limit := db.seqNext(hw, s.seqMax)
-	if err := db.opts.Seq.Reserve(s.fp, limit); err != nil {
+	limit := db.seqNext(s.pairNode, hw, s.seqMax)
+	if err := db.seqOf(s).Reserve(s.fp, limit); err != nil {
 		return fmt.Errorf("sa: state spi 0x%08x: cannot reserve sequence numbers for key %s: %w", s.spi, fpString(s.fp), err)
 	}
 	db.startSeq(s, hw, limit)
@@ -210,7 +210,7 @@ func (db *DB) resumeSeq(s *SA, floor uint64) error {
 // checkDirection refuses s if the SeqStore says its key served the
 // other direction. Called with DB.keying held.
 func (db *DB) checkDirection(s *SA) error {
-	out, in, err := db.opts.Seq.Used(s.fp)
+	out, in, err := db.seqOf(s).Used(s.fp)
 	if err != nil {
 		return fmt.Errorf("sa: state spi 0x%08x dir %v: cannot know in which direction key %s was used: %w", s.spi, s.dir, fpString(s.fp), err)
 	}
@@ -235,7 +235,7 @@ func (db *DB) useInbound(s *SA) error {
 	if err := db.checkDirection(s); err != nil {
 		return err
 	}
-	if err := db.opts.Seq.Inbound(s.fp, s.params.Load().cfg.Negotiated); err != nil {
+	if err := db.seqOf(s).Inbound(s.fp, s.params.Load().cfg.Negotiated); err != nil {
 		return fmt.Errorf("sa: state spi 0x%08x dir in: cannot record key %s as inbound: %w", s.spi, fpString(s.fp), err)
 	}
 	s.inRecorded = true
@@ -251,7 +251,7 @@ func (db *DB) retire(s *SA) {
 	if s.dir == DirIn {
 		if s.inRecorded {
 			s.inRecorded = false
-			if err := db.opts.Seq.RetireInbound(s.fp); err != nil {
+			if err := db.seqOf(s).RetireInbound(s.fp); err != nil {
 				db.seqError(fmt.Errorf("sa: state spi 0x%08x: recording that its inbound key is no longer used: %w", s.spi, err))
 			}
 		}
@@ -267,7 +267,7 @@ func (db *DB) retire(s *SA) {
 		return
 	}
 	e.mu.Lock()
-	err := db.opts.Seq.Retire(s.fp, last)
+	err := db.seqOf(s).Retire(s.fp, last)
 	e.mu.Unlock()
 	if err != nil {
 		// The reservation stays recorded: the next state of the key
@@ -331,8 +331,8 @@ func (db *DB) reserveFloor(s, holder *SA, floor uint64) (uint64, error) {
 	if floor < cur {
 		return cur, nil
 	}
-	limit := db.seqNext(floor, s.seqMax)
-	if err := db.opts.Seq.Reserve(s.fp, limit); err != nil {
+	limit := db.seqNext(s.pairNode, floor, s.seqMax)
+	if err := db.seqOf(s).Reserve(s.fp, limit); err != nil {
 		return 0, fmt.Errorf("sa: state spi 0x%08x: cannot reserve sequence numbers above oseq %d for key %s: %w", s.spi, floor, fpString(s.fp), err)
 	}
 	db.raiseLimit(holder, limit)

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"runtime"
@@ -97,6 +98,14 @@ func run(args []string) error {
 	fs.StringVar(&opts.Pair.Listen, "pair-listen", "", "with --pair-node, this node's UDP address on the pair link (host:port)")
 	fs.StringVar(&opts.Pair.Peer, "pair-peer", "", "with --pair-node, the other node's UDP address on the pair link (host:port)")
 	fs.StringVar(&opts.Pair.KeyFile, "pair-key-file", "", "with --pair-node, the file of the pair link's key: 64 hex digits, mode 600")
+	fs.Func("pair-local-addr", "with --pair-node, an `address` of this node alone (the sync link's; repeatable): its states, such as the ha plugin's tunnel, are not the pair's", func(v string) error {
+		a, err := netip.ParseAddr(v)
+		if err != nil {
+			return err
+		}
+		opts.Pair.LocalAddrs = append(opts.Pair.LocalAddrs, a.Unmap())
+		return nil
+	})
 	fs.StringVar(&opts.Pair.RoleFile, "pair-role-file", "", "with --pair-node, the file holding the role (active or standby) to take at start, which the VRRP notify script writes")
 	fs.StringVar(&pprofAddr, "pprof-listen", "", "debugging: serve net/http/pprof on this address")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
