@@ -130,7 +130,7 @@ func (p *Process) Stop(grace time.Duration) error {
 		case <-time.After(grace):
 			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 			<-p.done
-			p.stopErr = fmt.Errorf("testbed: %s ignored SIGTERM for %v and was killed", p.Name, grace)
+			p.stopErr = fmt.Errorf("testbed: %s ignored SIGTERM for %v and was killed; its log ends:\n%s", p.Name, grace, Tail(p.Log(), 30))
 		}
 	})
 	return p.stopErr

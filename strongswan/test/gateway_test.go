@@ -32,8 +32,11 @@ type gateway struct {
 	espd      *testbed.Process
 	espdArgs  []string
 	noHandoff bool // espd without --ike-handoff, charon with socket-default
-	espdRuns  int
-	charon    *testbed.Process
+	// slowStop: charon may outlast its stop's grace (a pair node with the
+	// ha plugin's secret whose partner is dead: docs/ha.md); logged only.
+	slowStop bool
+	espdRuns int
+	charon   *testbed.Process
 }
 
 // newGateway prepares a gateway on node; nothing runs yet.
@@ -185,6 +188,22 @@ func (g *gateway) startCharon(o charonOptions) {
 	g.t.Cleanup(func() {
 		if g.t.Failed() {
 			g.t.Logf("charon on %s logged:\n%s", g.name, tail(p.Log(), 150))
+		}
+	})
+	// Stopped first (clean-ups run last-in first-out), while espd and the
+	// gateway's directory are still there: charon deletes its SAs and
+	// policies through espd as it shuts down.
+	g.t.Cleanup(func() {
+		grace := 20 * time.Second
+		if g.slowStop {
+			grace = 5 * time.Second
+		}
+		if err := p.Stop(grace); err != nil {
+			if g.slowStop {
+				g.t.Logf("charon on %s (known: docs/ha.md, \"Stopping charon\"): %v", g.name, err)
+				return
+			}
+			g.t.Errorf("charon on %s: %v", g.name, err)
 		}
 	})
 	deadline := time.Now().Add(20 * time.Second)

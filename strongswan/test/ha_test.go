@@ -64,18 +64,51 @@ type haNode struct {
 	notifyLog string
 }
 
-// haCharonOptions is the strongswan.conf of a node: the ha plugin between
-// the two sync addresses, without its heartbeat (keepalived decides), with
-// the FIFO and resynchronisation on, and with the IKE and configuration
-// logs at level 2 (IKE_SA state changes, HA messages received).
-func haCharonOptions(local, remote netip.Prefix) charonOptions {
+// haDoc returns docs/ha.md's one block of language lang marked marker,
+// without its comment lines.
+func haDoc(t *testing.T, lang, marker string) string {
+	t.Helper()
+	text, err := docblock.One("../../docs/ha.md", lang, marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(text, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "#") {
+			b.WriteString(l)
+		}
+	}
+	return b.String()
+}
+
+// haCharonOptions is the strongswan.conf of a node: docs/ha.md's ha
+// plugin section as written (node 1's; for node 2 its local and remote
+// swapped), and the IKE and configuration logs at level 2 (IKE_SA state
+// changes, HA messages received).
+func haCharonOptions(t *testing.T, local, remote netip.Prefix) charonOptions {
+	t.Helper()
+	ha := haDoc(t, "conf", "ha strongswan")
+	l1, r1 := "local = "+testbed.Node1SyncV4.Addr().String(), "remote = "+testbed.Node2SyncV4.Addr().String()
+	if !strings.Contains(ha, l1) || !strings.Contains(ha, r1) {
+		t.Fatalf("docs/ha.md's ha section is not node 1's (%q, %q):\n%s", l1, r1, ha)
+	}
+	ha = strings.NewReplacer(l1, "local = "+local.Addr().String(), r1, "remote = "+remote.Addr().String()).Replace(ha)
 	return charonOptions{
 		Plugins: "ha",
 		Log:     "ike = 2\n      cfg = 2",
-		Extra: fmt.Sprintf("charon {\n  plugins {\n    ha {\n      local = %s\n      remote = %s\n"+
-			"      segment_count = 1\n      fifo_interface = yes\n      monitor = no\n      resync = yes\n    }\n  }\n}\n",
-			local.Addr(), remote.Addr()),
+		Extra:   "charon {\n  plugins {\n" + ha + "  }\n}\n",
 	}
+}
+
+// haEspdFlags are the pair's flags of node i (0 or 1) as docs/ha.md gives
+// node 1's, with the key and role files.
+func haEspdFlags(i int, key, roleFile string) []string {
+	syncs := []netip.Prefix{testbed.Node1SyncV4, testbed.Node2SyncV4}
+	return []string{"--pair-node", strconv.Itoa(i + 1),
+		"--pair-listen", netip.AddrPortFrom(syncs[i].Addr(), haPairPort).String(),
+		"--pair-peer", netip.AddrPortFrom(syncs[1-i].Addr(), haPairPort).String(),
+		"--pair-local-addr", syncs[i].Addr().String(),
+		"--pair-key-file", key, "--pair-role-file", roleFile}
 }
 
 // haFIFO is the ha plugin's control FIFO of g's charon, as the host sees
@@ -117,6 +150,23 @@ func (n *haNode) startKeepalived(t *testing.T, priority int) {
 			t.Logf("notify script on %s:\n%s", n.name, n.notifies())
 		}
 	})
+}
+
+var saAddrsRE = regexp.MustCompile(`(?m)^spi 0x([0-9a-f]{8}) dir (in|out) state (\S+).*\n\s+src (\S+) dst (\S+)`)
+
+// pairSPIs returns the SPIs of espd's states of the pair, by direction:
+// those of the pair's transit address, not the ha plugin's tunnel between
+// the nodes' sync addresses.
+func (n *haNode) pairSPIs() map[string][]string {
+	n.t.Helper()
+	vip := testbed.GwATransitV4.Addr().String()
+	spis := map[string][]string{}
+	for _, m := range saAddrsRE.FindAllStringSubmatch(n.mustEspctl("sa", "list"), -1) {
+		if m[3] != "larval" && (m[4] == vip || m[5] == vip) {
+			spis[m[2]] = append(spis[m[2]], m[1])
+		}
+	}
+	return spis
 }
 
 // roleFile is where the notify script records the node's role for espd.
@@ -292,27 +342,25 @@ func newHAPair(t *testing.T) *haPair {
 		vips: []string{testbed.GwATransitV4.Addr().String(), testbed.GwALANV4.Addr().String(),
 			testbed.GwATransitV6.Addr().String(), testbed.GwALANV6.Addr().String()},
 	}
+	h.node1.slowStop, h.node2.slowStop = true, true
 	// The two espds' pair link, on the sync link beside the ha plugin's.
 	key := filepath.Join(t.TempDir(), "pair.key")
 	if err := os.WriteFile(key, []byte("5eed"+strings.Repeat("0123456789abcdef", 3)+"0123456789ab\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	syncs := []netip.Prefix{testbed.Node1SyncV4, testbed.Node2SyncV4}
 	for i, n := range []*haNode{h.node1, h.node2} {
-		n.startEspd("--pair-node", strconv.Itoa(i+1), "--pair-key-file", key, "--pair-role-file", n.roleFile(),
-			"--pair-listen", netip.AddrPortFrom(syncs[i].Addr(), haPairPort).String(),
-			"--pair-peer", netip.AddrPortFrom(syncs[1-i].Addr(), haPairPort).String())
+		n.startEspd(haEspdFlags(i, key, n.roleFile())...)
 	}
 	h.peer.startEspd()
-	h.node1.startCharon(haCharonOptions(testbed.Node1SyncV4, testbed.Node2SyncV4))
-	h.node2.startCharon(haCharonOptions(testbed.Node2SyncV4, testbed.Node1SyncV4))
+	h.node1.startCharon(haCharonOptions(t, testbed.Node1SyncV4, testbed.Node2SyncV4))
+	h.node2.startCharon(haCharonOptions(t, testbed.Node2SyncV4, testbed.Node1SyncV4))
 	h.peer.startCharon(charonOptions{})
 
-	// The pair's side of the connection has the transit address both
-	// nodes share, the peer's the pair's.
-	pairConn, peerConn := v4("aes128gcm16")
-	h.node1.load(pairConn.String())
-	h.node2.load(pairConn.String())
+	// The pair's side of the connection (docs/ha.md's, as written) has
+	// the transit address both nodes share, the peer's the pair's.
+	_, peerConn := v4("aes128gcm16")
+	h.node1.load(haDoc(t, "conf", "ha swanctl"))
+	h.node2.load(haDoc(t, "conf", "ha swanctl"))
 	h.peer.load(peerConn.String())
 
 	for _, n := range []*haNode{h.node1, h.node2} {
@@ -423,10 +471,10 @@ func TestHAPair(t *testing.T) {
 	if c1.SPIIn != peerChild.SPIOut || c1.SPIOut != peerChild.SPIIn {
 		t.Fatalf("node1's CHILD_SA %s/%s does not match the peer's %s/%s", c1.SPIIn, c1.SPIOut, peerChild.SPIIn, peerChild.SPIOut)
 	}
-	s1 := n1.espdSPIs()
+	s1 := n1.pairSPIs()
 	var s2 map[string][]string
 	if !waitFor(5*time.Second, func() bool {
-		s2 = n2.espdSPIs()
+		s2 = n2.pairSPIs()
 		return fmt.Sprint(s2) == fmt.Sprint(s1)
 	}) {
 		t.Fatalf("espd states: node2 %v, node1 %v", s2, s1)
@@ -703,9 +751,8 @@ func (h *haPair) restartNode(t *testing.T, n *haNode, priority int) {
 	if n == h.node2 {
 		sync, other = other, sync
 	}
-	n.startCharon(haCharonOptions(sync, other))
-	pairConn, _ := v4("aes128gcm16")
-	n.load(pairConn.String())
+	n.startCharon(haCharonOptions(t, sync, other))
+	n.load(haDoc(t, "conf", "ha swanctl"))
 	fifo := haFIFO(n.gateway)
 	if !waitFor(10*time.Second, func() bool { st, err := os.Stat(fifo); return err == nil && st.Mode()&os.ModeNamedPipe != 0 }) {
 		t.Fatalf("%s: charon made no HA FIFO %s", n.name, fifo)
@@ -729,7 +776,7 @@ func (h *haPair) waitResync(t *testing.T, back, active *haNode, old childSA) chi
 	}
 	var sb, sa map[string][]string
 	if !waitFor(20*time.Second, func() bool {
-		sb, sa = back.espdSPIs(), active.espdSPIs()
+		sb, sa = back.pairSPIs(), active.pairSPIs()
 		return fmt.Sprint(sb) == fmt.Sprint(sa) && len(sa["out"]) == 1 && sa["out"][0] == peerChild.SPIIn
 	}) {
 		t.Fatalf("after the resync: %s's espd has %v, %s's %v, the peer's CHILD_SA %s/%s", back.name, sb, active.name, sa, peerChild.SPIIn, peerChild.SPIOut)
@@ -861,4 +908,55 @@ func TestHAPairSplitBrain(t *testing.T) {
 	tr.wait(t)
 	t.Logf("after the split: %d of %d echo requests answered; node1's IKE_SA %q", len(pingReplyRE.FindAllString(tr.pingOut, -1)), tr.count, n1.ikeState())
 	caps.Check(t)
+}
+
+// TestHADocConfigs: docs/ha.md's configuration is the tests': its
+// keepalived.conf is node 1's of testbed.KeepalivedConf with the options
+// the tests use (the FIFO and script at the page's paths), its
+// swanctl.conf the connection the site-to-site tests build (the peer's is
+// its mirror), and its espd drop-in the packaged espd-ike.service command
+// with the pair's flags TestHAPair gives node 1. The notify script, the
+// ha plugin's section and swanctl.conf are run as written by TestHAPair.
+func TestHADocConfigs(t *testing.T) {
+	norm := func(s string) string {
+		var out []string
+		for _, l := range strings.Split(s, "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				out = append(out, l)
+			}
+		}
+		return strings.Join(out, "\n")
+	}
+	want := testbed.KeepalivedConf("node1", testbed.KeepalivedOptions{Priority: 150, NoPreempt: true, AdvertInt: "0.2",
+		NotifyFIFO: "/run/keepalived-pair.fifo", NotifyScript: "/usr/local/sbin/espd-pair-notify"})
+	if got := haDoc(t, "conf", "ha keepalived"); norm(got) != norm(want) {
+		t.Errorf("docs/ha.md's keepalived.conf is not the tests':\n%s\nwant:\n%s", got, want)
+	}
+	pairConn, _ := v4("aes128gcm16")
+	if got := haDoc(t, "conf", "ha swanctl"); norm(got) != norm(pairConn.String()) {
+		t.Errorf("docs/ha.md's swanctl.conf is not the tests':\n%s\nwant:\n%s", got, pairConn)
+	}
+	unit, err := os.ReadFile("../../packaging/systemd/espd-ike.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var base string
+	for _, l := range strings.Split(string(unit), "\n") {
+		if strings.HasPrefix(l, "ExecStart=") {
+			base = strings.TrimPrefix(l, "ExecStart=")
+		}
+	}
+	var cmd string
+	for _, l := range strings.Split(haDoc(t, "ini", "ha espd"), "\n") {
+		if strings.HasPrefix(l, "ExecStart=") {
+			cmd = strings.TrimPrefix(l, "ExecStart=")
+		}
+	}
+	rest, ok := strings.CutPrefix(cmd, base+" ")
+	if base == "" || !ok {
+		t.Fatalf("docs/ha.md's ExecStart %q does not extend the packaged %q", cmd, base)
+	}
+	if want := strings.Join(haEspdFlags(0, "/etc/espd/pair.key", "/var/lib/espd/pair-role"), " "); rest != want {
+		t.Errorf("docs/ha.md's espd flags %q, the tests' %q", rest, want)
+	}
 }
