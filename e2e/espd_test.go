@@ -31,7 +31,7 @@ type espd struct {
 // until its control socket answers and its TUN exists, and registers its
 // stop (SIGTERM, checked for a clean exit) and, when the test failed, a dump
 // of its log.
-func startEspd(t *testing.T, node *testbed.Node, extra ...string) *espd {
+func startEspd(t testing.TB, node *testbed.Node, extra ...string) *espd {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "espd-e2e-"+node.Role+"-")
 	if err != nil {
@@ -73,7 +73,7 @@ func startEspd(t *testing.T, node *testbed.Node, extra ...string) *espd {
 var stateDirs sync.Map // *testbed.Node -> string
 
 // stateDir returns node's state directory (not created: espd makes it).
-func stateDir(t *testing.T, node *testbed.Node) string {
+func stateDir(t testing.TB, node *testbed.Node) string {
 	if d, ok := stateDirs.Load(node); ok {
 		return d.(string)
 	}
@@ -98,7 +98,7 @@ func (e *espd) ctl(args ...string) (string, error) {
 }
 
 // mustCtl is ctl that fails the test on error.
-func (e *espd) mustCtl(t *testing.T, args ...string) string {
+func (e *espd) mustCtl(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := e.ctl(args...)
 	if err != nil {
@@ -127,7 +127,7 @@ func eventually(d time.Duration, cond func() bool) bool {
 }
 
 // kill sends SIGKILL to espd and waits until it is gone.
-func (e *espd) kill(t *testing.T) {
+func (e *espd) kill(t testing.TB) {
 	t.Helper()
 	p := e.proc
 	e.killed.Store(true)

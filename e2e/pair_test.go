@@ -44,96 +44,13 @@ type pairNode struct {
 // record. Captures of both nodes' and the peer's transit sides show no
 // (SPI, sequence number) twice and no cleartext.
 func TestPairManual(t *testing.T) {
-	requireTools(t)
-	if _, err := exec.LookPath(testbed.Keepalived); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("keepalived is not installed")
-		}
-		t.Skip("keepalived is not installed")
-	}
-	notify, err := docblock.One("../docs/ha.md", "sh", "ha notify")
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyBlock, err := docblock.One("../docs/ha.md", "sh", "ha pair key")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := testbed.NewPairT(t)
-	dir := t.TempDir()
-
-	// docs/ha.md's key, made as written (in dir instead of /etc/espd).
-	if !strings.Contains(keyBlock, "/etc/espd/pair.key") {
-		t.Fatalf("docs/ha.md's key block does not write /etc/espd/pair.key:\n%s", keyBlock)
-	}
-	if out, err := exec.Command("sh", "-ec", strings.ReplaceAll(keyBlock, "/etc/espd/", dir+"/")).CombinedOutput(); err != nil {
-		t.Fatalf("docs/ha.md's key block: %v\n%s", err, out)
-	}
-	key := filepath.Join(dir, "pair.key")
-
-	// The tunnel: the pair's transit address to gwB, LAN A to LAN B.
-	vip, b4 := testbed.GwATransitV4.Addr(), testbed.GwBTransitV4.Addr()
-	const spiOut, spiIn = 0x7001, 0x7002
-	kOut, kIn := randKey(t, 20), randKey(t, 20)
-	pairConf := filepath.Join(dir, "pair.toml")
-	writeSecret(t, pairConf, gatewayFile([]fileSA{
-		{spi: spiOut, dir: "out", src: vip, dst: b4, suite: "aes128gcm16", key: kOut},
-		{spi: spiIn, dir: "in", src: b4, dst: vip, suite: "aes128gcm16", key: kIn},
-	}, []netip.Prefix{testbed.LANAV4}, []netip.Prefix{testbed.LANBV4}))
-	peerConf := filepath.Join(dir, "peer.toml")
-	writeSecret(t, peerConf, gatewayFile([]fileSA{
-		{spi: spiIn, dir: "out", src: b4, dst: vip, suite: "aes128gcm16", key: kIn},
-		{spi: spiOut, dir: "in", src: vip, dst: b4, suite: "aes128gcm16", key: kOut},
-	}, []netip.Prefix{testbed.LANBV4}, []netip.Prefix{testbed.LANAV4}))
-
-	syncs := []netip.Prefix{testbed.Node1SyncV4, testbed.Node2SyncV4}
-	nodes := []*pairNode{{name: "node1", node: p.Node1}, {name: "node2", node: p.Node2}}
-	args := func(i int) []string {
-		return []string{"--config", pairConf, "--pair-node", strconv.Itoa(i + 1), "--pair-key-file", key,
-			"--pair-listen", netip.AddrPortFrom(syncs[i].Addr(), pairPort).String(),
-			"--pair-peer", netip.AddrPortFrom(syncs[1-i].Addr(), pairPort).String(),
-			"--pair-role-file", filepath.Join(nodes[i].dir, "pair-role")}
-	}
-	for i, n := range nodes {
-		n.dir = filepath.Join(dir, n.name)
-		if err := os.Mkdir(n.dir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		n.espd = startEspd(t, n.node, args(i)...)
-	}
-	peer := startEspd(t, p.GwB, "--config", peerConf)
-	startKeepalived := func(n *pairNode, priority int) {
-		script := testbed.WriteNotifyScript(t, n.dir, notify, "CHARON_PID=none",
-			"ESPCTL="+espctlBin+" -s "+n.espd.sock, "ESPD_PAIR_LOG="+filepath.Join(n.dir, "notify.log"),
-			"ESPD_PAIR_ROLE_FILE="+filepath.Join(n.dir, "pair-role"))
-		conf := testbed.KeepalivedConf(n.name, testbed.KeepalivedOptions{Priority: priority, NoPreempt: true, AdvertInt: "0.2",
-			NotifyFIFO: filepath.Join(n.dir, "keepalived.events"), NotifyScript: script})
-		n.keepalived = testbed.StartKeepalived(t, n.node, n.dir, conf)
-	}
-	vips := []string{testbed.GwATransitV4.Addr().String(), testbed.GwALANV4.Addr().String()}
-	startKeepalived(nodes[0], 150)
-	for _, a := range vips {
-		if ok, holders := testbed.WaitHeldBy(p.Nodes(), p.Node1, a, 30*time.Second); !ok {
-			t.Fatalf("at start: %s held by %v, want node1", a, holders)
-		}
-	}
-	startKeepalived(nodes[1], 100)
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, n := range nodes {
-				b, _ := os.ReadFile(filepath.Join(n.dir, "notify.log"))
-				t.Logf("%s's notify log:\n%s", n.name, b)
-			}
-		}
-	})
+	mp := newManualPair(t)
+	p, nodes, peer, b4, spiOut := mp.p, mp.nodes, mp.peer, mp.b4, mp.spiOut
 
 	// 1. node1 (master) releases the tunnel's outbound state once node2's
 	// own report is fresh, and the tunnel works.
-	status := func(n *pairNode) string { return strings.TrimSpace(n.espd.mustCtl(t, "pair", "status")) }
-	if !eventually(20*time.Second, func() bool { return strings.Contains(status(nodes[0]), "role active released 1 silent 0") }) {
-		t.Fatalf("node1 did not release its state: %s", status(nodes[0]))
-	}
-	if st := status(nodes[1]); !strings.Contains(st, "role standby") {
+	mp.released(t)
+	if st := nodes[1].status(t); !strings.Contains(st, "role standby") {
 		t.Fatalf("node2: %s", st)
 	}
 	caps := testbed.StartPairCaptures(t, p)
@@ -149,31 +66,15 @@ func TestPairManual(t *testing.T) {
 		t.Fatal("unreachable")
 	}
 	killed := time.Now()
-	nodes[0].espd.kill(t)
-	if err := syscall.Kill(-nodes[0].keepalived.Pid(), syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-nodes[0].keepalived.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("keepalived survived SIGKILL")
-	}
-	nodes[0].keepalived.Stop(time.Second) // its exit status is the kill
-	p.Cut(t, p.Node1, true)
-	if !eventually(30*time.Second, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return p.Node2.HoldsAddr(ctx, vips[0]) && p.Node2.HoldsAddr(ctx, vips[1])
-	}) {
-		t.Fatal("node2 did not take the addresses")
-	}
+	mp.killNode1(t)
+	mp.node2Holds(t)
 	took := time.Now()
 	t.Logf("node2 holds the addresses %v after node1 died", took.Sub(killed).Round(time.Millisecond))
 	tr.check(t, "node1 fails over to node2", took, 3*time.Second)
 	if after := peerDrops(t, peer, spiOut, b4); after != before {
 		t.Errorf("the peer's replay and integrity drops went from %v to %v", before, after)
 	}
-	if st := status(nodes[1]); !strings.Contains(st, "role active released 1 silent 0") {
+	if st := nodes[1].status(t); !strings.Contains(st, "role active released 1 silent 0") {
 		t.Errorf("node2 after the takeover: %s", st)
 	}
 
@@ -183,8 +84,8 @@ func TestPairManual(t *testing.T) {
 	// the lease.
 	nodes[1].espd.kill(t)
 	restarted := time.Now()
-	nodes[1].espd = startEspd(t, p.Node2, args(1)...)
-	if st := status(nodes[1]); !strings.Contains(st, "role active") {
+	nodes[1].espd = startEspd(t, p.Node2, mp.args(1)...)
+	if st := nodes[1].status(t); !strings.Contains(st, "role active") {
 		t.Fatalf("node2's restarted espd: %s", st)
 	}
 	tr = startPairTraffic(p, 12*time.Second)
@@ -284,3 +185,145 @@ func (tr *pairTraffic) check(t *testing.T, what string, since time.Time, bound t
 
 // pingReplyRE matches a reply of ping -D.
 var pingReplyRE = regexp.MustCompile(`(?m)^\[(\d+\.\d+)\] \d+ bytes from [^:]+: icmp_seq=(\d+)`)
+
+// manualPair is the pair of TestPairManual, running: node1 master.
+type manualPair struct {
+	p      *testbed.Pair
+	nodes  []*pairNode
+	peer   *espd
+	args   func(i int) []string
+	vips   []string
+	b4     netip.Addr
+	spiOut uint32
+}
+
+// newManualPair builds TestPairManual's pair and starts it: espd on the
+// three gateways, then keepalived on node1 (until it holds the
+// addresses) and on node2.
+func newManualPair(t testing.TB) *manualPair {
+	t.Helper()
+	requireTools(t)
+	if _, err := exec.LookPath(testbed.Keepalived); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("keepalived is not installed")
+		}
+		t.Skip("keepalived is not installed")
+	}
+	notify, err := docblock.One("../docs/ha.md", "sh", "ha notify")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyBlock, err := docblock.One("../docs/ha.md", "sh", "ha pair key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := testbed.NewPairT(t)
+	dir := t.TempDir()
+	// docs/ha.md's key, made as written (in dir instead of /etc/espd).
+	if !strings.Contains(keyBlock, "/etc/espd/pair.key") {
+		t.Fatalf("docs/ha.md's key block does not write /etc/espd/pair.key:\n%s", keyBlock)
+	}
+	if out, err := exec.Command("sh", "-ec", strings.ReplaceAll(keyBlock, "/etc/espd/", dir+"/")).CombinedOutput(); err != nil {
+		t.Fatalf("docs/ha.md's key block: %v\n%s", err, out)
+	}
+	key := filepath.Join(dir, "pair.key")
+
+	// The tunnel: the pair's transit address to gwB, LAN A to LAN B.
+	vip, b4 := testbed.GwATransitV4.Addr(), testbed.GwBTransitV4.Addr()
+	const spiOut, spiIn = 0x7001, 0x7002
+	kOut, kIn := randKey(t, 20), randKey(t, 20)
+	pairConf := filepath.Join(dir, "pair.toml")
+	writeSecret(t, pairConf, gatewayFile([]fileSA{
+		{spi: spiOut, dir: "out", src: vip, dst: b4, suite: "aes128gcm16", key: kOut},
+		{spi: spiIn, dir: "in", src: b4, dst: vip, suite: "aes128gcm16", key: kIn},
+	}, []netip.Prefix{testbed.LANAV4}, []netip.Prefix{testbed.LANBV4}))
+	peerConf := filepath.Join(dir, "peer.toml")
+	writeSecret(t, peerConf, gatewayFile([]fileSA{
+		{spi: spiIn, dir: "out", src: b4, dst: vip, suite: "aes128gcm16", key: kIn},
+		{spi: spiOut, dir: "in", src: vip, dst: b4, suite: "aes128gcm16", key: kOut},
+	}, []netip.Prefix{testbed.LANBV4}, []netip.Prefix{testbed.LANAV4}))
+
+	syncs := []netip.Prefix{testbed.Node1SyncV4, testbed.Node2SyncV4}
+	nodes := []*pairNode{{name: "node1", node: p.Node1}, {name: "node2", node: p.Node2}}
+	args := func(i int) []string {
+		return []string{"--config", pairConf, "--pair-node", strconv.Itoa(i + 1), "--pair-key-file", key,
+			"--pair-listen", netip.AddrPortFrom(syncs[i].Addr(), pairPort).String(),
+			"--pair-peer", netip.AddrPortFrom(syncs[1-i].Addr(), pairPort).String(),
+			"--pair-role-file", filepath.Join(nodes[i].dir, "pair-role")}
+	}
+	for i, n := range nodes {
+		n.dir = filepath.Join(dir, n.name)
+		if err := os.Mkdir(n.dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		n.espd = startEspd(t, n.node, args(i)...)
+	}
+	peer := startEspd(t, p.GwB, "--config", peerConf)
+	startKeepalived := func(n *pairNode, priority int) {
+		script := testbed.WriteNotifyScript(t, n.dir, notify, "CHARON_PID=none",
+			"ESPCTL="+espctlBin+" -s "+n.espd.sock, "ESPD_PAIR_LOG="+filepath.Join(n.dir, "notify.log"),
+			"ESPD_PAIR_ROLE_FILE="+filepath.Join(n.dir, "pair-role"))
+		conf := testbed.KeepalivedConf(n.name, testbed.KeepalivedOptions{Priority: priority, NoPreempt: true, AdvertInt: "0.2",
+			NotifyFIFO: filepath.Join(n.dir, "keepalived.events"), NotifyScript: script})
+		n.keepalived = testbed.StartKeepalived(t, n.node, n.dir, conf)
+	}
+	vips := []string{testbed.GwATransitV4.Addr().String(), testbed.GwALANV4.Addr().String()}
+	startKeepalived(nodes[0], 150)
+	for _, a := range vips {
+		if ok, holders := testbed.WaitHeldBy(p.Nodes(), p.Node1, a, 30*time.Second); !ok {
+			t.Fatalf("at start: %s held by %v, want node1", a, holders)
+		}
+	}
+	startKeepalived(nodes[1], 100)
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, n := range nodes {
+				b, _ := os.ReadFile(filepath.Join(n.dir, "notify.log"))
+				t.Logf("%s's notify log:\n%s", n.name, b)
+			}
+		}
+	})
+	return &manualPair{p: p, nodes: nodes, peer: peer, args: args, vips: vips, b4: b4, spiOut: spiOut}
+}
+
+// status is the node's espctl pair status.
+func (n *pairNode) status(t testing.TB) string {
+	return strings.TrimSpace(n.espd.mustCtl(t, "pair", "status"))
+}
+
+// killNode1 kills node1's espd and keepalived and cuts its links.
+func (mp *manualPair) killNode1(t testing.TB) {
+	t.Helper()
+	n := mp.nodes[0]
+	n.espd.kill(t)
+	if err := syscall.Kill(-n.keepalived.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-n.keepalived.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("keepalived survived SIGKILL")
+	}
+	n.keepalived.Stop(time.Second) // its exit status is the kill
+	mp.p.Cut(t, mp.p.Node1, true)
+}
+
+// node2Holds waits (bounded) until node2 holds the pair's addresses.
+func (mp *manualPair) node2Holds(t testing.TB) {
+	t.Helper()
+	if !eventually(30*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return mp.p.Node2.HoldsAddr(ctx, mp.vips[0]) && mp.p.Node2.HoldsAddr(ctx, mp.vips[1])
+	}) {
+		t.Fatal("node2 did not take the addresses")
+	}
+}
+
+// released waits (bounded) until node1 released its state.
+func (mp *manualPair) released(t testing.TB) {
+	t.Helper()
+	if !eventually(20*time.Second, func() bool { return strings.Contains(mp.nodes[0].status(t), "role active released 1 silent 0") }) {
+		t.Fatalf("node1 did not release its state: %s", mp.nodes[0].status(t))
+	}
+}

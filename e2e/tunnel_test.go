@@ -39,7 +39,7 @@ var keyLens = map[string][2]int{
 	"aes256-sha1":      {32, 20},
 }
 
-func randKey(t *testing.T, n int) []byte {
+func randKey(t testing.TB, n int) []byte {
 	t.Helper()
 	if n == 0 {
 		return nil
@@ -107,7 +107,7 @@ func (tn *tunnel) keyA(t *testing.T, e *espd) {
 	}
 }
 
-func requireTools(t *testing.T) {
+func requireTools(t testing.TB) {
 	t.Helper()
 	if err := testbed.Available(); err != nil {
 		t.Skip(err)
@@ -256,7 +256,7 @@ func pacedTransfer(t *testing.T, ctx context.Context, top *testbed.Topology, f t
 }
 
 // writeSecret writes a file readable by root only (it holds keys).
-func writeSecret(t *testing.T, path, content string) {
+func writeSecret(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
