@@ -2,6 +2,7 @@ package sa
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/espd/espd/crypto"
 )
@@ -46,9 +47,14 @@ func (db *DB) pairSkip(node int, used, lim uint64) uint64 {
 	return min(db.pairBlockEnd(used), lim)
 }
 
-// pairBlockEnd returns the last number of the block holding used+1.
+// pairBlockEnd returns the last number of the block holding used+1,
+// 2^64-1 for the last block of the ESN space.
 func (db *DB) pairBlockEnd(used uint64) uint64 {
-	return (used/db.opts.SeqBlock + 1) * db.opts.SeqBlock
+	b := db.opts.SeqBlock
+	if k := used / b; k < math.MaxUint64/b {
+		return (k + 1) * b
+	}
+	return math.MaxUint64
 }
 
 // SetStandby makes the DB a pair's standby (on) or not. A standby's

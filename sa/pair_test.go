@@ -336,3 +336,17 @@ func TestPairLocal(t *testing.T) {
 		t.Error("FollowPeer raised a local state")
 	}
 }
+
+// TestPairBlockEndESN: the last block of the 64-bit space ends at 2^64-1
+// instead of wrapping to 0.
+func TestPairBlockEndESN(t *testing.T) {
+	db := newPairDB(t, 1, newCapStore())
+	for _, c := range []struct{ used, want uint64 }{
+		{0, pairBlock}, {pairBlock - 1, pairBlock}, {pairBlock, 2 * pairBlock},
+		{1<<64 - pairBlock - 1, 1<<64 - pairBlock}, {1<<64 - pairBlock, 1<<64 - 1}, {1<<64 - 2, 1<<64 - 1},
+	} {
+		if got := db.pairBlockEnd(c.used); got != c.want {
+			t.Errorf("pairBlockEnd(%d) = %d, want %d", c.used, got, c.want)
+		}
+	}
+}
