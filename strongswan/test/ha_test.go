@@ -501,6 +501,21 @@ func TestHAPair(t *testing.T) {
 	if r, err := h.p.Server.Ping(ctx, testbed.ClientV4.Addr(), testbed.PingOptions{Count: 300, Interval: 5 * time.Millisecond, Wait: time.Second}); err != nil || r.Received < 290 {
 		t.Fatalf("burst before the failover: %v\n%s", err, tail(r.Output, 5))
 	}
+	// The standby sent nothing on its copy of the CHILD_SA: its outbound
+	// state is silent (its counter stands where the active's reports put
+	// it, and it holds no address to draw traffic anyway).
+	found := false
+	for _, x := range n2.stats().SAs {
+		if fmt.Sprintf("%08x", x.SPI) == c2.SPIOut {
+			found = true
+			if x.Stats.Packets != 0 {
+				t.Fatalf("node2, standing by, sent %d packets on spi %s", x.Stats.Packets, c2.SPIOut)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("node2's espd has no state spi %s", c2.SPIOut)
+	}
 
 	// 4. node1 dies with the traffic running: espd, charon and keepalived
 	// killed together, and its links cut, as a node that lost power.
