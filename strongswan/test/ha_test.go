@@ -93,11 +93,7 @@ func haCharonOptions(t *testing.T, local, remote netip.Prefix) charonOptions {
 		t.Fatalf("docs/ha.md's ha section is not node 1's (%q, %q):\n%s", l1, r1, ha)
 	}
 	ha = strings.NewReplacer(l1, "local = "+local.Addr().String(), r1, "remote = "+remote.Addr().String()).Replace(ha)
-	return charonOptions{
-		Plugins: "ha",
-		Log:     "ike = 2\n      cfg = 2",
-		Extra:   "charon {\n  plugins {\n" + ha + "  }\n}\n",
-	}
+	return charonOptions{Plugins: "ha", Log: "ike = 2\n      cfg = 2", Extra: ha}
 }
 
 // haEspdFlags are the pair's flags of node i (0 or 1) as docs/ha.md gives
