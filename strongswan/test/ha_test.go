@@ -392,6 +392,18 @@ func newHAPair(t *testing.T) *haPair {
 	return h
 }
 
+// up brings the CHILD_SA up from the peer, waits until node2 holds its
+// copy and the server reaches the client through node1, and starts the
+// captures of the three transit sides.
+func (h *haPair) up(t *testing.T) (childSA, *testbed.PairCaptures) {
+	t.Helper()
+	h.peer.mustSwanctl("--initiate", "--child", "net", "--timeout", "20")
+	peerChild := h.peer.waitChild("net", 10*time.Second)
+	h.node2.waitChild("net", 10*time.Second)
+	h.pingServerToClient(t, "node1 active")
+	return peerChild, testbed.StartPairCaptures(t, h.p)
+}
+
 // pingServerToClient requires that the server (behind the peer) reaches
 // the client (behind the pair), retrying (bounded) while the tunnel and
 // the neighbours settle.
@@ -832,11 +844,7 @@ func TestHAPairCut(t *testing.T) {
 	requireHA(t)
 	h := newHAPair(t)
 	n1, n2, peer := h.node1, h.node2, h.peer
-	peer.mustSwanctl("--initiate", "--child", "net", "--timeout", "20")
-	peerChild := peer.waitChild("net", 10*time.Second)
-	n2.waitChild("net", 10*time.Second)
-	h.pingServerToClient(t, "node1 active")
-	caps := testbed.StartPairCaptures(t, h.p)
+	peerChild, caps := h.up(t)
 
 	h.failover(t, n1, n2, peerChild, func() { h.p.Cut(t, n1.node, true) })
 	if !waitFor(10*time.Second, func() bool { return strings.Contains(n1.mustEspctl("pair", "status"), "role standby") }) {
@@ -872,11 +880,7 @@ func TestHAPairSplitBrain(t *testing.T) {
 	requireHA(t)
 	h := newHAPair(t)
 	n1, n2, peer := h.node1, h.node2, h.peer
-	peer.mustSwanctl("--initiate", "--child", "net", "--timeout", "20")
-	peerChild := peer.waitChild("net", 10*time.Second)
-	n2.waitChild("net", 10*time.Second)
-	h.pingServerToClient(t, "node1 active")
-	caps := testbed.StartPairCaptures(t, h.p)
+	peerChild, caps := h.up(t)
 
 	ctx := context.Background()
 	nft := func(args ...string) {
