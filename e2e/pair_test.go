@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,8 +60,8 @@ func TestPairManual(t *testing.T) {
 
 	// 2. node1 dies with the traffic running.
 	before := peerDrops(t, peer, spiOut, b4)
-	tr := startPairTraffic(p, 12*time.Second)
-	if !eventually(20*time.Second, func() bool { return time.Since(tr.start) > 3*time.Second }) {
+	tr := testbed.StartFailoverTraffic(p, 12*time.Second)
+	if !eventually(20*time.Second, func() bool { return time.Since(tr.Start) > 3*time.Second }) {
 		t.Fatal("unreachable")
 	}
 	killed := time.Now()
@@ -70,7 +69,7 @@ func TestPairManual(t *testing.T) {
 	mp.node2Holds(t)
 	took := time.Now()
 	t.Logf("node2 holds the addresses %v after node1 died", took.Sub(killed).Round(time.Millisecond))
-	tr.check(t, "node1 fails over to node2", took, 3*time.Second)
+	tr.Check(t, "node1 fails over to node2", took, 3*time.Second)
 	if after := peerDrops(t, peer, spiOut, b4); after != before {
 		t.Errorf("the peer's replay and integrity drops went from %v to %v", before, after)
 	}
@@ -88,13 +87,13 @@ func TestPairManual(t *testing.T) {
 	if st := nodes[1].status(t); !strings.Contains(st, "role active") {
 		t.Fatalf("node2's restarted espd: %s", st)
 	}
-	tr = startPairTraffic(p, 12*time.Second)
+	tr = testbed.StartFailoverTraffic(p, 12*time.Second)
 	// The lease (5 s) and a tenth, then the retry's interval.
-	tr.check(t, "node2's espd restarted", restarted, 8*time.Second)
+	tr.Check(t, "node2's espd restarted", restarted, 8*time.Second)
 	if after := peerDrops(t, peer, spiOut, b4); after != before {
 		t.Errorf("the peer's replay and integrity drops went from %v to %v", before, after)
 	}
-	if !nodes[1].espd.logContains("continues above this node's own record") {
+	if !nodes[1].espd.logContains("above this node's own record: state continues") {
 		t.Errorf("node2's restarted espd did not continue above its own record")
 	}
 	caps.Check(t)
@@ -106,85 +105,6 @@ func peerDrops(t *testing.T, peer *espd, spi uint32, dst netip.Addr) [2]uint64 {
 	t.Helper()
 	return [2]uint64{peer.saCounter(t, spi, dst, cntReplay...), peer.saCounter(t, spi, dst, cntIntegrity...)}
 }
-
-// pairTraffic is pings every 100 ms and a paced TCP transfer from the
-// server to the client, for a while.
-type pairTraffic struct {
-	start    time.Time
-	count    int
-	done     chan struct{}
-	pingOut  string
-	xfer     testbed.TransferResult
-	xferErr  error
-	xferWant int64
-}
-
-// startPairTraffic starts the traffic, for about d.
-func startPairTraffic(p *testbed.Pair, d time.Duration) *pairTraffic {
-	const rate = 250 << 10
-	tr := &pairTraffic{start: time.Now(), count: int(d / (100 * time.Millisecond)), done: make(chan struct{}), xferWant: int64(d.Seconds() * rate)}
-	pingDone := make(chan struct{})
-	go func() {
-		defer close(pingDone)
-		ctx, cancel := context.WithTimeout(context.Background(), d+20*time.Second)
-		defer cancel()
-		tr.pingOut, _ = p.Server.Run(ctx, "ping", "-n", "-D", "-O", "-4", "-c", strconv.Itoa(tr.count), "-i", "0.1", "-W", "1",
-			testbed.ClientV4.Addr().String())
-	}()
-	go func() {
-		defer close(tr.done)
-		tr.xfer, tr.xferErr = testbed.Transfer(context.Background(), testbed.TransferOptions{
-			From: p.Server, To: p.Client, Dst: testbed.ClientV4.Addr(), Bytes: tr.xferWant, Timeout: d + 60*time.Second,
-			Seed: uint64(tr.xferWant), MaxRate: rate,
-		})
-		<-pingDone
-	}()
-	return tr
-}
-
-// check waits (bounded) for the traffic to end and requires the transfer
-// intact and the pings answered again within bound of since, then at most
-// 2 lost.
-func (tr *pairTraffic) check(t *testing.T, what string, since time.Time, bound time.Duration) {
-	t.Helper()
-	select {
-	case <-tr.done:
-	case <-time.After(3 * time.Minute):
-		t.Fatalf("%s: the traffic did not end", what)
-	}
-	if tr.xferErr != nil || tr.xfer.Bytes != tr.xferWant || tr.xfer.Sent != tr.xfer.Received {
-		t.Errorf("%s: the TCP transfer: %v (%v), want %d bytes intact", what, tr.xferErr, tr.xfer, tr.xferWant)
-	}
-	var first time.Time
-	firstSeq, after := 0, 0
-	for _, m := range pingReplyRE.FindAllStringSubmatch(tr.pingOut, -1) {
-		sec, _ := strconv.ParseFloat(m[1], 64)
-		at := time.Unix(0, int64(sec*1e9))
-		if !at.After(since) {
-			continue
-		}
-		if first.IsZero() {
-			first = at
-			firstSeq, _ = strconv.Atoi(m[2])
-		} else {
-			after++
-		}
-	}
-	if first.IsZero() {
-		t.Fatalf("%s: no echo request answered after it:\n%s", what, tail(tr.pingOut, 5))
-	}
-	gap := first.Sub(since)
-	t.Logf("%s: first reply %v after it (icmp_seq %d), transfer %v", what, gap.Round(time.Millisecond), firstSeq, tr.xfer)
-	if gap > bound {
-		t.Errorf("%s: traffic resumed %v after it, more than %v", what, gap, bound)
-	}
-	if lost := (tr.count - firstSeq) - after; lost > 2 {
-		t.Errorf("%s: %d echo requests lost after traffic resumed:\n%s", what, lost, tail(tr.pingOut, 5))
-	}
-}
-
-// pingReplyRE matches a reply of ping -D.
-var pingReplyRE = regexp.MustCompile(`(?m)^\[(\d+\.\d+)\] \d+ bytes from [^:]+: icmp_seq=(\d+)`)
 
 // manualPair is the pair of TestPairManual, running: node1 master.
 type manualPair struct {

@@ -59,8 +59,8 @@ const haResumeBound = 3 * time.Second
 type haNode struct {
 	*gateway
 	keepalived *testbed.Process
-	// notifyLog receives two lines for each command the notify script
-	// gives charon.
+	// notifyLog receives docs/ha.md's notify script's lines: start,
+	// espd and done for each state change.
 	notifyLog string
 }
 
@@ -541,12 +541,12 @@ func TestHAPair(t *testing.T) {
 	// state directory kept): the ha plugin resynchronises it and rekeys
 	// the CHILD_SA (the rekey burst), and node1 stands by (nopreempt)
 	// with the new CHILD_SA, while the traffic goes on through node2.
-	tr := h.startTraffic(t, 20*time.Second)
+	tr := testbed.StartFailoverTraffic(h.p, 20*time.Second)
 	peerBefore := peer.stats()
 	h.restartNode(t, n1, 150)
 	newChild := h.waitResync(t, n1, n2, peerChild)
-	tr.wait(t)
-	tr.check(t, "during node1's return and the resync", time.Time{}, h.peer, newChild, peerBefore)
+	tr.Wait(t)
+	checkTraffic(t, tr, "during node1's return and the resync", time.Time{}, h.peer, newChild, peerBefore)
 
 	// 6. node2 dies: node1 takes over again, continuing the new CHILD_SA
 	// exactly.
@@ -565,119 +565,14 @@ func TestHAPair(t *testing.T) {
 	caps.Check(t)
 }
 
-// haTraffic is the traffic through the pair while a node fails: echo
-// requests every 100 ms from the server to the client, each reply timed
-// (-D), missing ones reported as they go (-O), and a paced TCP transfer
-// from the server to the client.
-type haTraffic struct {
-	start    time.Time
-	pingDone chan struct{}
-	pingOut  string
-	pingErr  error
-	xferDone chan struct{}
-	xfer     testbed.TransferResult
-	xferErr  error
-	count    int
-}
-
-var pingReplyRE = regexp.MustCompile(`(?m)^\[(\d+\.\d+)\] \d+ bytes from [^:]+: icmp_seq=(\d+)`)
-
-// haTransferRate paces the transfer (bytes per second).
-const haTransferRate = 250 << 10
-
-// startTraffic starts the pings and the transfer, for about d.
-func (h *haPair) startTraffic(t *testing.T, d time.Duration) *haTraffic {
+// checkTraffic requires what a failover (at tookOver; zero: none
+// expected) must leave: the traffic through the pair as
+// testbed.FailoverTraffic.Check requires it (answered again within
+// haResumeBound); the peer's CHILD_SA as child, its espd's states the
+// same, and no replay or integrity drop at the peer since before.
+func checkTraffic(t *testing.T, tr *testbed.FailoverTraffic, what string, tookOver time.Time, peer *gateway, child childSA, before espdStats) {
 	t.Helper()
-	tr := &haTraffic{start: time.Now(), pingDone: make(chan struct{}), xferDone: make(chan struct{}), count: int(d / (100 * time.Millisecond))}
-	go func() {
-		defer close(tr.pingDone)
-		ctx, cancel := context.WithTimeout(context.Background(), d+20*time.Second)
-		defer cancel()
-		tr.pingOut, tr.pingErr = h.p.Server.Run(ctx, "ping", "-n", "-D", "-O", "-4", "-c", strconv.Itoa(tr.count), "-i", "0.1", "-W", "1",
-			testbed.ClientV4.Addr().String())
-	}()
-	go func() {
-		defer close(tr.xferDone)
-		n := int64(d.Seconds() * haTransferRate)
-		tr.xfer, tr.xferErr = testbed.Transfer(context.Background(), testbed.TransferOptions{
-			From: h.p.Server, To: h.p.Client, Dst: testbed.ClientV4.Addr(), Bytes: n, Timeout: d + 60*time.Second,
-			Seed: uint64(n), MaxRate: haTransferRate,
-		})
-		if tr.xferErr == nil && (tr.xfer.Bytes != n || tr.xfer.Sent != tr.xfer.Received) {
-			tr.xferErr = fmt.Errorf("%d of %d bytes arrived, intact %v", tr.xfer.Bytes, n, tr.xfer.Sent == tr.xfer.Received)
-		}
-	}()
-	return tr
-}
-
-// wait waits (bounded by their own timeouts) for the pings and the
-// transfer to end.
-func (tr *haTraffic) wait(t *testing.T) {
-	t.Helper()
-	for _, c := range []chan struct{}{tr.pingDone, tr.xferDone} {
-		select {
-		case <-c:
-		case <-time.After(3 * time.Minute):
-			t.Fatal("the traffic through the pair did not end")
-		}
-	}
-}
-
-// check requires what a failover (at tookOver; zero: none expected) must
-// leave: the transfer complete and intact, the pings answered again
-// within haResumeBound of tookOver and then at most 2 lost, none lost
-// without a failover; the peer's CHILD_SA as child, its espd's states
-// the same, and no replay or integrity drop at the peer since before.
-func (tr *haTraffic) check(t *testing.T, what string, tookOver time.Time, peer *gateway, child childSA, before espdStats) {
-	t.Helper()
-	if tr.pingErr != nil && !strings.Contains(tr.pingOut, "packets transmitted") {
-		t.Fatalf("%s: ping from the server: %v\n%s", what, tr.pingErr, tr.pingOut)
-	}
-	var replies []time.Time
-	var seqs []int
-	for _, m := range pingReplyRE.FindAllStringSubmatch(tr.pingOut, -1) {
-		sec, _ := strconv.ParseFloat(m[1], 64)
-		seq, _ := strconv.Atoi(m[2])
-		replies = append(replies, time.Unix(0, int64(sec*1e9)))
-		seqs = append(seqs, seq)
-	}
-	t.Logf("%s: %d of %d echo requests answered; ping:\n%s", what, len(replies), tr.count, tail(tr.pingOut, 4))
-	if tr.xferErr != nil {
-		t.Errorf("%s: the TCP transfer failed: %v (%v)", what, tr.xferErr, tr.xfer)
-	} else {
-		t.Logf("%s: TCP transfer %v", what, tr.xfer)
-	}
-	if tookOver.IsZero() {
-		if lost := tr.count - len(replies); lost > 2 {
-			t.Errorf("%s: %d of %d echo requests lost without a failover", what, lost, tr.count)
-		}
-	} else {
-		first := -1
-		for i, at := range replies {
-			if at.After(tookOver) {
-				first = i
-				break
-			}
-		}
-		switch {
-		case first < 0:
-			t.Errorf("%s: no echo request answered after the takeover", what)
-		default:
-			gap := replies[first].Sub(tookOver)
-			var last time.Time
-			if first > 0 {
-				last = replies[first-1]
-			}
-			t.Logf("%s: the first reply after the takeover came %v after it (icmp_seq %d; the last one before: %v before the takeover)",
-				what, gap.Round(time.Millisecond), seqs[first], tookOver.Sub(last).Round(time.Millisecond))
-			if gap > haResumeBound {
-				t.Errorf("%s: traffic resumed %v after the takeover, more than %v", what, gap, haResumeBound)
-			}
-			if lost := (tr.count - seqs[first]) - (len(replies) - 1 - first); lost > 2 {
-				t.Errorf("%s: %d echo requests lost after traffic resumed", what, lost)
-			}
-		}
-	}
+	tr.Check(t, what, tookOver, haResumeBound)
 	after, ok := peer.installedChild("net")
 	if !ok || after.SPIIn != child.SPIIn || after.SPIOut != child.SPIOut {
 		t.Errorf("%s: the peer's CHILD_SA changed: before %s/%s, after %+v (installed %v)", what, child.SPIIn, child.SPIOut, after, ok)
@@ -699,13 +594,13 @@ func (tr *haTraffic) check(t *testing.T, what string, tookOver time.Time, peer *
 
 // failover kills the active node with kill while the traffic runs and
 // checks that the standby takes the addresses and its segment and
-// carries the traffic on (haTraffic.check).
+// carries the traffic on (checkTraffic).
 func (h *haPair) failover(t *testing.T, active, standby *haNode, child childSA, kill func()) {
 	t.Helper()
 	what := fmt.Sprintf("%s fails over to %s", active.name, standby.name)
-	tr := h.startTraffic(t, 12*time.Second)
+	tr := testbed.StartFailoverTraffic(h.p, 12*time.Second)
 	// Let the traffic run through the active node for a while first.
-	if !waitFor(20*time.Second, func() bool { return time.Since(tr.start) > 3*time.Second }) {
+	if !waitFor(20*time.Second, func() bool { return time.Since(tr.Start) > 3*time.Second }) {
 		t.Fatal("unreachable")
 	}
 	peerBefore := h.peer.stats()
@@ -736,10 +631,10 @@ func (h *haPair) failover(t *testing.T, active, standby *haNode, child childSA, 
 	t.Logf("%s: %s held the addresses %v after %s died, its segment %v after; keepalived had told its notify script %v after",
 		what, standby.name, tookVIPs.Sub(killed).Round(time.Millisecond), active.name, time.Since(killed).Round(time.Millisecond),
 		standby.lastNotifyAt("start", fmt.Sprintf("+%d", haSegment)).Sub(killed).Round(time.Millisecond))
-	tr.wait(t)
+	tr.Wait(t)
 	// The addresses moved at tookVIPs at the latest; the takeover of the
 	// states is what the notify script started then.
-	tr.check(t, what, tookVIPs, h.peer, child, peerBefore)
+	checkTraffic(t, tr, what, tookVIPs, h.peer, child, peerBefore)
 	st := standby.stats()
 	t.Logf("%s: %s's espd %s; %s; pair: %s", what, standby.name, st.saLine(child.SPIIn), st.saLine(child.SPIOut),
 		strings.TrimSpace(standby.mustEspctl("pair", "status")))
@@ -852,11 +747,11 @@ func TestHAPairCut(t *testing.T) {
 	}
 
 	// The links come back: node1 stands by, the traffic goes on.
-	tr := h.startTraffic(t, 8*time.Second)
+	tr := testbed.StartFailoverTraffic(h.p, 8*time.Second)
 	before := peer.stats()
 	h.p.Cut(t, n1.node, false)
-	tr.wait(t)
-	tr.check(t, "node1's links back", time.Time{}, peer, peerChild, before)
+	tr.Wait(t)
+	checkTraffic(t, tr, "node1's links back", time.Time{}, peer, peerChild, before)
 	if st := n1.mustEspctl("pair", "status"); !strings.Contains(st, "role standby") {
 		t.Fatalf("node1 after its links came back: %s", st)
 	}
@@ -889,8 +784,8 @@ func TestHAPairSplitBrain(t *testing.T) {
 			t.Fatalf("nft %v on node2: %v\n%s", args, err, out)
 		}
 	}
-	tr := h.startTraffic(t, 12*time.Second)
-	if !waitFor(20*time.Second, func() bool { return time.Since(tr.start) > 2*time.Second }) {
+	tr := testbed.StartFailoverTraffic(h.p, 12*time.Second)
+	if !waitFor(20*time.Second, func() bool { return time.Since(tr.Start) > 2*time.Second }) {
 		t.Fatal("unreachable")
 	}
 	nft("add", "table", "inet", "sstvrrp")
@@ -910,18 +805,18 @@ func TestHAPairSplitBrain(t *testing.T) {
 		t.Errorf("neither espd followed the other's reservations:\n%s\n%s",
 			grepLines(n1.espd.Log(), 20, "component=pair"), grepLines(n2.espd.Log(), 20, "component=pair"))
 	}
-	tr.wait(t)
-	replies := len(pingReplyRE.FindAllString(tr.pingOut, -1))
+	tr.Wait(t)
+	replies := len(testbed.PingReplyRE.FindAllString(tr.PingOut, -1))
 	t.Logf("during the split: %d of %d echo requests answered, transfer %v (err %v); peer %s",
-		replies, tr.count, tr.xfer, tr.xferErr, peer.stats().saLine(peerChild.SPIIn))
+		replies, tr.Count, tr.Xfer, tr.XferErr, peer.stats().saLine(peerChild.SPIIn))
 
 	nft("delete", "table", "inet", "sstvrrp")
 	if !waitFor(haTakeoverBound, func() bool { return strings.Contains(n2.mustEspctl("pair", "status"), "role standby") }) {
 		t.Errorf("node2 after the split: %s", n2.mustEspctl("pair", "status"))
 	}
-	tr = h.startTraffic(t, 6*time.Second)
-	tr.wait(t)
-	t.Logf("after the split: %d of %d echo requests answered; node1's IKE_SA %q", len(pingReplyRE.FindAllString(tr.pingOut, -1)), tr.count, n1.ikeState())
+	tr = testbed.StartFailoverTraffic(h.p, 6*time.Second)
+	tr.Wait(t)
+	t.Logf("after the split: %d of %d echo requests answered; node1's IKE_SA %q", len(testbed.PingReplyRE.FindAllString(tr.PingOut, -1)), tr.Count, n1.ikeState())
 	caps.Check(t)
 }
 
