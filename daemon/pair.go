@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/hex"
@@ -75,13 +76,14 @@ func readPairKey(path string) (pairsync.Key, error) {
 	if err != nil {
 		return k, fmt.Errorf("pair key: %w", err)
 	}
-	defer clear(b)
-	s := strings.TrimSpace(string(b))
-	if len(s) != 2*pairsync.KeyLen {
-		return k, fmt.Errorf("pair key %s: want %d hex digits (openssl rand -hex %d), found %d characters", path, 2*pairsync.KeyLen, pairsync.KeyLen, len(s))
+	defer clear(b) // no copy of the key is made: no string, no error naming a digit
+	t := bytes.TrimSpace(b)
+	if len(t) != 2*pairsync.KeyLen {
+		return k, fmt.Errorf("pair key %s: want %d hex digits (docs/ha.md, \"The pair link's key\"), found %d characters", path, 2*pairsync.KeyLen, len(t))
 	}
-	if _, err := hex.Decode(k[:], []byte(s)); err != nil {
-		return k, fmt.Errorf("pair key %s: %w", path, err)
+	if _, err := hex.Decode(k[:], t); err != nil {
+		clear(k[:])
+		return k, fmt.Errorf("pair key %s: not %d hex digits", path, 2*pairsync.KeyLen)
 	}
 	return k, nil
 }
@@ -221,25 +223,27 @@ func (d *Daemon) activate(p *pair) {
 		}
 	}
 	p.released, p.silent = 0, 0
-	d.release(p, false)
+	d.release(p, p.node.Report, "takeover", false)
 	p.log.Info("pair role active", "released", p.released, "silent", p.silent)
 }
 
-// release runs sa.DB.Activate on the silent outbound states, counting
-// what it released and what stays silent; a retry logs only releases.
-// Called with p.mu held.
-func (d *Daemon) release(p *pair, retry bool) {
+// release runs sa.DB.Activate with report on the silent outbound states,
+// counting what it released and what stays silent; how names the
+// release in the log, and a quiet one logs only releases. Called with
+// p.mu held.
+func (d *Daemon) release(p *pair, report func(crypto.Fingerprint) (uint64, bool), how string, quiet bool) {
 	p.silent = 0
-	for _, a := range d.db.Activate(p.node.Report) {
+	for _, a := range d.db.Activate(report) {
+		spi := fmt.Sprintf("0x%08x", a.SA.SPI())
 		if a.Err != nil {
 			p.silent++
-			if !retry {
-				p.log.Warn("takeover: state stays silent until a fresh report of its key arrives or it is rekeyed", "spi", fmt.Sprintf("0x%08x", a.SA.SPI()), "err", a.Err)
+			if !quiet {
+				p.log.Warn(how+": state stays silent until a fresh report of its key arrives or it is rekeyed", "spi", spi, "err", a.Err)
 			}
 			continue
 		}
 		p.released++
-		p.log.Info("takeover: state continues", "spi", fmt.Sprintf("0x%08x", a.SA.SPI()), "above", a.Floor)
+		p.log.Info(how+": state continues", "spi", spi, "above", a.Floor)
 	}
 }
 
@@ -260,7 +264,7 @@ func (d *Daemon) retryRelease(ctx context.Context, every time.Duration) {
 		p := d.pair
 		p.mu.Lock()
 		if p.node.Role() == pairsync.RoleActive && p.silent > 0 {
-			d.release(p, true)
+			d.release(p, p.node.Report, "takeover", true)
 		}
 		p.mu.Unlock()
 	}
@@ -315,14 +319,6 @@ func (d *Daemon) releaseOwn(ctx context.Context, wait time.Duration) {
 	if p.node.Role() != pairsync.RoleActive || p.silent == 0 {
 		return
 	}
-	p.silent = 0
-	for _, a := range d.db.Activate(func(crypto.Fingerprint) (uint64, bool) { return 0, true }) {
-		if a.Err != nil {
-			p.silent++
-			p.log.Warn("restarted active: state stays silent", "spi", fmt.Sprintf("0x%08x", a.SA.SPI()), "err", a.Err)
-			continue
-		}
-		p.released++
-		p.log.Warn("restarted active without a fresh report from the other node: state continues above this node's own record", "spi", fmt.Sprintf("0x%08x", a.SA.SPI()), "above", a.Floor)
-	}
+	d.release(p, func(crypto.Fingerprint) (uint64, bool) { return 0, true },
+		"restarted active without a fresh report from the other node, above this node's own record", false)
 }

@@ -2,11 +2,14 @@ package daemon
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -380,5 +383,40 @@ func TestPairRoleTakeover(t *testing.T) {
 	}
 	if st := b.setRole(t, wire.PairRoleStandby); st.Released != 0 || st.Silent != 0 {
 		t.Fatalf("standby again: %+v", st)
+	}
+}
+
+// TestReadPairKey: the pair's key file must be 64 hex digits readable by
+// its owner only; an error never shows a digit of it.
+func TestReadPairKey(t *testing.T) {
+	dir := t.TempDir()
+	good := strings.Repeat("0123456789abcdef", 4)
+	for _, c := range []struct {
+		name, content string
+		mode          os.FileMode
+		ok            bool
+	}{
+		{"good", good + "\n", 0o600, true},
+		{"group-readable", good, 0o640, false},
+		{"short", good[:62], 0o600, false},
+		{"not hex", "zq" + good[2:], 0o600, false},
+	} {
+		path := filepath.Join(dir, c.name)
+		if err := os.WriteFile(path, []byte(c.content), c.mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, c.mode); err != nil {
+			t.Fatal(err)
+		}
+		k, err := readPairKey(path)
+		if (err == nil) != c.ok {
+			t.Errorf("%s: err %v", c.name, err)
+		}
+		if err != nil && (strings.Contains(err.Error(), "zq") || strings.Contains(err.Error(), "'z'") || strings.Contains(err.Error(), "0123")) {
+			t.Errorf("%s: the error shows the key: %v", c.name, err)
+		}
+		if c.ok && hex.EncodeToString(k[:]) != good {
+			t.Errorf("%s: key %x", c.name, k)
+		}
 	}
 }
