@@ -233,8 +233,6 @@ func (d *Device) Stats() Stats {
 	return st
 }
 
-// Bind returns the outer sockets the device runs on (after Start), for
-
 type logLimit int
 
 const (

@@ -211,10 +211,10 @@ func totalDrops(drops [sa.NumDropReasons]uint64) uint64 {
 	return n
 }
 
-// waitFor polls cond every millisecond for up to 5 s.
+// waitFor polls cond every millisecond for up to 30 s.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			if h, ok := t.(interface{ Logf(string, ...any) }); ok && statsHook != nil {
@@ -224,6 +224,22 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// waitStats polls d's counters until ok holds and returns them, failing
+// the test with the last ones after 30 s. The stages add a batch to the
+// counters once it is done, after its packets were sent or written, so a
+// test that saw the packets arrive waits for the counters too.
+func waitStats(t testing.TB, d *Device, what string, ok func(Stats) bool) Stats {
+	t.Helper()
+	st := d.Stats()
+	for deadline := time.Now().Add(30 * time.Second); !ok(st); st = d.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s: %+v", what, st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return st
 }
 
 func dfMode(m uint8) esp.DFMode { return esp.DFMode(m) }

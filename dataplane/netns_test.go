@@ -180,6 +180,17 @@ func (g *gateway) ping(t *testing.T, dst netip.Addr, seq int) error {
 	return fmt.Errorf("no matching echo reply from %v", dst)
 }
 
+// countersAddUp reports whether st's system-call counters agree with its
+// packet counters: at least one call each way, and no more calls than
+// datagrams, nor datagrams than packets. A datagram is counted when the
+// call returns it and its packet when its batch is done, so the two agree
+// only once no batch is in flight: tests wait for it.
+func countersAddUp(st Stats) bool {
+	return st.TUNReads != 0 && st.TUNReads <= st.TUNRxPackets && st.TUNWrites != 0 && st.TUNWrites <= st.TUNTxPackets &&
+		st.RecvCalls != 0 && st.RecvCalls <= st.RecvDatagrams && st.RecvDatagrams <= st.RxPackets &&
+		st.SendCalls != 0 && st.SendCalls <= st.SendMessages && st.SendMessages <= st.TxPackets
+}
+
 // udpIn returns the namespace's count of UDP datagrams delivered to
 // sockets (Udp InDatagrams, or Udp6InDatagrams).
 func (g *gateway) udpIn(t *testing.T, v6 bool) uint64 {
@@ -273,24 +284,18 @@ func TestTwoNamespaces(t *testing.T) {
 	}
 	for _, g := range []*gateway{a, b} {
 		// The reply that let the test go on was delivered inside the TUN
-		// write, before the writer added its batch to the data path's
-		// counters: take the counters once that batch is in.
-		var st Stats
-		settled := func() bool {
-			st = g.d.Stats()
-			return st.TUNWrites <= st.TUNTxPackets && st.SendMessages <= st.TxPackets && st.TUNReads <= st.TUNRxPackets
-		}
-		for deadline := time.Now().Add(2 * time.Second); !settled() && time.Now().Before(deadline); {
+		// write, before the stages added their batches to the data path's
+		// counters: wait until every batch in flight is in.
+		st := g.d.Stats()
+		for deadline := time.Now().Add(30 * time.Second); !countersAddUp(st); st = g.d.Stats() {
+			if time.Now().After(deadline) {
+				t.Errorf("system-call counters do not add up: %+v", st)
+				break
+			}
 			time.Sleep(10 * time.Millisecond)
 		}
 		if drops := g.db.Stats().Drops; st.InvalidSPI != 0 || totalDrops(drops) != 0 || st.SendErrors != 0 {
 			t.Errorf("unexpected drops: %+v, states' drops %v", st, drops)
-		}
-		// The system-call counters add up with the packet counters.
-		if st.TUNReads == 0 || st.TUNReads > st.TUNRxPackets || st.TUNWrites == 0 || st.TUNWrites > st.TUNTxPackets ||
-			st.RecvCalls == 0 || st.RecvCalls > st.RecvDatagrams || st.RecvDatagrams > st.RxPackets ||
-			st.SendCalls == 0 || st.SendCalls > st.SendMessages || st.SendMessages > st.TxPackets {
-			t.Errorf("system-call counters do not add up: %+v", st)
 		}
 	}
 	// Removing the policies' routes leaves the table empty.

@@ -194,10 +194,9 @@ func checkOrder(t *testing.T, cfg Config, between func(h *harness, i, sent int))
 		}
 		seqs[spi] = seq
 	}
-	st := h.d.Stats()
-	if st.TUNRxPackets != total || st.TxPackets != total || st.RxPackets != total || st.TUNTxPackets != total {
-		t.Errorf("stats %+v", st)
-	}
+	st := waitStats(t, h.d, "every packet counted", func(st Stats) bool {
+		return st.TUNRxPackets == total && st.TxPackets == total && st.RxPackets == total && st.TUNTxPackets == total
+	})
 	for _, s := range h.db.SAs() {
 		if got := s.Stats().Packets; got != uint64(next[s.ReqID()-1]) {
 			t.Errorf("state %v accounted %d packets, want %d", s, got, next[s.ReqID()-1])

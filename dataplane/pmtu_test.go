@@ -122,7 +122,7 @@ func TestPathMTU(t *testing.T) {
 			t.Errorf("%v: drops %v, want one too-big", s, d)
 		}
 	}
-	if st := h.d.Stats(); st.ICMPSent != 2 {
+	if st := waitStats(t, h.d, "the ICMP errors counted", func(st Stats) bool { return st.ICMPSent >= 2 }); st.ICMPSent != 2 {
 		t.Errorf("ICMPSent %d, want 2", st.ICMPSent)
 	}
 	if n := len(h.tx.packets()); n != 1 {
@@ -159,7 +159,7 @@ func TestPathMTU(t *testing.T) {
 			t.Errorf("%s: reassembled and decrypted packet differs", tc.name)
 		}
 	}
-	if st := h.d.Stats(); st.Fragments != 4 {
+	if st := waitStats(t, h.d, "the fragments counted", func(st Stats) bool { return st.Fragments >= 4 }); st.Fragments != 4 {
 		t.Errorf("Fragments = %d, want 4", st.Fragments)
 	}
 }

@@ -212,7 +212,9 @@ func testReplayInOrder(t *testing.T, suite string, first uint64, maxGap int) {
 	if st.Packets != uint64(real) {
 		t.Errorf("state accounted %d packets, want %d", st.Packets, real)
 	}
-	if ds := h.d.Stats(); ds.QueueDrops != 0 || ds.RxPackets != uint64(len(stream)) {
+	if ds := waitStats(t, h.d, "every datagram counted", func(st Stats) bool {
+		return st.RxPackets >= uint64(len(stream))
+	}); ds.QueueDrops != 0 || ds.RxPackets != uint64(len(stream)) {
 		t.Errorf("device stats %+v", ds)
 	}
 	if top := in.ReplayTop(); top != first+n-1 {

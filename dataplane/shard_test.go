@@ -109,8 +109,10 @@ func TestOrderPerStateManyStates(t *testing.T) {
 			t.Errorf("tunnel %d: inbound state accounted %d packets (want %d), drops %v", k+1, st.Packets, next[k], st.Drops)
 		}
 	}
-	if st := h.d.Stats(); st.TUNRxPackets != total || st.TxPackets != total || st.RxPackets != total ||
-		st.TUNTxPackets != total || st.QueueDrops != 0 || totalDrops(h.db.Stats().Drops) != 0 {
+	waitStats(t, h.d, "every packet counted", func(st Stats) bool {
+		return st.TUNRxPackets == total && st.TxPackets == total && st.RxPackets == total && st.TUNTxPackets == total
+	})
+	if st := h.d.Stats(); st.QueueDrops != 0 || totalDrops(h.db.Stats().Drops) != 0 {
 		t.Errorf("stats %+v, states' drops %v", st, h.db.Stats().Drops)
 	}
 }
