@@ -20,6 +20,7 @@ func (d *Daemon) AddSA(c sa.Config) error {
 	_, err := d.db.AddSA(c)
 	if err == nil {
 		d.warnNoInterface(c.IfID, "state", c.String())
+		d.warnSlowAES(c.Suite)
 	}
 	return err
 }

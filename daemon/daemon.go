@@ -115,6 +115,7 @@ type Daemon struct {
 	// warnedIfIDs are the interface IDs without an interface that
 	// warnNoInterface has logged.
 	warnedIfIDs map[uint32]bool
+	slow        slowSuites // the AES suites warnSlowAES has logged (cpu.go)
 
 	ike atomic.Pointer[ikeHub] // the IKE hand-off, while it runs (ike.go)
 

@@ -109,7 +109,7 @@ func newMetrics(db *sa.DB, dp func() dataplane.Stats, perSA int, log *slog.Logge
 	}
 	m := &metrics{db: db, perSA: max(perSA, 0), reg: prometheus.NewRegistry(), log: log,
 		scrape: make(chan struct{}, 1), wait: scrapeWait}
-	m.reg.MustRegister(&collector{db: db, dp: dp})
+	m.reg.MustRegister(&collector{db: db, dp: dp, aes: aesAccelerated()})
 	return m
 }
 
@@ -356,8 +356,9 @@ func appendLabelValue(b []byte, v string) []byte {
 // (dataplane.Stats). Each counter is exported once, from the one place
 // that counts it.
 type collector struct {
-	db *sa.DB
-	dp func() dataplane.Stats
+	db  *sa.DB
+	dp  func() dataplane.Stats
+	aes bool // crypto.AESAccelerated, when the daemon started
 }
 
 // The SA database's series (sa.DB.Stats).
@@ -375,6 +376,8 @@ var (
 		"Packets a state dropped, by reason, summed over every state, removed ones included (the data path's drops before a state is found are espd_dataplane_*).", []string{"reason"}, nil)
 	descAcquires = prometheus.NewDesc("espd_acquires_total",
 		"Acquire events published: an outbound packet matched a protect policy whose reqid had no live state, and the rate limits (one per policy and destination a second, 100 a second in all) let the event through (each such packet is in espd_dataplane_no_sa_total: the difference is what the rate limits held back).", nil, nil)
+	descCPUAES = prometheus.NewDesc("espd_cpu_aes",
+		"1 if the CPU has the AES instructions Go's AES uses, 0 if AES suites run slowly and not in constant time here.", nil, nil)
 	descEventsDropped = prometheus.NewDesc("espd_events_dropped_total",
 		"Events (expiries, acquires, NAT mapping changes) not delivered to a control subscriber because its buffer was full, one per event and subscriber.", nil, nil)
 )
@@ -464,7 +467,7 @@ func snake(s string) string {
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStates, descReserved, descPolicies, descPackets, descBytes, descDrops,
-		descAcquires, descEventsDropped} {
+		descAcquires, descEventsDropped, descCPUAES} {
 		ch <- d
 	}
 	for _, f := range dpFields {
@@ -486,6 +489,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descAcquires, counter, float64(g.Acquires))
 	ch <- prometheus.MustNewConstMetric(descEventsDropped, counter, float64(g.EventsDropped))
+	aes := 0.0
+	if c.aes {
+		aes = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descCPUAES, gauge, aes)
 	dv := reflect.ValueOf(c.dp())
 	for _, f := range dpFields {
 		ch <- prometheus.MustNewConstMetric(f.desc, counter, float64(dv.Field(f.field).Uint()))

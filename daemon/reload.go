@@ -145,6 +145,9 @@ func (d *Daemon) applyLocked(f *config.File) error {
 		return fmt.Errorf("%s: %w", d.opts.ConfigPath, err)
 	}
 	d.file = pl.next
+	for _, c := range pl.changes.AddSAs {
+		d.warnSlowAES(c.Suite)
+	}
 	// The change is made: a route reference that cannot be dropped now
 	// keeps its prefix routed into the TUN (or held), which drops the
 	// traffic, never leaks it; it is logged, not undone.
