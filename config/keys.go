@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 )
 
 // MaxKeyFile is the largest key file ReadKeyFile and ReadKey accept: far
@@ -15,7 +14,8 @@ const MaxKeyFile = 64 << 10
 // ParseKeyBytes parses hex key material held in b: an optional 0x prefix,
 // then hex digits, with whitespace (spaces, tabs, line breaks) and ':'
 // separators anywhere; want is the key length the suite needs (0: no key
-// may be given; negative: any length but 0). b is not changed; the scratch copies it makes are zeroed
+// may be given; negative: any length but 0). A key of zeros only is
+// refused. b is not changed; the scratch copies it makes are zeroed
 // before it returns. Errors never repeat key material.
 func ParseKeyBytes(name string, b []byte, want int) ([]byte, error) {
 	digits := make([]byte, 0, len(b))
@@ -58,45 +58,29 @@ func ParseKeyBytes(name string, b []byte, want int) ([]byte, error) {
 		clear(k)
 		return nil, fmt.Errorf("%s is %d bytes; the suite needs %d", name, n, want)
 	}
+	var or byte
+	for _, c := range k {
+		or |= c
+	}
+	if or == 0 {
+		return nil, fmt.Errorf("%s is all zeros: not a secret; generate one (head -c %d /dev/urandom | od -An -tx1)", name, len(k))
+	}
 	return k, nil
 }
 
 func isSpace(ch byte) bool { return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n' }
 
 // ReadKeyFile reads hex key material (as ParseKeyBytes parses it) from the
-// file at path. It refuses a file that users other than its owner and
-// group may read or write: a key there is no secret. The bytes read are
-// zeroed before it returns; the caller zeroes the key once it is used.
+// file at path, opened once by OpenKeyFile, which checks it. The bytes
+// read are zeroed before it returns; the caller zeroes the key once it is
+// used.
 func ReadKeyFile(name, path string, want int) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := OpenKeyFile(name, path)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		return nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	if err := CheckKeyFileMode(fi); err != nil {
-		return nil, fmt.Errorf("%s %s: %w", name, path, err)
-	}
-	if fi.IsDir() {
-		return nil, fmt.Errorf("%s %s is a directory", name, path)
-	}
 	return ReadKey(name, f, want)
-}
-
-// ErrKeyFileMode is wrapped by the error of a key file that others may
-// read or write.
-var ErrKeyFileMode = errors.New("key file is accessible to other users")
-
-// CheckKeyFileMode refuses a key file that users other than its owner and
-// group may read or write (mode bits 0006).
-func CheckKeyFileMode(fi os.FileInfo) error {
-	if m := fi.Mode().Perm(); m&0o006 != 0 {
-		return fmt.Errorf("%w (mode %04o): anyone on the machine could read or replace the key; chmod o-rw it (0600 or 0640)", ErrKeyFileMode, m)
-	}
-	return nil
 }
 
 // ReadKey reads hex key material from r until EOF (at most MaxKeyFile
