@@ -71,16 +71,16 @@ func ParseKeyBytes(name string, b []byte, want int) ([]byte, error) {
 func isSpace(ch byte) bool { return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\n' }
 
 // ReadKeyFile reads hex key material (as ParseKeyBytes parses it) from the
-// file at path, opened once by OpenKeyFile, which checks it. The bytes
-// read are zeroed before it returns; the caller zeroes the key once it is
-// used.
+// file at path, opened once by OpenKeyFile, which checks it. Its errors
+// start with name and path. The bytes read are zeroed before it returns;
+// the caller zeroes the key once it is used.
 func ReadKeyFile(name, path string, want int) ([]byte, error) {
 	f, err := OpenKeyFile(name, path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return ReadKey(name, f, want)
+	return ReadKey(name+" "+path, f, want)
 }
 
 // ReadKey reads hex key material from r until EOF (at most MaxKeyFile

@@ -144,7 +144,7 @@ integ_key_file = "` + integ + `"
 	os.Chmod(filepath.Join(dir, "keys", "enc"), 0o600)
 	text2 := strings.Replace(strings.Replace(text, "aes256-sha256", "aes256gcm16", 1),
 		`enc_key_file = "keys/enc"`, `enc_key = "`+shaKeyHex+`01020304"`, 1)
-	if _, err := Parse(filepath.Join(dir, "espd.toml"), []byte(text2)); err == nil || !strings.Contains(err.Error(), "integ_key_file given, but the suite takes none") {
+	if _, err := Parse(filepath.Join(dir, "espd.toml"), []byte(text2)); err == nil || !strings.Contains(err.Error(), "integ_key_file "+integ+" given, but the suite takes none") {
 		t.Errorf("integrity key file for an AEAD: %v", err)
 	}
 }

@@ -1,10 +1,8 @@
 package daemon
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -19,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/espd/espd/config"
 	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/pairsync"
@@ -32,8 +31,7 @@ type PairOptions struct {
 	// Listen and Peer are the pair link's UDP addresses (host:port) of
 	// this node and of the other.
 	Listen, Peer string
-	// KeyFile holds the pair's key, 64 hex digits, readable by its owner
-	// only.
+	// KeyFile holds the pair's key, 64 hex digits (readPairKey).
 	KeyFile string
 	// Interval and Lease: pairsync.Config's (0: its defaults).
 	Interval, Lease time.Duration
@@ -61,30 +59,22 @@ type pair struct {
 	silent   int
 }
 
-// readPairKey reads the pair's key from path: 64 hex digits, in a file
-// that only its owner may read.
+// readPairKey reads the pair's key from path: 32 bytes in hex, not all
+// zero, in a key file as config.OpenKeyFile checks it (not a symbolic link,
+// a regular file, owned by root or espd's user, mode & 0006 == 0). No
+// copy of the key is left behind, and no error names a digit of it.
 func readPairKey(path string) (pairsync.Key, error) {
 	var k pairsync.Key
-	fi, err := os.Stat(path)
+	b, err := config.ReadKeyFile("pair key", path, -1)
 	if err != nil {
-		return k, fmt.Errorf("pair key: %w", err)
+		return k, err
 	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return k, fmt.Errorf("pair key %s: mode %v lets others read it: chmod 600", path, fi.Mode().Perm())
+	defer clear(b)
+	if len(b) != pairsync.KeyLen {
+		return k, fmt.Errorf("pair key %s: %d bytes, want %d (%d hex digits; docs/ha.md, \"The pair link's key\")",
+			path, len(b), pairsync.KeyLen, 2*pairsync.KeyLen)
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return k, fmt.Errorf("pair key: %w", err)
-	}
-	defer clear(b) // no copy of the key is made: no string, no error naming a digit
-	t := bytes.TrimSpace(b)
-	if len(t) != 2*pairsync.KeyLen {
-		return k, fmt.Errorf("pair key %s: want %d hex digits (docs/ha.md, \"The pair link's key\"), found %d characters", path, 2*pairsync.KeyLen, len(t))
-	}
-	if _, err := hex.Decode(k[:], t); err != nil {
-		clear(k[:])
-		return k, fmt.Errorf("pair key %s: not %d hex digits", path, 2*pairsync.KeyLen)
-	}
+	copy(k[:], b)
 	return k, nil
 }
 

@@ -386,8 +386,9 @@ func TestPairRoleTakeover(t *testing.T) {
 	}
 }
 
-// TestReadPairKey: the pair's key file must be 64 hex digits readable by
-// its owner only; an error never shows a digit of it.
+// TestReadPairKey: the pair's key file must be 64 hex digits that others
+// may not read; an error never shows a digit of it (TestPairKeyFile: the
+// rest of the key file rule).
 func TestReadPairKey(t *testing.T) {
 	dir := t.TempDir()
 	good := strings.Repeat("0123456789abcdef", 4)
@@ -397,7 +398,8 @@ func TestReadPairKey(t *testing.T) {
 		ok            bool
 	}{
 		{"good", good + "\n", 0o600, true},
-		{"group-readable", good, 0o640, false},
+		{"group-readable", good, 0o640, true},
+		{"world-readable", good, 0o644, false},
 		{"short", good[:62], 0o600, false},
 		{"not hex", "zq" + good[2:], 0o600, false},
 	} {

@@ -178,7 +178,7 @@ func TestBadInput(t *testing.T) {
 		{append(add, "--enc", "aes128gcm16", "--enc-key-file", keyFileMode(t, gcmKey, 0o602)), "chmod o-rw"},
 		{append(add, "--enc", "aes128gcm16", "--enc-key-file", filepath.Join(t.TempDir(), "none")), "no such file"},
 		{append(add, "--enc", "aes128gcm16", "--enc-key-file", keyFile(t, "00112233445566778899aabbccddeeff")), "takes 20 bytes of encryption key (40 hex digits, salt included), got 16"},
-		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--integ-key-file", keyFile(t, "00")), "combined-mode and takes no integrity key"},
+		{append(add, "--enc", "aes128gcm16", "--enc-key-file", gcm, "--integ-key-file", keyFile(t, "01")), "combined-mode and takes no integrity key"},
 		{append(add, "--enc", "aes256", "--enc-key-file", cbc), `"aes256" needs an integrity algorithm`},
 		{append(add, "--enc", "aes128", "--auth", "sha1", "--enc-key-file", keyFile(t, cbcKey[:32]), "--integ-key-file", sha), "takes 20 bytes of integrity key"},
 		{append(add, "--enc", "aes128", "--auth", "sha1", "--enc-key-file", keyFile(t, cbcKey[:32])), "--integ-key-file: aes128-sha1 takes 20 bytes of integrity key (40 hex digits): give a file"},

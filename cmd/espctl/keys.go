@@ -11,8 +11,9 @@ import (
 // Keys never travel on espctl's command line, where every local user can
 // read them (ps, /proc/PID/cmdline): --enc-key-file and --integ-key-file
 // name a file holding the key in hex (whitespace, ':' separators and a 0x
-// prefix are fine; a file other users may read or write is refused), or "-"
-// for standard input. When both are "-", standard input holds two lines:
+// prefix are fine; the file is checked as config.OpenKeyFile says: not a
+// link, owned by root or the user running espctl, mode & 0006 == 0), or
+// "-" for standard input; a key of zeros only is refused. When both are "-", standard input holds two lines:
 // the encryption key, then the integrity key.
 
 // stdinKeys is the name of standard input as a key file.
@@ -37,7 +38,7 @@ func readKeys(encFile, integFile string, stdin io.Reader) (enc, integ []byte, er
 		case stdinKeys:
 			return config.ReadKey("--"+flag+" - (standard input)", stdin, -1)
 		}
-		return config.ReadKeyFile("--"+flag+" "+path, path, -1)
+		return config.ReadKeyFile("--"+flag, path, -1)
 	}
 	if enc, err = read("enc-key-file", encFile); err != nil {
 		return nil, nil, err
