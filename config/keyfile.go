@@ -20,17 +20,16 @@ import (
 //   - the file is a regular file;
 //   - users other than its owner and group may neither read nor write it
 //     (mode bits 0006);
-//   - its owner is root or the user the reader runs as (effective uid);
-//   - a group that may read or write it is root's or the reader's own
-//     (effective gid): root:espd 0640 for the packaged units.
+//   - its owner is root or the user the reader runs as (effective uid).
+//
+// Under the packaged units (User=espd) that is root:espd 0640.
 
 // Errors that the refusals of OpenKeyFile wrap.
 var (
 	// ErrKeyFileMode: users other than the owner and group may read or
 	// write the file.
 	ErrKeyFileMode = errors.New("key file is accessible to other users")
-	// ErrKeyFileOwner: the file's owner, or a group that may read or
-	// write it, is neither root nor the reader.
+	// ErrKeyFileOwner: the file's owner is neither root nor the reader.
 	ErrKeyFileOwner = errors.New("key file belongs to another user")
 	// ErrKeyFileType: the name is a symbolic link, or the file is not a
 	// regular file (a directory, a FIFO, a device).
@@ -100,22 +99,14 @@ func checkKeyFile(path string, fi os.FileInfo) error {
 	if !ok {
 		return fmt.Errorf("%w: its owner cannot be read", ErrKeyFileOwner)
 	}
-	uid, gid := int(st.Uid), int(st.Gid)
+	uid := int(st.Uid)
 	if uid != 0 && uid != os.Geteuid() {
 		owners := "root"
 		if os.Geteuid() != 0 {
 			owners += " or " + who(os.Geteuid()) + ", the user reading it"
 		}
-		return fmt.Errorf("%w: owner %s, mode %04o; a key file must be owned by %s: %s",
-			ErrKeyFileOwner, who(uid), m, owners, fix(path))
-	}
-	if m&0o060 != 0 && gid != 0 && gid != os.Getegid() {
-		groups := "root's"
-		if os.Getegid() != 0 {
-			groups += " or " + group(os.Getegid()) + ", the reader's"
-		}
-		return fmt.Errorf("%w: group %s may read or write it (mode %04o); a key file's group must be %s: %s",
-			ErrKeyFileOwner, group(gid), m, groups, fix(path))
+		return fmt.Errorf("%w: owner %s, group %s, mode %04o; a key file must be owned by %s: %s",
+			ErrKeyFileOwner, who(uid), group(int(st.Gid)), m, owners, fix(path))
 	}
 	return nil
 }
@@ -130,9 +121,14 @@ func CheckKeyFileMode(fi os.FileInfo) error {
 }
 
 // fix is the command that makes path a key file the reader may read and
-// no one else.
+// no one else: group espd, if root reads it and that group exists (the
+// packaged units' espd reads it too), else the reader's group.
 func fix(path string) string {
-	return fmt.Sprintf("chown root:%s %s; chmod 0640 %s", groupName(os.Getegid()), path, path)
+	g := groupName(os.Getegid())
+	if _, err := user.LookupGroup("espd"); err == nil && os.Getegid() == 0 {
+		g = "espd"
+	}
+	return fmt.Sprintf("chown root:%s %s; chmod 0640 %s", g, path, path)
 }
 
 // fileType names a mode's file type.

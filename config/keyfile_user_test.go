@@ -4,12 +4,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 )
 
 // childKeyEnv names, in the environment of the test binary run as another
@@ -62,25 +59,16 @@ func TestKeyFileAsService(t *testing.T) {
 		{"root-group", 0o640, 0, id, "read"},
 		{"root-only", 0o600, 0, 0, fmt.Sprintf("refused: enc_key_file %s: permission denied: owner %s, group %s, mode 0600, and the reader runs as %s: chown root:%s %s; chmod 0640 %s",
 			filepath.Join(dir, "root-only"), who(0), group(0), who(id), groupName(id), filepath.Join(dir, "root-only"), filepath.Join(dir, "root-only"))},
-		{"other-owner", 0o640, 12345, id, fmt.Sprintf("refused: enc_key_file %s: key file belongs to another user: owner uid 12345, mode 0640; "+
-			"a key file must be owned by root or %s, the user reading it: chown root:%s", filepath.Join(dir, "other-owner"), who(id), groupName(id))},
+		{"other-owner", 0o640, 12345, id, fmt.Sprintf("refused: enc_key_file %s: key file belongs to another user: owner uid 12345, group %s, mode 0640; "+
+			"a key file must be owned by root or %s, the user reading it: chown root:%s", filepath.Join(dir, "other-owner"), group(id), who(id), groupName(id))},
 	} {
 		p := filepath.Join(dir, c.name)
 		writeKey(t, p, good, c.mode)
 		if err := os.Chown(p, c.uid, c.gid); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(bin, "-test.run=^TestKeyFileChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), childKeyEnv+"="+p)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: id, Gid: id, Groups: []uint32{}}}
-		cmd.WaitDelay = 30 * time.Second
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s: the child: %v\n%s", c.name, err, out)
-		}
-		_, got, ok := strings.Cut(string(out), "RESULT ")
-		got, _, _ = strings.Cut(got, "\n")
-		if !ok || !strings.HasPrefix(got, c.want) {
+		got := readAs(t, bin, p, id)
+		if !strings.HasPrefix(got, c.want) {
 			t.Errorf("%s: the service user got\n%s\nwant\n%s", c.name, got, c.want)
 		}
 	}
