@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -274,7 +273,7 @@ func (d *Daemon) applyRoleFile(ctx context.Context) {
 	if d.pair == nil || path == "" {
 		return
 	}
-	b, err := os.ReadFile(path)
+	b, err := readRoleFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return
 	}
