@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/espd/espd/internal/docblock"
 	"github.com/espd/espd/pairsync"
 )
 
@@ -116,5 +118,80 @@ func TestApplyRoleFile(t *testing.T) {
 	a.d.applyRoleFile(ctx)
 	if r := a.node.Role(); r != pairsync.RoleActive {
 		t.Errorf("role file says active: role %v", r)
+	}
+}
+
+// TestNotifyScriptRoleFile runs docs/ha.md's notify script as written
+// (without keepalived or charon: the events from a file, espctl replaced
+// by true) and checks its file handling: it makes the role's directory
+// (root's, 0755), replaces a symbolic link planted at the role file's
+// name instead of writing through it, leaves the role that readRoleFile
+// reads, and no temporary file behind.
+func TestNotifyScriptRoleFile(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the notify script runs as root")
+		}
+		t.Skip("not root")
+	}
+	script, err := docblock.One("../docs/ha.md", "sh", "ha notify")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	doc := filepath.Join(dir, "espd-pair-notify")
+	if err := os.WriteFile(doc, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	roleDir := filepath.Join(dir, "espd-pair")
+	role := filepath.Join(roleDir, "role")
+	run := func(events ...string) {
+		t.Helper()
+		ev := filepath.Join(dir, "events")
+		if err := os.WriteFile(ev, []byte(strings.Join(events, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "sh", doc, "GROUP", "pair", "MASTER", ev)
+		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "CHARON_PID=none", "ESPCTL=true",
+			"ESPD_PAIR_LOG=" + filepath.Join(dir, "notify.log"), "ESPD_PAIR_ROLE_FILE=" + role}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			log, _ := os.ReadFile(filepath.Join(dir, "notify.log"))
+			t.Fatalf("the notify script: %v\n%s\n%s", err, out, log)
+		}
+	}
+	check := func(want string) {
+		t.Helper()
+		b, err := readRoleFile(role)
+		if err != nil || string(b) != want+"\n" {
+			t.Fatalf("role file: %q, %v; want %s", b, err, want)
+		}
+		di, err := os.Lstat(roleDir)
+		if err != nil || di.Mode() != os.ModeDir|0o755 {
+			t.Fatalf("the role's directory: %v, %v; want a directory, mode 0755", di.Mode(), err)
+		}
+		if ents, _ := os.ReadDir(roleDir); len(ents) != 1 {
+			t.Errorf("the role's directory holds %d entries, want the role file alone", len(ents))
+		}
+	}
+	run(`GROUP "pair" MASTER 150`)
+	check("active")
+	run(`GROUP "pair" MASTER 150`, `INSTANCE "wan" BACKUP 100`, `GROUP "pair" BACKUP 100`)
+	check("standby")
+
+	// A link planted where the role file goes is replaced, not followed.
+	victim := filepath.Join(dir, "victim")
+	if err := os.WriteFile(victim, []byte("precious\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(role)
+	if err := os.Symlink(victim, role); err != nil {
+		t.Fatal(err)
+	}
+	run(`GROUP "pair" MASTER 150`)
+	check("active")
+	if b, _ := os.ReadFile(victim); string(b) != "precious\n" {
+		t.Errorf("the script wrote through a planted link: the target holds %q", b)
 	}
 }

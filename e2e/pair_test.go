@@ -28,6 +28,32 @@ type pairNode struct {
 	dir        string
 }
 
+// roleFile is where the notify script records the node's role for espd:
+// in a directory the script makes, as docs/ha.md's /var/lib/espd-pair.
+func (n *pairNode) roleFile() string { return filepath.Join(n.dir, "espd-pair", "role") }
+
+// checkRoleFile checks what the notify script left: the role file says
+// role, is a regular file of root's, mode 0644, alone in a directory of
+// root's, mode 0755 (no temporary file left behind).
+func (n *pairNode) checkRoleFile(t testing.TB, role string) {
+	t.Helper()
+	p := n.roleFile()
+	fi, err := os.Lstat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	di, err := os.Stat(filepath.Dir(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(p)
+	ents, _ := os.ReadDir(filepath.Dir(p))
+	if fi.Mode() != 0o644 || di.Mode() != os.ModeDir|0o755 || fi.Sys().(*syscall.Stat_t).Uid != 0 || di.Sys().(*syscall.Stat_t).Uid != 0 ||
+		string(b) != role+"\n" || len(ents) != 1 {
+		t.Errorf("%s's role file: %v %q in %v with %d entries, want %q, mode 0644 alone in 0755, root's", n.name, fi.Mode(), b, di.Mode(), len(ents), role)
+	}
+}
+
 // TestPairManual: a gateway pair keyed by hand, without charon. Both
 // nodes' espds load the same configuration file (the tunnel from the
 // pair's transit address to gwB) with --pair-node and docs/ha.md's pair
@@ -81,6 +107,7 @@ func TestPairManual(t *testing.T) {
 	// master, node1 is still dead. The role file makes it active; with no
 	// fresh report from node1 it continues above its own record after
 	// the lease.
+	nodes[1].checkRoleFile(t, "active")
 	nodes[1].espd.kill(t)
 	restarted := time.Now()
 	nodes[1].espd = startEspd(t, p.Node2, mp.args(1)...)
@@ -139,14 +166,16 @@ func newManualPair(t testing.TB) *manualPair {
 	}
 	p := testbed.NewPairT(t)
 	dir := t.TempDir()
-	// docs/ha.md's key, made as written (in dir instead of /etc/espd).
-	if !strings.Contains(keyBlock, "/etc/espd/pair.key") {
-		t.Fatalf("docs/ha.md's key block does not write /etc/espd/pair.key:\n%s", keyBlock)
+	// docs/ha.md's key, made as written (in dir instead of /etc/espd, and
+	// group root for espd's: this machine has no espd user).
+	if !strings.Contains(keyBlock, "/etc/espd/keys/pair.key") || !strings.Contains(keyBlock, "-g espd ") {
+		t.Fatalf("docs/ha.md's key block does not write /etc/espd/keys/pair.key for group espd:\n%s", keyBlock)
 	}
-	if out, err := exec.Command("sh", "-ec", strings.ReplaceAll(keyBlock, "/etc/espd/", dir+"/")).CombinedOutput(); err != nil {
+	keyCmd := strings.NewReplacer("/etc/espd/", dir+"/", "-g espd ", "-g root ").Replace(keyBlock)
+	if out, err := exec.Command("sh", "-ec", keyCmd).CombinedOutput(); err != nil {
 		t.Fatalf("docs/ha.md's key block: %v\n%s", err, out)
 	}
-	key := filepath.Join(dir, "pair.key")
+	key := filepath.Join(dir, "keys", "pair.key")
 
 	// The tunnel: the pair's transit address to gwB, LAN A to LAN B.
 	vip, b4 := testbed.GwATransitV4.Addr(), testbed.GwBTransitV4.Addr()
@@ -169,7 +198,7 @@ func newManualPair(t testing.TB) *manualPair {
 		return []string{"--config", pairConf, "--pair-node", strconv.Itoa(i + 1), "--pair-key-file", key,
 			"--pair-listen", netip.AddrPortFrom(syncs[i].Addr(), pairPort).String(),
 			"--pair-peer", netip.AddrPortFrom(syncs[1-i].Addr(), pairPort).String(),
-			"--pair-role-file", filepath.Join(nodes[i].dir, "pair-role")}
+			"--pair-role-file", nodes[i].roleFile()}
 	}
 	for i, n := range nodes {
 		n.dir = filepath.Join(dir, n.name)
@@ -182,7 +211,7 @@ func newManualPair(t testing.TB) *manualPair {
 	startKeepalived := func(n *pairNode, priority int) {
 		script := testbed.WriteNotifyScript(t, n.dir, notify, "CHARON_PID=none",
 			"ESPCTL="+espctlBin+" -s "+n.espd.sock, "ESPD_PAIR_LOG="+filepath.Join(n.dir, "notify.log"),
-			"ESPD_PAIR_ROLE_FILE="+filepath.Join(n.dir, "pair-role"))
+			"ESPD_PAIR_ROLE_FILE="+n.roleFile())
 		conf := testbed.KeepalivedConf(n.name, testbed.KeepalivedOptions{Priority: priority, NoPreempt: true, AdvertInt: "0.2",
 			NotifyFIFO: filepath.Join(n.dir, "keepalived.events"), NotifyScript: script})
 		n.keepalived = testbed.StartKeepalived(t, n.node, n.dir, conf)

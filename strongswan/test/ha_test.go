@@ -165,8 +165,9 @@ func (n *haNode) pairSPIs() map[string][]string {
 	return spis
 }
 
-// roleFile is where the notify script records the node's role for espd.
-func (n *haNode) roleFile() string { return filepath.Join(n.dir, "pair-role") }
+// roleFile is where the notify script records the node's role for espd:
+// in a directory the script makes, as docs/ha.md's /var/lib/espd-pair.
+func (n *haNode) roleFile() string { return filepath.Join(n.dir, "espd-pair", "role") }
 
 // notifies returns the notify script's log.
 func (n *haNode) notifies() string {
@@ -866,7 +867,7 @@ func TestHADocConfigs(t *testing.T) {
 	if base == "" || !ok {
 		t.Fatalf("docs/ha.md's ExecStart %q does not extend the packaged %q", cmd, base)
 	}
-	if want := strings.Join(haEspdFlags(0, "/etc/espd/pair.key", "/var/lib/espd/pair-role"), " "); rest != want {
+	if want := strings.Join(haEspdFlags(0, "/etc/espd/keys/pair.key", "/var/lib/espd-pair/role"), " "); rest != want {
 		t.Errorf("docs/ha.md's espd flags %q, the tests' %q", rest, want)
 	}
 }
