@@ -176,3 +176,39 @@ func TestKeyFileUnreadable(t *testing.T) {
 		t.Errorf("missing file: %v", err)
 	}
 }
+
+// TestConfigKeyFileRule: a configuration file's enc_key_file is held to
+// the same rule, and the refusal names the SA's line.
+func TestConfigKeyFileRule(t *testing.T) {
+	for _, c := range keyFileRefusals("0x" + gcmKeyHex + "\n") {
+		t.Run(c.name, func(t *testing.T) {
+			checkRefusal(t, c, func(p string) error {
+				text := "\n[[sa]]\nspi = 0x2001\ndir = \"in\"\nsrc = \"198.18.0.2\"\ndst = \"198.18.0.1\"\nsuite = \"aes128gcm16\"\nenc_key_file = \"" + p + "\"\n"
+				f, err := Parse(filepath.Join(t.TempDir(), "gw.toml"), []byte(text))
+				if err == nil {
+					f.Wipe()
+					return nil
+				}
+				var ce *Error
+				if !errors.As(err, &ce) || ce.Line != 2 {
+					t.Errorf("%v: not an error of line 2", err)
+				}
+				return err
+			})
+		})
+	}
+	// Zeros, inline or in a key file, and a short key file.
+	dir := t.TempDir()
+	writeKey(t, filepath.Join(dir, "zero.key"), strings.Repeat("00", 20), 0o640)
+	writeKey(t, filepath.Join(dir, "short.key"), gcmKeyHex[:38], 0o640)
+	for key, says := range map[string]string{
+		`enc_key = "` + strings.Repeat("00", 20) + `"`: "sa #1: enc_key is all zeros",
+		`enc_key_file = "zero.key"`:                    "zero.key is all zeros",
+		`enc_key_file = "short.key"`:                   "short.key is 19 bytes; the suite needs 20",
+	} {
+		text := "[[sa]]\nspi = 0x2001\ndir = \"in\"\nsrc = \"198.18.0.2\"\ndst = \"198.18.0.1\"\nsuite = \"aes128gcm16\"\n" + key + "\n"
+		if _, err := Parse(filepath.Join(dir, "gw.toml"), []byte(text)); err == nil || !strings.Contains(err.Error(), says) {
+			t.Errorf("%s: %v, want %q", key, err, says)
+		}
+	}
+}
