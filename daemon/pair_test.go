@@ -414,7 +414,7 @@ func TestReadPairKey(t *testing.T) {
 		if (err == nil) != c.ok {
 			t.Errorf("%s: err %v", c.name, err)
 		}
-		if err != nil && (strings.Contains(err.Error(), "zq") || strings.Contains(err.Error(), "'z'") || strings.Contains(err.Error(), "0123")) {
+		if err != nil && (strings.Contains(err.Error(), "zq") || strings.Contains(err.Error(), "'z'") || strings.Contains(err.Error(), "0123456789")) {
 			t.Errorf("%s: the error shows the key: %v", c.name, err)
 		}
 		if c.ok && hex.EncodeToString(k[:]) != good {
