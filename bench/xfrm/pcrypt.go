@@ -148,13 +148,14 @@ type Pcrypt struct {
 // as rfc4106(gcm(aes))) through the pcrypt template, as strongSwan's
 // users set it up with crconf ("crconf add driver pcrypt(<driver>) type
 // 3"): it instantiates the AEAD if the kernel has not yet, then, through
-// the crypto user interface (CRYPTO_MSG_NEWALG), pcrypt(<its driver>),
-// which takes the AEAD's priority plus 100. Registering it retires the
-// instances built on the plain AEAD (the IV generator ESP wraps it in,
-// GenivName), so the next state builds its own on pcrypt; states already
-// there keep theirs. It checks in /proc/crypto that the kernel now picks
-// the pcrypt instance for the name. An *UnavailableError says what the
-// kernel lacks (crypto_user, pcrypt).
+// the crypto user interface (CRYPTO_MSG_NEWALG), pcrypt(<the driver the
+// kernel picks for it>), which takes that driver's priority plus 100.
+// Registering it retires the instances built on the plain AEAD (the IV
+// generator ESP wraps it in, GenivName), so the next state builds its own
+// on pcrypt; states already there keep theirs. It checks in /proc/crypto
+// that the kernel now picks the pcrypt instance for the name. An instance
+// this process already holds is shared; Release ends each use. An
+// *UnavailableError says what the kernel lacks (crypto_user, pcrypt).
 func InstantiatePcrypt(aead string) (Pcrypt, error) {
 	p := Pcrypt{Name: aead}
 	unavailable := func(what string, err error) error {
@@ -175,6 +176,8 @@ func InstantiatePcrypt(aead string) (Pcrypt, error) {
 	if err := RemovePcrypt(aead); err != nil {
 		return p, err
 	}
+	held.Lock()
+	defer held.Unlock()
 	algs, err := ProcCrypto()
 	if err != nil {
 		return p, err
@@ -184,6 +187,10 @@ func InstantiatePcrypt(aead string) (Pcrypt, error) {
 		return p, fmt.Errorf("xfrm: %s instantiated but not in /proc/crypto", aead)
 	}
 	p.Driver = "pcrypt(" + plain.Driver + ")"
+	if held.pcrypt[p.Driver] > 0 && find(algs, aead, p.Driver) != nil {
+		held.pcrypt[p.Driver]++
+		return p, pickIs(algs, aead, p.Driver)
+	}
 	err = cryptoUser(unix.CRYPTO_MSG_NEWALG, cryptoUserAlg{name: aead, driver: p.Driver, typ: cryptoAlgTypeAEAD, mask: cryptoAlgTypeMask}, -1)
 	switch {
 	case err == nil:
@@ -192,13 +199,30 @@ func InstantiatePcrypt(aead string) (Pcrypt, error) {
 	default:
 		return p, fmt.Errorf("xfrm: instantiate %s: %w", p.Driver, err)
 	}
-	if algs, err = ProcCrypto(); err != nil {
-		return p, err
-	}
-	if pick, _ := best(algs, aead); pick == nil || pick.Driver != p.Driver {
-		return p, fmt.Errorf("xfrm: after instantiating %s the kernel picks %+v for %s", p.Driver, pick, aead)
+	held.pcrypt[p.Driver]++
+	if err := checkPick(aead, p.Driver); err != nil {
+		return p, errors.Join(err, p.release())
 	}
 	return p, nil
+}
+
+// Release ends this use of the pcrypt instance; the last one removes it
+// (as RemovePcrypt does).
+func (p Pcrypt) Release() error {
+	held.Lock()
+	defer held.Unlock()
+	return p.release()
+}
+
+func (p Pcrypt) release() error {
+	if held.pcrypt[p.Driver] == 0 {
+		return nil
+	}
+	if held.pcrypt[p.Driver]--; held.pcrypt[p.Driver] > 0 {
+		return nil
+	}
+	delete(held.pcrypt, p.Driver)
+	return removePcrypt(p.Name, func(driver string) bool { return driver == p.Driver })
 }
 
 // Refcnt returns the instance's reference count in /proc/crypto: one per
@@ -231,14 +255,23 @@ func (p Pcrypt) Geniv() (string, error) {
 	return pick.Driver, nil
 }
 
-// RemovePcrypt removes every pcrypt instance of the AEAD named aead, so
-// that states added afterwards use the plain AEAD: it drops the
-// instance's priority to 0 (CRYPTO_MSG_UPDATEALG, which also retires the
-// instances built on it) and then deletes it (CRYPTO_MSG_DELALG). The
-// kernel refuses the deletion while a state still uses it (EBUSY): the
-// states of a flush go away asynchronously, so it retries for up to ten
-// seconds; at priority 0 it no longer serves new states meanwhile.
+// RemovePcrypt removes every pcrypt instance of the AEAD named aead that
+// this process does not hold (InstantiatePcrypt), so that states added
+// afterwards use the plain AEAD: it drops the instance's priority to 0
+// (CRYPTO_MSG_UPDATEALG, which also retires the instances built on it) and
+// then deletes it (CRYPTO_MSG_DELALG). The kernel refuses the deletion
+// while a state still uses it (EBUSY): the states of a flush go away
+// asynchronously, so it retries for up to ten seconds; at priority 0 it no
+// longer serves new states meanwhile.
 func RemovePcrypt(aead string) error {
+	held.Lock()
+	defer held.Unlock()
+	return removePcrypt(aead, func(driver string) bool { return held.pcrypt[driver] == 0 })
+}
+
+// removePcrypt removes the pcrypt instances of aead whose driver remove
+// selects; held is locked.
+func removePcrypt(aead string, remove func(driver string) bool) error {
 	deadline := time.Now().Add(10 * time.Second)
 	lowered := map[string]bool{}
 	for {
@@ -248,7 +281,7 @@ func RemovePcrypt(aead string) error {
 		}
 		var errs []error
 		for _, a := range algs {
-			if a.Name != aead || !strings.HasPrefix(a.Driver, "pcrypt(") {
+			if a.Name != aead || !strings.HasPrefix(a.Driver, "pcrypt(") || !remove(a.Driver) {
 				continue
 			}
 			alg := cryptoUserAlg{name: aead, driver: a.Driver, typ: cryptoAlgTypeAEAD, mask: cryptoAlgTypeMask}
