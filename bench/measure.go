@@ -43,6 +43,7 @@ func (h *harness) measureAll(ctx context.Context) {
 			switch {
 			case err == nil:
 				keyed[i] = true
+				recordDriver(h.infos[i], s, system.SuiteName(suite))
 			case system.IsUnavailable(err):
 				h.infos[i].Unavailable[system.SuiteName(suite)] = oneLine(err)
 				h.prog.note("bench: %s: %s unavailable: %v", s.Label(), system.SuiteName(suite), err)

@@ -74,7 +74,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 		noAESNI, ipv6        bool
 	)
 	fs.StringVar(&systems, "systems", defaultSystems, "systems to compare, comma-separated, or \"all\": "+strings.Join(systemNames(), ", "))
-	fs.BoolVar(&noAESNI, "noaesni", false, "add espd and the no-AES-NI twin (AES-NI, PCLMULQDQ, AVX2 off) of every system given that has one")
+	fs.BoolVar(&noAESNI, "noaesni", false, "add espd and each given system's no-AES-NI twin (Go: AES-NI, PCLMULQDQ, AVX2 off; kernel XFRM: generic drivers)")
 	fs.StringVar(&suites, "suites", defaultSuites, "ESP suites, comma-separated (strongSwan names); 3des-* and camellia*-* run for XFRM only (espd refuses them)")
 	fs.StringVar(&mss, "mss", defaultMSS, "TCP MSS values, comma-separated; max is the path's own")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time of each TCP run")

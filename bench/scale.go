@@ -212,6 +212,7 @@ func (h *harness) measureScale(ctx context.Context) {
 			switch {
 			case err == nil:
 				keyed[i] = true
+				recordDriver(h.infos[i], s, k)
 			case system.IsUnavailable(err):
 				h.infos[i].Unavailable[k] = oneLine(err)
 				h.prog.note("bench: %s: %s unavailable: %v", s.Label(), k, err)

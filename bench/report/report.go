@@ -45,6 +45,9 @@ type System struct {
 	Failed      map[string]string `json:"failed,omitempty"`
 	// Version is the binary the system ran, where it matters.
 	Version string `json:"version,omitempty"`
+	// Drivers maps a suite to the kernel crypto driver the system's
+	// states used, read from /proc/crypto after keying (kernel XFRM).
+	Drivers map[string]string `json:"drivers,omitempty"`
 	// Group is the rows the system belongs to in the tables, and what its
 	// label starts with: "" for the gateways (client -> server), or
 	// another group measured elsewhere ("host to host, transport mode":

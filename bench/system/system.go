@@ -145,6 +145,8 @@ func All() []System {
 		NewEspdBaseline("espd-udp-baseline", "espd, ESP-in-UDP, baseline binary", true),
 		&XFRM{},
 		&XFRM{Pcrypt: true},
+		&XFRM{NoAESNI: true},
+		&XFRM{Pcrypt: true, NoAESNI: true},
 		NewCharon(CharonLibipsec),
 		NewLibipsecNoAESNI(),
 		NewCharon(CharonEspd),
