@@ -76,11 +76,11 @@ func runGuestCommand(t *testing.T, marker string) string {
 }
 
 // TestGuestCommandsDocumented checks, without root or qemu, that
-// BENCHMARKS.md has the blocks TestXFRMGuest, TestXFRMGuestScale and
-// TestXFRMGuestTransport run and that each is a harness command line the
+// BENCHMARKS.md has the blocks TestXFRMGuest, TestXFRMGuestScale,
+// TestXFRMGuestTransport and TestXFRMGuestNoAESNI run and that each is a harness command line the
 // harness accepts.
 func TestGuestCommandsDocumented(t *testing.T) {
-	for _, marker := range []string{"bench xfrm-guest", "bench xfrm-guest-scale", "bench xfrm-guest-transport"} {
+	for _, marker := range []string{"bench xfrm-guest", "bench xfrm-guest-scale", "bench xfrm-guest-transport", "bench xfrm-guest-noaesni"} {
 		var stderr bytes.Buffer
 		o, err := parseOptions(guestCommand(t, marker), &stderr)
 		if err != nil || !o.xfrmGuest {
@@ -310,5 +310,103 @@ func TestXFRMGuestTransport(t *testing.T) {
 		if !bytes.Contains(md, []byte(want)) {
 			t.Errorf("tables.md lacks %q:\n%s", want, md)
 		}
+	}
+}
+
+// TestXFRMGuestNoAESNI runs BENCHMARKS.md's "-xfrm-guest -noaesni" command
+// (the block marked "bench xfrm-guest-noaesni"): kernel XFRM and XFRM on
+// pcrypt beside their no-AES-NI twins, in one run, inside Debian's kernel.
+// It fails unless every twin keys, pings and carries TCP for every suite
+// (xfrm-pcrypt-noaesni for the AEADs, with pcrypt's reason for CBC), every
+// run's states counted its packets, the guest's /proc/crypto showed each
+// twin's states on the suite's generic driver (pcrypt(<it>) for pcrypt)
+// and the plain rows on neither a forced driver nor a wrong pcrypt.
+func TestXFRMGuestNoAESNI(t *testing.T) {
+	out := runGuestCommand(t, "bench xfrm-guest-noaesni")
+	rep, err := report.ReadJSON(filepath.Join(out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Emulated != GuestLabel {
+		t.Errorf("the report is not labelled as emulated: %q", rep.Emulated)
+	}
+	ok := map[string]int{}
+	for _, r := range rep.Runs {
+		cell := fmt.Sprintf("%s %s %s", r.System, r.Suite, r.Kind)
+		switch {
+		case !r.OK():
+			t.Errorf("%s failed: %s", cell, r.Error)
+		case r.System != "routing" && (r.SA == nil || r.SA.OutPackets == 0 || r.SA.InPackets == 0 || r.SA.InDrops != 0):
+			t.Errorf("%s: the states counted %+v", cell, r.SA)
+		case r.Kind == report.KindTCP && r.BitsPerSecond <= 0:
+			t.Errorf("%s: %v bit/s", cell, r.BitsPerSecond)
+		default:
+			ok[cell]++
+		}
+	}
+	// The generic driver each suite's states must be built on.
+	generic := map[string]string{
+		"aes128gcm16":      "rfc4106(gcm_base(ctr(aes-generic),ghash-generic))",
+		"chacha20poly1305": "rfc7539esp(chacha20-generic,poly1305-generic)",
+		"aes128-sha256":    "aes-generic)",
+	}
+	var aeads, cbcs int
+	for _, name := range rep.Suites {
+		s, err := system.ParseSuite(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := generic[name]
+		if g == "" {
+			t.Fatalf("BENCHMARKS.md's command has suite %s, which this test does not know", name)
+		}
+		systems := []string{"xfrm", "xfrm-noaesni"}
+		if s.AEAD() {
+			aeads++
+			systems = append(systems, "xfrm-pcrypt", "xfrm-pcrypt-noaesni")
+		} else {
+			cbcs++
+			for _, sys := range []string{"xfrm-pcrypt", "xfrm-pcrypt-noaesni"} {
+				if info, _ := rep.System(sys); !strings.Contains(info.Unavailable[name], "pcrypt wraps AEADs only") {
+					t.Errorf("%s %s: unavailable %q, want pcrypt's reason", sys, name, info.Unavailable[name])
+				}
+			}
+		}
+		for _, sys := range systems {
+			for _, kind := range []string{report.KindTCP, report.KindPing} {
+				if cell := fmt.Sprintf("%s %s %s", sys, name, kind); ok[cell] != 1 {
+					t.Errorf("%s: %d good runs, want 1", cell, ok[cell])
+				}
+			}
+			info, _ := rep.System(sys)
+			d := info.Drivers[name]
+			noAESNI, pcrypt := strings.HasSuffix(sys, "-noaesni"), strings.Contains(sys, "pcrypt")
+			switch {
+			case d == "":
+				t.Errorf("%s %s: no driver recorded (%v)", sys, name, info.Drivers)
+			case noAESNI && !strings.Contains(d, g):
+				t.Errorf("%s %s: the guest's kernel picked %s, not one on %s", sys, name, d, g)
+			case noAESNI && pcrypt && !strings.Contains(d, "pcrypt("+g):
+				t.Errorf("%s %s: the guest's kernel picked %s, not one on pcrypt(%s)", sys, name, d, g)
+			case pcrypt != strings.Contains(d, "pcrypt("):
+				t.Errorf("%s %s: the guest's kernel picked %s", sys, name, d)
+			}
+			t.Logf("%s %s: %s", sys, name, d)
+		}
+	}
+	if aeads == 0 || cbcs == 0 {
+		t.Fatalf("BENCHMARKS.md's command has %d AEAD and %d CBC suites: it needs each", aeads, cbcs)
+	}
+	for _, s := range rep.Systems {
+		if s.Skipped != "" || len(s.Failed) > 0 {
+			t.Errorf("%s: skipped %q, failed %v", s.Name, s.Skipped, s.Failed)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "tables.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "| kernel XFRM, pcrypt, no AES-NI (generic drivers) | aes128gcm16 |"; !bytes.Contains(md, []byte(want)) {
+		t.Errorf("tables.md lacks %q:\n%s", want, md)
 	}
 }

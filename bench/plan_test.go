@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/espd/espd/bench/report"
+	"github.com/espd/espd/bench/system"
 	"github.com/espd/espd/crypto"
 )
 
@@ -224,5 +225,67 @@ func TestHostToHostOptions(t *testing.T) {
 		if !slices.Contains(report.DefaultRatios, want) {
 			t.Errorf("default ratios lack %s vs %s", want.Subject, want.Peer)
 		}
+	}
+}
+
+// TestNoAESNIXFRMTwins checks that -noaesni adds the kernel XFRM rows on
+// generic drivers beside xfrm and xfrm-pcrypt (each only where its original
+// is asked for), in report order after them, that they are XFRM systems
+// with NoAESNI set, and that a guest run passes them on.
+func TestNoAESNIXFRMTwins(t *testing.T) {
+	var stderr bytes.Buffer
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-systems", "xfrm-pcrypt,routing,xfrm", "-noaesni"},
+			[]string{"routing", "espd-noaesni", "xfrm", "xfrm-pcrypt", "xfrm-noaesni", "xfrm-pcrypt-noaesni"}},
+		{[]string{"-systems", "xfrm-pcrypt", "-noaesni"}, []string{"espd-noaesni", "xfrm-pcrypt", "xfrm-pcrypt-noaesni"}},
+		{[]string{"-systems", "espd,xfrm", "-noaesni"}, []string{"espd", "espd-noaesni", "xfrm", "xfrm-noaesni"}},
+		{[]string{"-systems", "espd,xfrm,xfrm-pcrypt"}, []string{"espd", "xfrm", "xfrm-pcrypt"}},
+		{[]string{"-systems", "xfrm-noaesni"}, []string{"xfrm-noaesni"}},
+	} {
+		o, err := parseOptions(c.args, &stderr)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if !slices.Equal(o.systems, c.want) {
+			t.Errorf("%v: systems %v, want %v", c.args, o.systems, c.want)
+		}
+	}
+	o, err := parseOptions([]string{"-noaesni"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, twin := range []string{"xfrm-noaesni", "xfrm-pcrypt-noaesni"} {
+		if !slices.Contains(o.systems, twin) {
+			t.Errorf("default systems with -noaesni %v lack %s", o.systems, twin)
+		}
+	}
+	want := map[string][2]bool{"xfrm": {false, false}, "xfrm-pcrypt": {true, false}, "xfrm-noaesni": {false, true}, "xfrm-pcrypt-noaesni": {true, true}}
+	for _, s := range system.All() {
+		x, ok := s.(*system.XFRM)
+		if !ok {
+			continue
+		}
+		w, known := want[s.Name()]
+		if !known || x.Pcrypt != w[0] || x.NoAESNI != w[1] || strings.Contains(s.Label(), "no AES-NI") != w[1] {
+			t.Errorf("%s (%q): Pcrypt %v, NoAESNI %v", s.Name(), s.Label(), x.Pcrypt, x.NoAESNI)
+		}
+		delete(want, s.Name())
+	}
+	if len(want) > 0 {
+		t.Errorf("systems missing: %v", want)
+	}
+	o, err = parseOptions([]string{"-xfrm-guest", "-noaesni", "-systems", "routing,xfrm,xfrm-pcrypt"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := parseOptions(guestArgs(o), &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"routing", "espd-noaesni", "xfrm", "xfrm-pcrypt", "xfrm-noaesni", "xfrm-pcrypt-noaesni"}; !slices.Equal(o.systems, want) || !slices.Equal(back.systems, want) {
+		t.Errorf("-xfrm-guest -noaesni: systems %v, in the guest %v; want %v", o.systems, back.systems, want)
 	}
 }
