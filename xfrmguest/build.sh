@@ -112,14 +112,18 @@ ipver=$(apt-cache policy iproute2 | awk '/Candidate:/ {print $2}')
 # harness's kernel-only rows; veth and tun for the harness's namespaces and
 # espd's TUN when the harness runs inside the guest (and nfnetlink: espd's
 # netlink handle opens a NETLINK_NETFILTER socket too); xfrm_interface for
-# route-based tunnels (ip link add ... type xfrm if_id N). Loaded in this
-# order by init; crypto templates the kernel asks for later (request_module)
+# route-based tunnels (ip link add ... type xfrm if_id N); the x86 drivers
+# (AES-NI, PCLMULQDQ GHASH, SIMD ChaCha20 and Poly1305: qemu's "-cpu max"
+# has those instructions), so that the kernel picks them as on a gateway
+# with AES-NI and the harness's no-AES-NI rows show their switch to the
+# generic drivers. Loaded in this order by init; crypto templates the kernel asks for later (request_module)
 # are found by busybox's modprobe in the same tree.
 mods="virtio_pci virtio_net xfrm_user esp4 esp6 xfrm4_tunnel xfrm6_tunnel
   aes_generic gcm ghash_generic ctr chacha20poly1305 chacha_generic poly1305_generic
   authenc authencesn cbc hmac sha1_generic sha256_generic sha512_generic seqiv echainiv
   drbg jitterentropy_rng crypto_null ecb pcrypt crypto_user camellia_generic des_generic
-  veth tun nfnetlink xfrm_interface"
+  veth tun nfnetlink xfrm_interface
+  aesni_intel ghash_clmulni_intel chacha_x86_64 poly1305_x86_64"
 
 # build SERIES builds (or finds) the image of the kernel SERIES and prints
 # its directory.
