@@ -277,6 +277,12 @@ func TestNoAESNIXFRMTwins(t *testing.T) {
 	if len(want) > 0 {
 		t.Errorf("systems missing: %v", want)
 	}
+	for _, r := range []report.Ratio{{Subject: "espd-noaesni", Peer: "xfrm-noaesni"}, {Subject: "espd-udp-noaesni", Peer: "xfrm-noaesni"},
+		{Subject: "espd-noaesni", Peer: "xfrm-pcrypt-noaesni"}} {
+		if !slices.Contains(report.DefaultRatios, r) {
+			t.Errorf("default ratios lack %s vs %s", r.Subject, r.Peer)
+		}
+	}
 	o, err = parseOptions([]string{"-xfrm-guest", "-noaesni", "-systems", "routing,xfrm,xfrm-pcrypt"}, &stderr)
 	if err != nil {
 		t.Fatal(err)

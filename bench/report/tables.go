@@ -277,7 +277,7 @@ type Ratio struct {
 
 // DefaultRatios are the comparisons the report prints when both systems
 // ran: espd against each peer, espd's modes without AES-NI against the
-// peers without it, ESP-in-UDP against raw ESP, raw ESP received
+// peers without it (the kernel's ESP on its generic drivers among them), ESP-in-UDP against raw ESP, raw ESP received
 // through AF_XDP (espd-xdp) against both of the others, with and without
 // AES-NI, and host to host: espd in transport mode against the hosts in
 // the clear and the kernel's transport mode, ESP-in-UDP against raw ESP,
@@ -291,6 +291,9 @@ var DefaultRatios = []Ratio{
 	{"espd-noaesni", "wireguard-go-noaesni"},
 	{"espd-udp-noaesni", "wireguard-go-noaesni"},
 	{"espd-noaesni", "libipsec-noaesni"},
+	{"espd-noaesni", "xfrm-noaesni"},
+	{"espd-udp-noaesni", "xfrm-noaesni"},
+	{"espd-noaesni", "xfrm-pcrypt-noaesni"},
 	{"espd-udp", "espd"},
 	{"espd-udp-noaesni", "espd-noaesni"},
 	{"espd-xdp", "espd-udp"},

@@ -292,10 +292,22 @@ func (x *XFRM) Counters(context.Context) (Counters, bool, error) {
 	return Counters{OutPackets: out.Packets, InPackets: in.Packets, InDrops: in.Drops}, true, nil
 }
 
-// Close implements System.
+// Close implements System. A run stopped while the system was keyed
+// still gets the kernel's drivers back: the pcrypt instance and the
+// forced generic driver are released once the namespaces, and with them
+// the states, are gone.
 func (x *XFRM) Close() error {
-	if x.top == nil {
-		return nil
+	var err error
+	if x.top != nil {
+		err = x.top.Close()
 	}
-	return x.top.Close()
+	if x.pcrypt != nil {
+		err = errors.Join(err, x.pcrypt.Release())
+		x.pcrypt = nil
+	}
+	if x.generic != nil {
+		err = errors.Join(err, x.generic.Release())
+		x.generic = nil
+	}
+	return err
 }
