@@ -109,9 +109,12 @@ func ForceGeneric(name string) (Generic, error) {
 	held.Lock()
 	defer held.Unlock()
 	if f := held.forced[name]; f != nil {
-		f.users++
 		g.Driver = f.driver
-		return g, checkPick(name, g.Driver)
+		if err := checkPick(name, g.Driver); err != nil {
+			return g, err
+		}
+		f.users++
+		return g, nil
 	}
 	if err := removeStaleForced(name, gd); err != nil {
 		return g, err

@@ -188,8 +188,11 @@ func InstantiatePcrypt(aead string) (Pcrypt, error) {
 	}
 	p.Driver = "pcrypt(" + plain.Driver + ")"
 	if held.pcrypt[p.Driver] > 0 && find(algs, aead, p.Driver) != nil {
+		if err := pickIs(algs, aead, p.Driver); err != nil {
+			return p, err
+		}
 		held.pcrypt[p.Driver]++
-		return p, pickIs(algs, aead, p.Driver)
+		return p, nil
 	}
 	err = cryptoUser(unix.CRYPTO_MSG_NEWALG, cryptoUserAlg{name: aead, driver: p.Driver, typ: cryptoAlgTypeAEAD, mask: cryptoAlgTypeMask}, -1)
 	switch {
