@@ -11,8 +11,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// cryptoAlgTypeSkcipher is CRYPTO_ALG_TYPE_SKCIPHER (include/linux/crypto.h).
-const cryptoAlgTypeSkcipher = 0x5
+// CRYPTO_ALG_TYPE_SKCIPHER and CRYPTO_ALG_TYPE_SKCIPHER_MASK
+// (include/linux/crypto.h): the mask also takes an lskcipher (type 0x4),
+// which the CBC template builds since 6.7.
+const (
+	cryptoAlgTypeSkcipher     = 0x5
+	cryptoAlgTypeSkcipherMask = 0xe
+)
 
 // ForcedPriority is the priority ForceGeneric gives a generic driver: above
 // every driver the kernel registers itself (their priorities stay below a
@@ -23,11 +28,12 @@ const ForcedPriority = 9000
 
 // genericDriver is the generic (C) form of an algorithm ESP allocates.
 type genericDriver struct {
-	// drivers are its names, tried in order: a kernel's CBC template
-	// takes a cipher (cbc(aes-generic), up to 6.1) or, since 6.7, an
-	// lskcipher (cbc(ecb(aes-generic))).
+	// drivers are its names, tried in order until one is not refused:
+	// 6.1 and 6.12 both build cbc(aes-generic) (as an lskcipher since
+	// 6.7), and cbc(ecb(aes-generic)) is what 6.7+ name their own.
 	drivers []string
 	typ     uint32
+	mask    uint32
 	// parts are the generic drivers it is built from, named in the
 	// reason when the kernel cannot build it.
 	parts []string
@@ -36,12 +42,12 @@ type genericDriver struct {
 // genericDrivers maps the kernel names Algorithms gives ESP to their
 // generic drivers: no AES-NI, PCLMULQDQ, SSSE3 or AVX code.
 var genericDrivers = map[string]genericDriver{
-	"rfc4106(gcm(aes))":             {[]string{"rfc4106(gcm_base(ctr(aes-generic),ghash-generic))"}, cryptoAlgTypeAEAD, []string{"aes-generic", "ghash-generic"}},
-	"rfc4543(gcm(aes))":             {[]string{"rfc4543(gcm_base(ctr(aes-generic),ghash-generic))"}, cryptoAlgTypeAEAD, []string{"aes-generic", "ghash-generic"}},
-	"rfc7539esp(chacha20,poly1305)": {[]string{"rfc7539esp(chacha20-generic,poly1305-generic)"}, cryptoAlgTypeAEAD, []string{"chacha20-generic", "poly1305-generic"}},
-	"cbc(aes)":                      {[]string{"cbc(aes-generic)", "cbc(ecb(aes-generic))"}, cryptoAlgTypeSkcipher, []string{"aes-generic"}},
-	"cbc(des3_ede)":                 {[]string{"cbc(des3_ede-generic)", "cbc(ecb(des3_ede-generic))"}, cryptoAlgTypeSkcipher, []string{"des3_ede-generic"}},
-	"cbc(camellia)":                 {[]string{"cbc(camellia-generic)", "cbc(ecb(camellia-generic))"}, cryptoAlgTypeSkcipher, []string{"camellia-generic"}},
+	"rfc4106(gcm(aes))":             {[]string{"rfc4106(gcm_base(ctr(aes-generic),ghash-generic))"}, cryptoAlgTypeAEAD, cryptoAlgTypeMask, []string{"aes-generic", "ghash-generic"}},
+	"rfc4543(gcm(aes))":             {[]string{"rfc4543(gcm_base(ctr(aes-generic),ghash-generic))"}, cryptoAlgTypeAEAD, cryptoAlgTypeMask, []string{"aes-generic", "ghash-generic"}},
+	"rfc7539esp(chacha20,poly1305)": {[]string{"rfc7539esp(chacha20-generic,poly1305-generic)"}, cryptoAlgTypeAEAD, cryptoAlgTypeMask, []string{"chacha20-generic", "poly1305-generic"}},
+	"cbc(aes)":                      {[]string{"cbc(aes-generic)", "cbc(ecb(aes-generic))"}, cryptoAlgTypeSkcipher, cryptoAlgTypeSkcipherMask, []string{"aes-generic"}},
+	"cbc(des3_ede)":                 {[]string{"cbc(des3_ede-generic)", "cbc(ecb(des3_ede-generic))"}, cryptoAlgTypeSkcipher, cryptoAlgTypeSkcipherMask, []string{"des3_ede-generic"}},
+	"cbc(camellia)":                 {[]string{"cbc(camellia-generic)", "cbc(ecb(camellia-generic))"}, cryptoAlgTypeSkcipher, cryptoAlgTypeSkcipherMask, []string{"camellia-generic"}},
 }
 
 // GenericDriverOf returns the generic driver of a kernel algorithm name
@@ -77,6 +83,7 @@ var held = struct {
 type forcing struct {
 	driver   string
 	typ      uint32
+	mask     uint32
 	users    int
 	created  bool
 	priority int // the driver's priority before
@@ -119,12 +126,12 @@ func ForceGeneric(name string) (Generic, error) {
 	if err := removeStaleForced(name, gd); err != nil {
 		return g, err
 	}
-	f := &forcing{typ: gd.typ, users: 1}
+	f := &forcing{typ: gd.typ, mask: gd.mask, users: 1}
 	var alg cryptoUserAlg
 	var err error
 	for _, d := range gd.drivers {
 		g.Driver, f.driver = d, d
-		alg = cryptoUserAlg{name: name, driver: d, typ: gd.typ, mask: cryptoAlgTypeMask}
+		alg = cryptoUserAlg{name: name, driver: d, typ: gd.typ, mask: gd.mask}
 		err = cryptoUser(unix.CRYPTO_MSG_NEWALG, alg, -1)
 		// EINVAL: the template does not take this form of the cipher.
 		if !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
@@ -159,7 +166,7 @@ func ForceGeneric(name string) (Generic, error) {
 	// Retire what the other drivers serve: an instance built on one
 	// (seqiv(rfc4106-gcm-aesni)) would serve the next state.
 	for _, d := range retire {
-		other := cryptoUserAlg{name: name, driver: d, typ: gd.typ, mask: cryptoAlgTypeMask}
+		other := cryptoUserAlg{name: name, driver: d, typ: gd.typ, mask: gd.mask}
 		if err := cryptoUser(unix.CRYPTO_MSG_UPDATEALG, other, -1); err != nil && !errors.Is(err, syscall.ENOENT) {
 			return g, errors.Join(fmt.Errorf("xfrm: retire the instances on %s: %w", d, err), g.release())
 		}
@@ -280,7 +287,7 @@ func (g Generic) release() error {
 		return nil
 	}
 	delete(held.forced, g.Name)
-	alg := cryptoUserAlg{name: g.Name, driver: f.driver, typ: f.typ, mask: cryptoAlgTypeMask}
+	alg := cryptoUserAlg{name: g.Name, driver: f.driver, typ: f.typ, mask: f.mask}
 	if err := cryptoUser(unix.CRYPTO_MSG_UPDATEALG, alg, f.priority); err != nil && !errors.Is(err, syscall.ENOENT) {
 		return fmt.Errorf("xfrm: restore %s's priority %d: %w", f.driver, f.priority, err)
 	}
@@ -333,7 +340,7 @@ func removeStaleForced(name string, gd genericDriver) error {
 		if a == nil || a.Priority < ForcedPriority {
 			continue
 		}
-		if err := deleteAlg(cryptoUserAlg{name: name, driver: d, typ: gd.typ, mask: cryptoAlgTypeMask}); err != nil {
+		if err := deleteAlg(cryptoUserAlg{name: name, driver: d, typ: gd.typ, mask: gd.mask}); err != nil {
 			return fmt.Errorf("%s is left at priority %d from an earlier run: %w", d, a.Priority, err)
 		}
 	}

@@ -125,6 +125,21 @@ func TestGenericDriverOf(t *testing.T) {
 			t.Errorf("%s: %q is too long for crypto_user (63 bytes)", name, GenericDriverOf(name))
 		}
 	}
+	// The CBC template builds an lskcipher (type 4) since 6.7: the mask
+	// must take it as well as a skcipher (type 5), as the kernel's own
+	// CRYPTO_ALG_TYPE_SKCIPHER_MASK does; an AEAD is matched exactly.
+	for name, gd := range genericDrivers {
+		want := uint32(0xf)
+		if strings.HasPrefix(name, "cbc(") {
+			want = 0xe
+			if (0x4^gd.typ)&gd.mask != 0 || (0x5^gd.typ)&gd.mask != 0 || (0x3^gd.typ)&gd.mask == 0 {
+				t.Errorf("%s: type %#x mask %#x does not match an lskcipher and a skcipher only", name, gd.typ, gd.mask)
+			}
+		}
+		if gd.mask != want {
+			t.Errorf("%s: mask %#x, want %#x", name, gd.mask, want)
+		}
+	}
 	if got := GenericDriverOf("ecb(cipher_null)"); got != "" {
 		t.Errorf("a generic driver for cipher_null: %q", got)
 	}
