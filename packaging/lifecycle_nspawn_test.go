@@ -22,25 +22,32 @@ import (
 // toward the transit link (so that a packet that escapes espd's table
 // crosses it in clear), traffic both ways between the LANs (client and
 // server ping each other, IPv4 and IPv6, 20 a second each) and the transit
-// link captured from the first event to the last. The events, on each
-// gateway in turn where both make sense: espd SIGKILLed (systemd restarts
-// it), espd upgraded (apt-get reinstalls its package; its postinst restarts
-// the unit), charon restarted, charon SIGKILLed, both packages upgraded
-// in one apt-get on the responder B, a reboot (A powered off cleanly, B's
-// power cut; the kernel state a reboot loses is emptied while the
-// container is down, and a unit in the container brings the links up at
-// boot as Debian's networking.service would), and `apt-get remove espd`
-// on A under a running charon.
+// link captured at both ends from the first event to the last, across
+// the power-offs and boots (transitCaptures). The events, on each gateway
+// in turn where both make sense: the CHILD_SA rekeyed (bed.rekey), espd
+// SIGKILLed (systemd restarts it), espd upgraded (apt-get reinstalls its
+// package; its postinst restarts the unit), charon restarted, charon
+// SIGKILLed, `apt-get remove strongswan-espd` on B with charon then
+// restarted without it and the package installed again
+// (bed.pluginRemoved), both packages upgraded in one apt-get on the
+// responder B, a reboot (A powered off cleanly, B's power cut; the kernel
+// state a reboot loses is emptied while the container is down, and a unit
+// in the container brings the links up at boot as Debian's
+// networking.service would), and `apt-get remove espd` on A under a
+// running charon.
 //
 // After each event but the removal, traffic must pass both ways again
 // within 5 s (the longest time without a reply in any of the four
-// directions, from the event, or from the power-on for a reboot, to the
-// next event). After a boot, espd-holds.service must have put back the
-// rules and holds before the links came up. After the removal, nothing
-// crosses for 10 s of traffic (the holds stay). Up to `apt-get purge
-// espd`, not one cleartext frame of the LANs crosses the transit link;
-// after the purge, which opens the holds on purpose, the capture must see
-// cleartext (it would have seen a leak before).
+// directions, from the event, or from the power-on for a reboot or the
+// reinstall of the plugin, to the next event); a rekey may cost each
+// direction one request at most. After a boot, espd-holds.service must
+// have put back the rules and holds before the links came up, and the
+// rebooted gateway's own end of the capture must have seen the boot's
+// IKE. After the removal, nothing crosses for 10 s of traffic (the holds
+// stay). Up to `apt-get purge espd`, not one cleartext frame of the LANs
+// crosses the transit link; after the purge, which opens the holds on
+// purpose, the capture must see cleartext (it would have seen a leak
+// before).
 func TestPackagesLifecycle(t *testing.T) {
 	for _, rel := range debianReleases {
 		t.Run("debian"+rel, func(t *testing.T) { packagesLifecycle(t, rel) })
@@ -87,6 +94,9 @@ func packagesLifecycle(t *testing.T, release string) {
 		t.Logf("%s: recovered %v after the event", name, ev.recovered.Sub(ev.t0).Round(10*time.Millisecond))
 	}
 	for _, gw := range []string{"A", "B"} {
+		run("CHILD_SA rekeyed by "+gw, func(ev *lifecycleEvent) { bed.rekey(t, ev, caps, pingers, gw) })
+	}
+	for _, gw := range []string{"A", "B"} {
 		run("espd on "+gw+" SIGKILLed", func(*lifecycleEvent) { bed.killEspd(t, gw) })
 	}
 	for _, gw := range []string{"A", "B"} {
@@ -100,11 +110,12 @@ func packagesLifecycle(t *testing.T, release string) {
 	for _, gw := range []string{"A", "B"} {
 		run("charon on "+gw+" SIGKILLed", func(*lifecycleEvent) { bed.killCharon(t, gw) })
 	}
+	run("B: strongswan-espd removed", func(ev *lifecycleEvent) { bed.pluginRemoved(t, ev, pingers, "B") })
 	run("B: espd and plugin upgraded", func(*lifecycleEvent) {
 		aptGet(t, bed.gw["B"], "/mnt/espd", "apt-get install --reinstall ./"+bed.espdDeb+" ./"+bed.pluginDeb)
 	})
-	run("A rebooted (poweroff)", func(ev *lifecycleEvent) { bed.reboot(t, ev, caps, "A", false) })
-	run("B rebooted (power cut)", func(ev *lifecycleEvent) { bed.reboot(t, ev, caps, "B", true) })
+	run("A rebooted (poweroff)", func(ev *lifecycleEvent) { bed.reboot(t, ev, "A", false) })
+	run("B rebooted (power cut)", func(ev *lifecycleEvent) { bed.reboot(t, ev, "B", true) })
 
 	// The removal: espd's prerm stops it, charon keeps running, the holds
 	// stay. No reply may come back to a request sent after it.
@@ -169,6 +180,7 @@ func packagesLifecycle(t *testing.T, release string) {
 		}
 	}
 	t.Logf("the events, and the longest time without a reply after each:%s", table.String())
+	captureReport(t, events, results, purge)
 
 	leaks := 0
 	for _, r := range results {
@@ -202,6 +214,8 @@ type lifecycleEvent struct {
 	// from when its gap counts (for a reboot, the power-on), done when
 	// its command returned, recovered when traffic passed both ways again.
 	start, t0, done, recovered time.Time
+	// rebooted names the gateway a reboot rebooted.
+	rebooted string
 }
 
 // linksScript brings a gateway's links up as ifupdown would from
@@ -344,10 +358,10 @@ func (bed *packageBed) killCharon(t *testing.T, name string) {
 // system again and checks that espd-holds.service put the holds back
 // before espd-test-links.service brought the links up. ev.t0 is the
 // power-on.
-func (bed *packageBed) reboot(t *testing.T, ev *lifecycleEvent, caps *transitCaptures, name string, cut bool) {
+func (bed *packageBed) reboot(t *testing.T, ev *lifecycleEvent, name string, cut bool) {
 	t.Helper()
 	node := bed.node(name)
-	caps.pause(t, name) // its link goes down: the other side's capture sees what crosses
+	ev.rebooted = name
 	if cut {
 		bed.gw[name].powerCut(t)
 	} else {
@@ -382,7 +396,6 @@ func (bed *packageBed) reboot(t *testing.T, ev *lifecycleEvent, caps *transitCap
 	ev.t0 = time.Now()
 	c := boot(t, bed.roots[name], false, bed.debs, node)
 	bed.gw[name] = c
-	caps.resume(t, name)
 	if p := c.show(t, "espd-ike.service", "NRestarts", "ActiveState"); p["NRestarts"] != "0" || p["ActiveState"] != "active" {
 		t.Errorf("gateway %s after the boot: espd-ike.service %v, want active without a restart", name, p)
 	}
@@ -474,11 +487,6 @@ func (bed *packageBed) waitRecovered(t *testing.T, ev *lifecycleEvent, pingers [
 	}
 	ev.recovered = time.Now()
 }
-
-var (
-	pingReply   = regexp.MustCompile(`^\[(\d+)\.(\d+)\] \d+ bytes from .* time=([0-9.]+) ms`)
-	pingNoReply = regexp.MustCompile(`^\[(\d+)\.(\d+)\] no answer yet`)
-)
 
 // logLANs logs what the LAN links carry for 2 s at each end, and the
 // neighbour tables and counters of the four namespaces: whether a LAN host

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,9 +42,18 @@ type pinger struct {
 	proc *testbed.Process // the current ping
 	off  int
 	// sent holds the send times of the answered requests (reply time less
-	// the round trip); last is the latest time ping said it sent one.
-	sent []time.Time
-	last time.Time
+	// the round trip), answers the same with their ping and icmp_seq;
+	// last is the latest time ping said it sent one.
+	sent    []time.Time
+	answers []answer
+	last    time.Time
+}
+
+// answer is an answered request: the ping that sent it (pinger.runs), its
+// icmp_seq and when it was sent.
+type answer struct {
+	run, seq int
+	sent     time.Time
 }
 
 // startPinger starts pinging dst from n.
@@ -97,6 +107,11 @@ func (p *pinger) revive(t *testing.T) {
 	p.start(t)
 }
 
+var (
+	pingReply   = regexp.MustCompile(`^\[(\d+)\.(\d+)\] \d+ bytes from .* icmp_seq=(\d+) .*time=([0-9.]+) ms`)
+	pingNoReply = regexp.MustCompile(`^\[(\d+)\.(\d+)\] no answer yet`)
+)
+
 // pingerStall is how long a running ping may go without a line (it writes
 // one for every request, 20 a second) before revive restarts it.
 const pingerStall = 3 * time.Second
@@ -112,9 +127,11 @@ func (p *pinger) update() {
 	p.off += n
 	for _, l := range strings.Split(string(b[:n]), "\n") {
 		if m := pingReply.FindStringSubmatch(l); m != nil {
-			rtt, _ := strconv.ParseFloat(m[3], 64)
+			rtt, _ := strconv.ParseFloat(m[4], 64)
 			at := stamp(m[1], m[2]).Add(-time.Duration(rtt * float64(time.Millisecond)))
+			seq, _ := strconv.Atoi(m[3])
 			p.sent = append(p.sent, at)
+			p.answers = append(p.answers, answer{run: p.runs, seq: seq, sent: at})
 			p.seen(at)
 		} else if m := pingNoReply.FindStringSubmatch(l); m != nil {
 			p.seen(stamp(m[1], m[2]))
@@ -179,6 +196,42 @@ func (p *pinger) longestSilence(from, to time.Time) time.Duration {
 		prev = s
 	}
 	return gap
+}
+
+// missed returns how many requests went unanswered among those sent in
+// [from, to] (by icmp_seq, between the last request answered before from
+// and the first answered after to), and how many were answered. ok is
+// false unless requests sent before from and after to were answered, by
+// one ping: the window is then bounded by passing traffic.
+func (p *pinger) missed(from, to time.Time) (missed, answered int, ok bool) {
+	p.update()
+	seqs := map[int]bool{}
+	before, after := -1, -1
+	for _, a := range p.answers {
+		switch {
+		case a.sent.Before(from):
+			if a.run == p.runs {
+				before = max(before, a.seq)
+			}
+		case a.sent.After(to):
+			if a.run == p.runs && (after < 0 || a.seq < after) {
+				after = a.seq
+			}
+		case a.run != p.runs:
+			return 0, 0, false // the ping was started again in the window
+		default:
+			seqs[a.seq] = true
+		}
+	}
+	if before < 0 || after < 0 {
+		return 0, len(seqs), false
+	}
+	for s := before + 1; s < after; s++ {
+		if !seqs[s] {
+			missed++
+		}
+	}
+	return missed, len(seqs), true
 }
 
 // state says whether the ping still runs and, if it has ended, how, with

@@ -25,6 +25,10 @@ type CaptureOptions struct {
 	MaxFrames int
 	// RecvBuffer is the socket's receive buffer; 0 means 64 MiB.
 	RecvBuffer int
+	// AcrossLinkDown keeps the capture going while the interface is down
+	// (ENETDOWN, also when it starts down): the socket stays bound to it
+	// and records again once it is up. The interface must not be deleted.
+	AcrossLinkDown bool
 }
 
 // Capture records the frames that cross one interface of a namespace, in
@@ -117,7 +121,7 @@ func (c *Capture) loop() {
 		}
 		k, oobn, _, from, err := unix.Recvmsg(c.fd, buf, oob, flags)
 		if err != nil {
-			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || (c.opts.AcrossLinkDown && errors.Is(err, unix.ENETDOWN)) {
 				if stopping {
 					return
 				}
