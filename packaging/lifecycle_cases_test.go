@@ -29,9 +29,10 @@ func (bed *packageBed) childSPIs(t *testing.T, name string) [][2]string {
 // 30 s); the new SPIs carry the traffic both ways on the transit link and
 // the old ones are not seen there once espd has let them go; and in each
 // of the pingers' directions at most one request went unanswered among
-// those sent from 1 s before the command to 1 s after espd let the old SAs
-// go (by icmp_seq: a gap in the replies of at most one ping interval and
-// one round trip). Cleartext is counted for the whole test.
+// those sent from the command to 1 s after espd let the old SAs go (by
+// icmp_seq, from the last request answered before the command: a gap in
+// the replies of at most one ping interval and one round trip). Cleartext
+// is counted for the whole test.
 func (bed *packageBed) rekey(t *testing.T, ev *lifecycleEvent, caps *transitCaptures, pingers []*pinger, name string) {
 	t.Helper()
 	old := map[string][2]string{}
@@ -99,7 +100,7 @@ func (bed *packageBed) rekey(t *testing.T, ev *lifecycleEvent, caps *transitCapt
 	}
 	var log strings.Builder
 	for _, p := range pingers {
-		missed, answered, ok := p.missed(ev.start.Add(-time.Second), to)
+		missed, answered, ok := p.missed(ev.start, to)
 		fmt.Fprintf(&log, "\n  %-28s %d answered, %d unanswered", p.name, answered, missed)
 		if !ok {
 			t.Errorf("%s: %s: the window is not bounded by answered requests of one ping", ev.name, p.name)
@@ -107,7 +108,7 @@ func (bed *packageBed) rekey(t *testing.T, ev *lifecycleEvent, caps *transitCapt
 			t.Errorf("%s: %s: %d requests unanswered across the rekey, want at most 1", ev.name, p.name, missed)
 		}
 	}
-	t.Logf("%s: SPIs A in/out %v -> %v, in %v; ESP with the new SPIs at A's end: %d out, %d in; requests sent from 1 s before the rekey to 1 s after:%s",
+	t.Logf("%s: SPIs A in/out %v -> %v, in %v; ESP with the new SPIs at A's end: %d out, %d in; requests sent from the rekey to 1 s after:%s",
 		ev.name, old["A"], now["A"], gone.Sub(ev.start).Round(10*time.Millisecond), seen[true], seen[false], log.String())
 }
 
@@ -118,54 +119,78 @@ func spiOf(s string) uint32 {
 	return v
 }
 
-// pluginRemoved runs `apt-get remove strongswan-espd` on the gateway under
-// the pingers' traffic, then restarts its charon (as its next start, or a
-// boot, would), then installs the package again. What the package does:
-// it has no prerm or postrm, so the removal leaves charon running with the
-// plugin it loaded, and the tunnel passes; the charon that starts next has
-// no plugin (its journal says it failed to load) and no IKE socket (espd
-// owns the ports, socket-default is off), the stopping one left the remote
-// prefixes as drop policies in espd, and not one request sent after the
-// restart is answered for 10 s. The reinstall (postinst: try-restart)
-// brings the plugin back; ev.t0 is then, from when the tunnel must be back
-// within the events' bound.
-func (bed *packageBed) pluginRemoved(t *testing.T, ev *lifecycleEvent, pingers []*pinger, name string) {
+// removePlugin runs `apt-get remove strongswan-espd` on the gateway under
+// the pingers' traffic and checks what the package leaves: espd installed
+// and its unit running on, the plugin's package removed (its conffile
+// kept) and the same charon running, with the plugin it loaded: it has no
+// prerm or postrm that would restart charon.
+func (bed *packageBed) removePlugin(t *testing.T, name string) {
 	t.Helper()
 	c := bed.gw[name]
 	before := c.show(t, "strongswan.service", "MainPID")
+	espd := c.show(t, "espd-ike.service", "MainPID")
 	aptGet(t, c, "/", "apt-get remove strongswan-espd")
-	removed := time.Now()
 	if out, _ := c.run(nil, "dpkg-query", "-W", "-f", "${db:Status-Abbrev}|", "espd", "strongswan-espd"); out != "ii |rc |" {
 		t.Errorf("gateway %s: after apt-get remove strongswan-espd: %q, want espd installed, the plugin removed", name, out)
+	}
+	if p := c.show(t, "espd-ike.service", "MainPID", "ActiveState"); p["MainPID"] != espd["MainPID"] || p["ActiveState"] != "active" {
+		t.Errorf("gateway %s: apt-get remove strongswan-espd: espd-ike.service %v, was %v: want the same espd", name, p, espd)
 	}
 	if p := c.show(t, "strongswan.service", "MainPID", "ActiveState"); p["MainPID"] != before["MainPID"] || p["ActiveState"] != "active" {
 		t.Errorf("gateway %s: apt-get remove strongswan-espd: strongswan.service %v, was %v: want the same charon", name, p, before)
 	}
+	if plugins := loadedPlugins(t, c); !strings.Contains(plugins, " espd ") {
+		t.Errorf("gateway %s: strongswan-espd removed: the running charon has no espd plugin: %s", name, plugins)
+	}
+}
+
+// pluginReinstalled removes strongswan-espd from the gateway
+// (removePlugin), checks that the tunnel still passes both ways 2 s
+// later, and installs the package again: its postinst restarts the
+// running charon, which loads the plugin again. The events' bound on the
+// time without a reply counts from the removal.
+func (bed *packageBed) pluginReinstalled(t *testing.T, ev *lifecycleEvent, pingers []*pinger, name string) {
+	t.Helper()
+	bed.removePlugin(t, name)
+	removed := time.Now()
 	if !waitPassing(pingers, removed.Add(2*time.Second), 30*time.Second) {
 		t.Errorf("gateway %s: strongswan-espd removed, charon not restarted: the tunnel stopped", name)
 	}
-	gap := time.Duration(0)
-	for _, p := range pingers {
-		gap = max(gap, p.longestSilence(ev.start, removed.Add(2*time.Second)))
+	before := bed.gw[name].show(t, "strongswan.service", "MainPID")
+	aptGet(t, bed.gw[name], "/mnt/espd", "apt-get install ./"+bed.pluginDeb)
+	if p := bed.gw[name].show(t, "strongswan.service", "MainPID", "ActiveState"); p["MainPID"] == before["MainPID"] || p["ActiveState"] != "active" {
+		t.Errorf("gateway %s: strongswan-espd installed again: strongswan.service %v, was %v: want restarted", name, p, before)
 	}
-	t.Logf("gateway %s: strongswan-espd removed, charon (MainPID %s) runs on with the plugin it loaded: longest time without a reply %v",
-		name, before["MainPID"], gap.Round(10*time.Millisecond))
+	if plugins := loadedPlugins(t, bed.gw[name]); !strings.Contains(plugins, " espd ") {
+		t.Errorf("gateway %s: strongswan-espd installed again: charon has no espd plugin loaded: %s", name, plugins)
+	}
+}
 
-	// charon's next start: without the plugin.
+// pluginRemovedRestart removes strongswan-espd from the gateway
+// (removePlugin) and then restarts its charon, as its next start or a
+// boot would. That charon does not start: without the plugin it has no
+// IKE socket (espd owns the ports, socket-default is off) and its
+// critical features fail ("unmet dependency: CUSTOM:socket"). The charon
+// that stopped left the remote prefixes as drop policies in espd; not one
+// request sent after the restart is answered for 10 s. Then the package is
+// installed again; its postinst try-restarts strongswan.service, which
+// leaves a failed unit failed, so the test starts it, as an administrator
+// would. ev.t0 is the end of the reinstall, from when the tunnel must be
+// back within the events' bound.
+func (bed *packageBed) pluginRemovedRestart(t *testing.T, ev *lifecycleEvent, pingers []*pinger, name string) {
+	t.Helper()
+	c := bed.gw[name]
+	bed.removePlugin(t, name)
 	out, err := c.run(nil, "systemctl", "restart", "strongswan")
 	restarted := time.Now()
-	state := c.show(t, "strongswan.service", "ActiveState", "SubState", "MainPID")
-	t.Logf("gateway %s: systemctl restart strongswan without the plugin: %v %s; strongswan.service %v", name, err, out, state)
-	if state["ActiveState"] == "active" {
-		if plugins := loadedPlugins(t, c); strings.Contains(plugins, " espd ") {
-			t.Errorf("gateway %s: charon restarted after the removal still has the espd plugin: %s", name, plugins)
-		}
+	if p := c.show(t, "strongswan.service", "ActiveState"); err == nil || p["ActiveState"] == "active" {
+		t.Errorf("gateway %s: charon restarted without the plugin: %v %s, strongswan.service %v: want it failed", name, err, out, p)
 	}
 	remote := map[string][]netip.Prefix{"A": {testbed.LANBV4, testbed.LANBV6}, "B": {testbed.LANAV4, testbed.LANAV6}}[name]
 	pol := c.must(t, "espctl", "policy", "list")
 	for _, r := range remote {
 		if !regexp.MustCompile(`dst ` + regexp.QuoteMeta(r.String()) + `[^\n]*\n\tdir out action drop`).MatchString(pol) {
-			t.Errorf("gateway %s: charon restarted without the plugin: no drop policy for %s in espd:\n%s", name, r, pol)
+			t.Errorf("gateway %s: charon stopped, not restarted: no drop policy for %s in espd:\n%s", name, r, pol)
 		}
 	}
 	if !testbed.Poll(30*time.Second, 200*time.Millisecond, func() bool {
@@ -180,14 +205,18 @@ func (bed *packageBed) pluginRemoved(t *testing.T, ev *lifecycleEvent, pingers [
 	}
 	for _, p := range pingers {
 		if n := p.repliesSince(restarted); n > 0 {
-			t.Errorf("gateway %s: %s: %d replies to requests sent after charon started without the plugin", name, p.name, n)
+			t.Errorf("gateway %s: %s: %d replies to requests sent after charon failed to start without the plugin", name, p.name, n)
 		}
 	}
-	journal := c.must(t, "journalctl", "--no-pager", "-o", "cat", "-u", "strongswan", "--since", "@"+fmt.Sprint(restarted.Add(-5*time.Second).Unix()))
-	t.Logf("gateway %s: charon restarted without the plugin; espd's policies:\n%s\ncharon's journal since:\n%s", name, pol, testbed.Tail(journal, 15))
+	journal := c.must(t, "journalctl", "--no-pager", "-o", "cat", "-u", "strongswan", "-n", "12")
+	t.Logf("gateway %s: charon restarted without the plugin: %v; espd's policies:\n%s\ncharon's journal:\n%s", name, err, pol, journal)
 
-	ev.t0 = time.Now()
 	aptGet(t, c, "/mnt/espd", "apt-get install ./"+bed.pluginDeb)
+	ev.t0 = time.Now()
+	if p := c.show(t, "strongswan.service", "ActiveState"); p["ActiveState"] != "active" {
+		t.Logf("gateway %s: strongswan-espd installed again, strongswan.service %v (the postinst's try-restart): systemctl start strongswan", name, p)
+		c.must(t, "systemctl", "start", "strongswan")
+	}
 	if plugins := loadedPlugins(t, c); !strings.Contains(plugins, " espd ") {
 		t.Errorf("gateway %s: strongswan-espd installed again: charon has no espd plugin loaded: %s", name, plugins)
 	}

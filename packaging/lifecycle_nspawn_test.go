@@ -27,9 +27,9 @@ import (
 // in turn where both make sense: the CHILD_SA rekeyed (bed.rekey), espd
 // SIGKILLed (systemd restarts it), espd upgraded (apt-get reinstalls its
 // package; its postinst restarts the unit), charon restarted, charon
-// SIGKILLed, `apt-get remove strongswan-espd` on B with charon then
-// restarted without it and the package installed again
-// (bed.pluginRemoved), both packages upgraded in one apt-get on the
+// SIGKILLed, `apt-get remove strongswan-espd` on B then installed again
+// (bed.pluginReinstalled), the same with charon restarted in between
+// (bed.pluginRemovedRestart), both packages upgraded in one apt-get on the
 // responder B, a reboot (A powered off cleanly, B's power cut; the kernel
 // state a reboot loses is emptied while the container is down, and a unit
 // in the container brings the links up at boot as Debian's
@@ -110,7 +110,8 @@ func packagesLifecycle(t *testing.T, release string) {
 	for _, gw := range []string{"A", "B"} {
 		run("charon on "+gw+" SIGKILLed", func(*lifecycleEvent) { bed.killCharon(t, gw) })
 	}
-	run("B: strongswan-espd removed", func(ev *lifecycleEvent) { bed.pluginRemoved(t, ev, pingers, "B") })
+	run("B: strongswan-espd removed, reinstalled", func(ev *lifecycleEvent) { bed.pluginReinstalled(t, ev, pingers, "B") })
+	run("B: plugin removed, charon restarted", func(ev *lifecycleEvent) { bed.pluginRemovedRestart(t, ev, pingers, "B") })
 	run("B: espd and plugin upgraded", func(*lifecycleEvent) {
 		aptGet(t, bed.gw["B"], "/mnt/espd", "apt-get install --reinstall ./"+bed.espdDeb+" ./"+bed.pluginDeb)
 	})
