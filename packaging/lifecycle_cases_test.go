@@ -173,10 +173,9 @@ func (bed *packageBed) pluginReinstalled(t *testing.T, ev *lifecycleEvent, pinge
 // critical features fail ("unmet dependency: CUSTOM:socket"). The charon
 // that stopped left the remote prefixes as drop policies in espd; not one
 // request sent after the restart is answered for 10 s. Then the package is
-// installed again; its postinst try-restarts strongswan.service, which
-// leaves a failed unit failed, so the test starts it, as an administrator
-// would. ev.t0 is the end of the reinstall, from when the tunnel must be
-// back within the events' bound.
+// installed again; its postinst starts strongswan.service again, enabled
+// and failed as it is, with the plugin. ev.t0 is the end of the
+// reinstall, from when the tunnel must be back within the events' bound.
 func (bed *packageBed) pluginRemovedRestart(t *testing.T, ev *lifecycleEvent, pingers []*pinger, name string) {
 	t.Helper()
 	c := bed.gw[name]
@@ -214,7 +213,7 @@ func (bed *packageBed) pluginRemovedRestart(t *testing.T, ev *lifecycleEvent, pi
 	aptGet(t, c, "/mnt/espd", "apt-get install ./"+bed.pluginDeb)
 	ev.t0 = time.Now()
 	if p := c.show(t, "strongswan.service", "ActiveState"); p["ActiveState"] != "active" {
-		t.Logf("gateway %s: strongswan-espd installed again, strongswan.service %v (the postinst's try-restart): systemctl start strongswan", name, p)
+		t.Errorf("gateway %s: strongswan-espd installed again: strongswan.service %v, want the postinst to have started it", name, p)
 		c.must(t, "systemctl", "start", "strongswan")
 	}
 	if plugins := loadedPlugins(t, c); !strings.Contains(plugins, " espd ") {
