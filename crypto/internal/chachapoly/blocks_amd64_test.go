@@ -19,16 +19,12 @@ func TestRFC8439BlockFunction(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := a.(*aead).state(mustHex(t, "000000090000004a00000000"))
-	st[12] = 1
 	var out [256]byte
-	blocks(&st, &out[0], &out[0], len(out))
+	blocks(&st, &[4]uint32{1, 2, 3, 4}, &out[0], &out[0], len(out))
 	want := mustHex(t, "10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"+
 		"d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e")
 	if !bytes.Equal(out[:64], want) {
 		t.Errorf("block 1\n got %x\nwant %x", out[:64], want)
-	}
-	if st[12] != 1 {
-		t.Errorf("blocks changed the counter to %d", st[12])
 	}
 }
 
@@ -44,10 +40,9 @@ func TestRFC8439Encryption(t *testing.T) {
 		"07ca0dbf500d6a6156a38e088a22b65e52bc514d16ccf806818ce91ab7793736"+
 		"5af90bbf74a35be6b40b8eedf2785e42874d")
 	st := a.(*aead).state(mustHex(t, "000000000000004a00000000"))
-	st[12] = 1
 	var buf [256]byte
 	copy(buf[:], pt)
-	blocks(&st, &buf[0], &buf[0], len(buf))
+	blocks(&st, &[4]uint32{1, 2, 3, 4}, &buf[0], &buf[0], len(buf))
 	if got := buf[:len(pt)]; !bytes.Equal(got, want) {
 		t.Errorf("ciphertext\n got %x\nwant %x", got, want)
 	}

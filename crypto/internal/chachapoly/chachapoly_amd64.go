@@ -31,7 +31,8 @@ type aead struct {
 // fails where Available is false. Seal and Open follow cipher.AEAD and
 // golang.org/x/crypto/chacha20poly1305: they append to dst, which may be
 // the input's [:0] (in place) but must not overlap it otherwise, and Open
-// writes nothing to dst when authentication fails.
+// leaves zeros, never plaintext, in what it used of dst when
+// authentication fails.
 func New(key []byte) (cipher.AEAD, error) {
 	if !Available {
 		return nil, errors.New("chachapoly: the CPU has no SSSE3")
@@ -49,8 +50,8 @@ func New(key []byte) (cipher.AEAD, error) {
 func (*aead) NonceSize() int { return NonceSize }
 func (*aead) Overhead() int  { return Overhead }
 
-// state returns the ChaCha20 state of RFC 8439 section 2.3 with block
-// counter 0.
+// state returns the ChaCha20 state of RFC 8439 section 2.3; the
+// assembly takes the block counters separately.
 func (a *aead) state(nonce []byte) [16]uint32 {
 	if len(nonce) != NonceSize {
 		panic("chachapoly: bad nonce length")
@@ -64,6 +65,11 @@ func (a *aead) state(nonce []byte) [16]uint32 {
 }
 
 // Seal encrypts and authenticates plaintext and appends the result to dst.
+//
+// The key stream of the tail after the last whole 256-byte chunk comes
+// with the Poly1305 key. The Poly1305 step over each chunk's ciphertext
+// runs in the ChaCha20 iteration after the one that wrote it; the last
+// chunk and the tail are hashed after.
 func (a *aead) Seal(dst, nonce, plaintext, ad []byte) []byte {
 	st := a.state(nonce)
 	if uint64(len(plaintext)) > maxPlaintext {
@@ -73,21 +79,30 @@ func (a *aead) Seal(dst, nonce, plaintext, ad []byte) []byte {
 	if inexactOverlap(out, plaintext) || anyOverlap(out, ad) {
 		panic("chachapoly: invalid buffer overlap")
 	}
-	var first [256]byte
-	blocks(&st, &first[0], &first[0], len(first))
-	m := newMAC(first[:32])
-	xorStream(&st, &first, out, plaintext)
 	ct := out[:len(plaintext)]
+	bulk := len(plaintext) &^ 255
+	var ks [256]byte
+	var m mac
+	m.init(&st, &ks, bulk)
 	m.pad(ad)
-	m.pad(ct)
+	hashed := 0
+	if bulk > 0 {
+		blocks(&st, &[4]uint32{1, 2, 3, 4}, &ct[0], &plaintext[0], 256)
+	}
+	if bulk > 256 {
+		blocksHash(&st, &[4]uint32{5, 6, 7, 8}, &ct[256], &plaintext[256], bulk-256, &m.h, &m.r, &ct[0])
+		hashed = bulk - 256
+	}
+	xorTail(&st, &ks, bulk, ct[bulk:], plaintext[bulk:])
+	m.pad(ct[hashed:])
 	m.lengths(len(ad), len(ct))
 	m.sum((*[Overhead]byte)(out[len(plaintext):]))
 	return ret
 }
 
-// Open authenticates ciphertext and, if it is genuine, decrypts it and
-// appends the plaintext to dst. On failure it returns an error and writes
-// nothing to dst.
+// Open authenticates ciphertext and, if it is genuine, appends the
+// plaintext to dst. On failure it returns an error and the bytes it used
+// after dst's length hold zeros, never plaintext.
 func (a *aead) Open(dst, nonce, ciphertext, ad []byte) ([]byte, error) {
 	st := a.state(nonce)
 	if len(ciphertext) < Overhead {
@@ -101,37 +116,71 @@ func (a *aead) Open(dst, nonce, ciphertext, ad []byte) ([]byte, error) {
 	if inexactOverlap(out, ciphertext) || anyOverlap(out, ad) {
 		panic("chachapoly: invalid buffer overlap")
 	}
-	var first [256]byte
-	blocks(&st, &first[0], &first[0], len(first))
-	m := newMAC(first[:32])
+	bulk := len(ct) &^ 255
+	var ks [256]byte
+	var m mac
+	m.init(&st, &ks, bulk)
 	m.pad(ad)
-	m.pad(ct)
+	if bulk > 0 {
+		// Each iteration hashes its 256 bytes of ciphertext before it
+		// writes the plaintext, which may be the same memory.
+		blocksHash(&st, &[4]uint32{1, 2, 3, 4}, &out[0], &ct[0], bulk, &m.h, &m.r, &ct[0])
+	}
+	m.pad(ct[bulk:])
 	m.lengths(len(ad), len(ct))
 	var want [Overhead]byte
 	m.sum(&want)
 	if subtle.ConstantTimeCompare(want[:], tag) != 1 {
+		clear(out[:bulk])
 		return nil, errOpen
 	}
-	xorStream(&st, &first, out, ct)
+	xorTail(&st, &ks, bulk, out[bulk:], ct[bulk:])
 	return ret, nil
 }
 
-// xorStream XORs src with the key stream from block 1 on into dst. first
-// holds blocks 0-3, computed for the Poly1305 key; st's counter is 0.
-func xorStream(st *[16]uint32, first *[256]byte, dst, src []byte) {
-	n := subtle.XORBytes(dst, src, first[64:])
-	dst, src = dst[n:], src[n:]
-	st[12] = 4
-	if bulk := len(src) &^ 255; bulk > 0 {
-		blocks(st, &dst[0], &src[0], bulk)
-		st[12] += uint32(bulk / 64)
-		dst, src = dst[bulk:], src[bulk:]
+// zero is the source of a key stream alone and the data of a hash whose
+// result is not used.
+var zero [256]byte
+
+// blocks is blocksHash with nothing to hash: it runs the same code, so
+// that only one ChaCha20 loop takes room in the CPU's caches, and hashes
+// zeros into a scratch accumulator.
+func blocks(st *[16]uint32, ctr *[4]uint32, dst, src *byte, n int) {
+	var h [3]uint64
+	var r [2]uint64
+	for ; n > 0; n -= 256 {
+		blocksHash(st, ctr, dst, src, 256, &h, &r, &zero[0])
+		for i := range ctr {
+			ctr[i] += 4
+		}
+		dst, src = (*byte)(unsafe.Add(unsafe.Pointer(dst), 256)), (*byte)(unsafe.Add(unsafe.Pointer(src), 256))
 	}
-	if len(src) > 0 {
-		clear(first[:])
-		blocks(st, &first[0], &first[0], len(first))
-		subtle.XORBytes(dst, src, first[:])
+}
+
+// init computes block 0 of the key stream and keys m with its first 32
+// bytes, and computes blocks bulk/64+1 to bulk/64+3, the key stream of
+// the 192 bytes after bulk, into ks[64:].
+func (m *mac) init(st *[16]uint32, ks *[256]byte, bulk int) {
+	c := uint32(bulk / 64)
+	blocks(st, &[4]uint32{0, c + 1, c + 2, c + 3}, &ks[0], &zero[0], len(ks))
+	m.r = [2]uint64{
+		binary.LittleEndian.Uint64(ks[0:]) & 0x0ffffffc0fffffff,
+		binary.LittleEndian.Uint64(ks[8:]) & 0x0ffffffc0ffffffc,
 	}
+	m.s = [2]uint64{binary.LittleEndian.Uint64(ks[16:]), binary.LittleEndian.Uint64(ks[24:])}
+	clear(ks[:64])
+}
+
+// xorTail XORs src, the less than 256 bytes after bulk, with the key
+// stream: ks[64:] from init, then blocks computed here if needed.
+func xorTail(st *[16]uint32, ks *[256]byte, bulk int, dst, src []byte) {
+	n := subtle.XORBytes(dst, src, ks[64:])
+	if n == len(src) {
+		return
+	}
+	c := uint32(bulk/64) + 4
+	blocks(st, &[4]uint32{c, c + 1, c + 2, c + 3}, &ks[0], &zero[0], len(ks))
+	subtle.XORBytes(dst[n:], src[n:], ks[:])
 }
 
 // mac is a Poly1305 computation (RFC 8439 section 2.5): h the
@@ -140,16 +189,6 @@ type mac struct {
 	h [3]uint64
 	r [2]uint64
 	s [2]uint64
-}
-
-func newMAC(key []byte) *mac {
-	return &mac{
-		r: [2]uint64{
-			binary.LittleEndian.Uint64(key[0:]) & 0x0ffffffc0fffffff,
-			binary.LittleEndian.Uint64(key[8:]) & 0x0ffffffc0ffffffc,
-		},
-		s: [2]uint64{binary.LittleEndian.Uint64(key[16:]), binary.LittleEndian.Uint64(key[24:])},
-	}
 }
 
 // pad absorbs b zero-padded to a multiple of 16 bytes (RFC 8439 section

@@ -12,114 +12,117 @@ DATA rol8<>+0(SB)/8, $0x0605040702010003
 DATA rol8<>+8(SB)/8, $0x0e0d0c0f0a09080b
 GLOBL rol8<>(SB), RODATA|NOPTR, $16
 
-DATA lanes<>+0(SB)/4, $0x00000000
-DATA lanes<>+4(SB)/4, $0x00000001
-DATA lanes<>+8(SB)/4, $0x00000002
-DATA lanes<>+12(SB)/4, $0x00000003
-GLOBL lanes<>(SB), RODATA|NOPTR, $16
-
 DATA four<>+0(SB)/4, $0x00000004
 DATA four<>+4(SB)/4, $0x00000004
 DATA four<>+8(SB)/4, $0x00000004
 DATA four<>+12(SB)/4, $0x00000004
 GLOBL four<>(SB), RODATA|NOPTR, $16
 
-// func blocks(state *[16]uint32, dst *byte, src *byte, n int)
+// func blocksHash(state *[16]uint32, ctr *[4]uint32, dst *byte, src *byte, n int, h *[3]uint64, r *[2]uint64, hp *byte)
 // Requires: SSE2, SSSE3
-TEXT ·blocks(SB), NOSPLIT, $528-32
-	MOVQ state+0(FP), AX
-	MOVQ dst+8(FP), DI
-	MOVQ src+16(FP), SI
-	MOVQ n+24(FP), CX
-	LEAQ (SP), DX
-	ADDQ $0x0f, DX
-	ANDQ $-16, DX
+TEXT ·blocksHash(SB), NOSPLIT, $552-64
+	LEAQ (SP), CX
+	ADDQ $0x0f, CX
+	ANDQ $-16, CX
 
-	// Broadcast each state word to the four lanes; lane i gets counter+i.
+	// Broadcast each state word to the four lanes; word 12 is the lanes' counters.
+	MOVQ   state+0(FP), AX
 	MOVL   (AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, (DX)
+	MOVO   X0, (CX)
 	MOVL   4(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 16(DX)
+	MOVO   X0, 16(CX)
 	MOVL   8(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 32(DX)
+	MOVO   X0, 32(CX)
 	MOVL   12(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 48(DX)
+	MOVO   X0, 48(CX)
 	MOVL   16(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 64(DX)
+	MOVO   X0, 64(CX)
 	MOVL   20(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 80(DX)
+	MOVO   X0, 80(CX)
 	MOVL   24(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 96(DX)
+	MOVO   X0, 96(CX)
 	MOVL   28(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 112(DX)
+	MOVO   X0, 112(CX)
 	MOVL   32(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 128(DX)
+	MOVO   X0, 128(CX)
 	MOVL   36(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 144(DX)
+	MOVO   X0, 144(CX)
 	MOVL   40(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 160(DX)
+	MOVO   X0, 160(CX)
 	MOVL   44(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 176(DX)
-	MOVL   48(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	PADDL  lanes<>+0(SB), X0
-	MOVO   X0, 192(DX)
+	MOVO   X0, 176(CX)
 	MOVL   52(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 208(DX)
+	MOVO   X0, 208(CX)
 	MOVL   56(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 224(DX)
+	MOVO   X0, 224(CX)
 	MOVL   60(AX), BX
 	MOVD   BX, X0
 	PSHUFL $0x00, X0, X0
-	MOVO   X0, 240(DX)
+	MOVO   X0, 240(CX)
+	MOVQ   ctr+8(FP), AX
+	MOVOU  (AX), X0
+	MOVO   X0, 192(CX)
+	MOVQ   n+32(FP), AX
+	MOVQ   AX, 512(CX)
+	MOVQ   dst+16(FP), DI
+	MOVQ   src+24(FP), SI
+	MOVQ   r+48(FP), AX
+	MOVQ   (AX), DX
+	MOVQ   DX, 520(CX)
+	MOVQ   8(AX), DX
+	MOVQ   DX, 528(CX)
+	MOVQ   hp+56(FP), BX
+	MOVQ   h+40(FP), AX
+	MOVQ   (AX), R8
+	MOVQ   8(AX), R9
+	MOVQ   16(AX), R10
 
 loop:
-	MOVO (DX), X0
-	MOVO 16(DX), X1
-	MOVO 32(DX), X2
-	MOVO 48(DX), X3
-	MOVO 64(DX), X4
-	MOVO 80(DX), X5
-	MOVO 96(DX), X6
-	MOVO 112(DX), X7
-	MOVO 128(DX), X8
-	MOVO 144(DX), X9
-	MOVO 160(DX), X10
-	MOVO 176(DX), X11
-	MOVO 192(DX), X12
-	MOVO 208(DX), X13
-	MOVO 224(DX), X14
-	MOVO 240(DX), X15
-	MOVO X15, 496(DX)
+	MOVO (CX), X0
+	MOVO 16(CX), X1
+	MOVO 32(CX), X2
+	MOVO 48(CX), X3
+	MOVO 64(CX), X4
+	MOVO 80(CX), X5
+	MOVO 96(CX), X6
+	MOVO 112(CX), X7
+	MOVO 128(CX), X8
+	MOVO 144(CX), X9
+	MOVO 160(CX), X10
+	MOVO 176(CX), X11
+	MOVO 192(CX), X12
+	MOVO 208(CX), X13
+	MOVO 224(CX), X14
+	MOVO 240(CX), X15
+	MOVO X15, 496(CX)
 
 	// Twenty rounds, unrolled.
 	PADDL  X4, X0
@@ -140,6 +143,15 @@ loop:
 	PSLLL  $0x07, X4
 	PSRLL  $0x19, X15
 	PXOR   X15, X4
+	ADDQ   (BX), R8
+	ADCQ   8(BX), R9
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
 	PADDL  X5, X1
 	PXOR   X1, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -158,6 +170,15 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
 	PADDL  X6, X2
 	PXOR   X2, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -176,8 +197,17 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
-	MOVO   X4, 320(DX)
-	MOVO   496(DX), X4
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	MOVO   X4, 320(CX)
+	MOVO   496(CX), X4
 	PADDL  X7, X3
 	PXOR   X3, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -196,6 +226,15 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
 	PADDL  X5, X0
 	PXOR   X0, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -214,6 +253,15 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   16(BX), R8
+	ADCQ   24(BX), R9
+	ADCQ   $0x01, R10
 	PADDL  X6, X1
 	PXOR   X1, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -232,6 +280,15 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
 	PADDL  X7, X2
 	PXOR   X2, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -250,8 +307,17 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	MOVO   X7, 368(DX)
-	MOVO   320(DX), X7
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVO   X7, 368(CX)
+	MOVO   320(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -270,6 +336,15 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
 	PADDL  X7, X0
 	PXOR   X0, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -288,6 +363,15 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
 	PADDL  X5, X1
 	PXOR   X1, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -306,6 +390,15 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   32(BX), R8
+	ADCQ   40(BX), R9
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
 	PADDL  X6, X2
 	PXOR   X2, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -324,8 +417,17 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
-	MOVO   X7, 320(DX)
-	MOVO   368(DX), X7
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	MOVO   X7, 320(CX)
+	MOVO   368(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -344,6 +446,15 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
 	PADDL  X5, X0
 	PXOR   X0, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -362,6 +473,15 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
 	PADDL  X6, X1
 	PXOR   X1, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -380,6 +500,15 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
 	PADDL  X7, X2
 	PXOR   X2, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -398,8 +527,17 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	MOVO   X7, 368(DX)
-	MOVO   320(DX), X7
+	ADDQ   48(BX), R8
+	ADCQ   56(BX), R9
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	MOVO   X7, 368(CX)
+	MOVO   320(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -418,6 +556,15 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
 	PADDL  X7, X0
 	PXOR   X0, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -436,6 +583,15 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
 	PADDL  X5, X1
 	PXOR   X1, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -454,6 +610,15 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
 	PADDL  X6, X2
 	PXOR   X2, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -472,8 +637,17 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
-	MOVO   X7, 320(DX)
-	MOVO   368(DX), X7
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   64(BX), R8
+	ADCQ   72(BX), R9
+	ADCQ   $0x01, R10
+	MOVO   X7, 320(CX)
+	MOVO   368(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -492,6 +666,15 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
 	PADDL  X5, X0
 	PXOR   X0, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -510,6 +693,15 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
 	PADDL  X6, X1
 	PXOR   X1, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -528,6 +720,15 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
 	PADDL  X7, X2
 	PXOR   X2, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -546,8 +747,17 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	MOVO   X7, 368(DX)
-	MOVO   320(DX), X7
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	MOVO   X7, 368(CX)
+	MOVO   320(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -566,6 +776,15 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   80(BX), R8
+	ADCQ   88(BX), R9
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
 	PADDL  X7, X0
 	PXOR   X0, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -584,6 +803,15 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
 	PADDL  X5, X1
 	PXOR   X1, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -602,6 +830,15 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
 	PADDL  X6, X2
 	PXOR   X2, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -620,8 +857,17 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
-	MOVO   X7, 320(DX)
-	MOVO   368(DX), X7
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	MOVO   X7, 320(CX)
+	MOVO   368(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -640,6 +886,15 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
 	PADDL  X5, X0
 	PXOR   X0, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -658,6 +913,15 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	ADDQ   96(BX), R8
+	ADCQ   104(BX), R9
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
 	PADDL  X6, X1
 	PXOR   X1, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -676,6 +940,15 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
 	PADDL  X7, X2
 	PXOR   X2, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -694,8 +967,17 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	MOVO   X7, 368(DX)
-	MOVO   320(DX), X7
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	MOVO   X7, 368(CX)
+	MOVO   320(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -714,6 +996,15 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
 	PADDL  X7, X0
 	PXOR   X0, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -732,6 +1023,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   112(BX), R8
+	ADCQ   120(BX), R9
 	PADDL  X5, X1
 	PXOR   X1, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -750,6 +1049,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	ADDQ   AX, R12
 	PADDL  X6, X2
 	PXOR   X2, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -768,8 +1075,16 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
-	MOVO   X7, 320(DX)
-	MOVO   368(DX), X7
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
+	MOVO   X7, 320(CX)
+	MOVO   368(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -788,6 +1103,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
 	PADDL  X5, X0
 	PXOR   X0, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -806,6 +1129,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	IMULQ  R10, AX
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
 	PADDL  X6, X1
 	PXOR   X1, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -824,6 +1155,14 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
 	PADDL  X7, X2
 	PXOR   X2, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -842,8 +1181,16 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	MOVO   X7, 368(DX)
-	MOVO   320(DX), X7
+	ADDQ   128(BX), R8
+	ADCQ   136(BX), R9
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MOVO   X7, 368(CX)
+	MOVO   320(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -862,6 +1209,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	MULQ   R8
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
 	PADDL  X7, X0
 	PXOR   X0, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -880,6 +1235,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	MOVQ   528(CX), AX
+	MULQ   R9
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
 	PADDL  X5, X1
 	PXOR   X1, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -898,6 +1261,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
 	PADDL  X6, X2
 	PXOR   X2, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -916,8 +1287,16 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
-	MOVO   X7, 320(DX)
-	MOVO   368(DX), X7
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	MOVO   X7, 320(CX)
+	MOVO   368(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -936,6 +1315,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   144(BX), R8
+	ADCQ   152(BX), R9
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
 	PADDL  X5, X0
 	PXOR   X0, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -954,6 +1341,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
 	PADDL  X6, X1
 	PXOR   X1, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -972,6 +1367,14 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
 	PADDL  X7, X2
 	PXOR   X2, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -990,8 +1393,16 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	MOVO   X7, 368(DX)
-	MOVO   320(DX), X7
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVO   X7, 368(CX)
+	MOVO   320(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -1010,6 +1421,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
 	PADDL  X7, X0
 	PXOR   X0, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -1028,6 +1447,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   160(BX), R8
+	ADCQ   168(BX), R9
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
 	PADDL  X5, X1
 	PXOR   X1, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -1046,6 +1473,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
 	PADDL  X6, X2
 	PXOR   X2, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -1064,8 +1499,16 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
-	MOVO   X7, 320(DX)
-	MOVO   368(DX), X7
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVO   X7, 320(CX)
+	MOVO   368(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -1084,6 +1527,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R14
 	PADDL  X5, X0
 	PXOR   X0, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -1102,6 +1553,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
 	PADDL  X6, X1
 	PXOR   X1, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -1120,6 +1579,14 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   176(BX), R8
+	ADCQ   184(BX), R9
 	PADDL  X7, X2
 	PXOR   X2, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -1138,8 +1605,16 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	MOVO   X7, 368(DX)
-	MOVO   320(DX), X7
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	ADDQ   AX, R12
+	MOVO   X7, 368(CX)
+	MOVO   320(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -1158,6 +1633,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
 	PADDL  X7, X0
 	PXOR   X0, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -1176,6 +1659,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
 	PADDL  X5, X1
 	PXOR   X1, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -1194,6 +1685,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	IMULQ  R10, AX
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
 	PADDL  X6, X2
 	PXOR   X2, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -1212,8 +1711,16 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
-	MOVO   X7, 320(DX)
-	MOVO   368(DX), X7
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	MOVO   X7, 320(CX)
+	MOVO   368(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -1232,6 +1739,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADDQ   192(BX), R8
+	ADCQ   200(BX), R9
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
 	PADDL  X5, X0
 	PXOR   X0, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -1250,6 +1765,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	MULQ   R8
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
 	PADDL  X6, X1
 	PXOR   X1, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -1268,6 +1791,14 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
+	MOVQ   528(CX), AX
+	MULQ   R9
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
 	PADDL  X7, X2
 	PXOR   X2, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -1286,8 +1817,16 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	MOVO   X7, 368(DX)
-	MOVO   320(DX), X7
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVO   X7, 368(CX)
+	MOVO   320(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -1306,6 +1845,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
 	PADDL  X7, X0
 	PXOR   X0, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -1324,6 +1871,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   208(BX), R8
+	ADCQ   216(BX), R9
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
 	PADDL  X5, X1
 	PXOR   X1, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -1342,6 +1897,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
 	PADDL  X6, X2
 	PXOR   X2, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -1360,8 +1923,16 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
-	MOVO   X7, 320(DX)
-	MOVO   368(DX), X7
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	MOVO   X7, 320(CX)
+	MOVO   368(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -1380,6 +1951,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
 	PADDL  X5, X0
 	PXOR   X0, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -1398,6 +1977,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
 	PADDL  X6, X1
 	PXOR   X1, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -1416,6 +2003,14 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   224(BX), R8
+	ADCQ   232(BX), R9
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
 	PADDL  X7, X2
 	PXOR   X2, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -1434,8 +2029,16 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	MOVO   X7, 368(DX)
-	MOVO   320(DX), X7
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	ADDQ   AX, R12
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVO   X7, 368(CX)
+	MOVO   320(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -1454,6 +2057,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
 	PADDL  X7, X0
 	PXOR   X0, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -1472,6 +2083,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R14
 	PADDL  X5, X1
 	PXOR   X1, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -1490,6 +2109,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	ADDQ   AX, R8
+	ADCQ   R14, R9
 	PADDL  X6, X2
 	PXOR   X2, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -1508,8 +2135,16 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
-	MOVO   X7, 320(DX)
-	MOVO   368(DX), X7
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   240(BX), R8
+	ADCQ   248(BX), R9
+	MOVO   X7, 320(CX)
+	MOVO   368(CX), X7
 	PADDL  X7, X3
 	PXOR   X3, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -1528,6 +2163,14 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
+	ADCQ   $0x01, R10
+	MOVQ   520(CX), AX
+	MULQ   R8
+	MOVQ   AX, R11
+	MOVQ   DX, R12
+	MOVQ   528(CX), AX
+	MULQ   R8
+	ADDQ   AX, R12
 	PADDL  X5, X0
 	PXOR   X0, X4
 	PSHUFB rol16<>+0(SB), X4
@@ -1546,6 +2189,14 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
+	ADCQ   $0x00, DX
+	MOVQ   DX, R13
+	MOVQ   520(CX), AX
+	MULQ   R9
+	ADDQ   AX, R12
+	ADCQ   DX, R13
+	MOVQ   528(CX), AX
+	MULQ   R9
 	PADDL  X6, X1
 	PXOR   X1, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -1564,6 +2215,14 @@ loop:
 	PSLLL  $0x07, X6
 	PSRLL  $0x19, X15
 	PXOR   X15, X6
+	ADDQ   AX, R13
+	ADCQ   $0x00, DX
+	MOVQ   DX, R14
+	MOVQ   520(CX), AX
+	IMULQ  R10, AX
+	ADDQ   AX, R13
+	ADCQ   $0x00, R14
+	MOVQ   528(CX), AX
 	PADDL  X7, X2
 	PXOR   X2, X13
 	PSHUFB rol16<>+0(SB), X13
@@ -1582,8 +2241,16 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	MOVO   X0, 256(DX)
-	MOVO   320(DX), X0
+	IMULQ  R10, AX
+	ADDQ   AX, R14
+	MOVQ   R11, R8
+	MOVQ   R12, R9
+	MOVQ   R13, R10
+	ANDQ   $0x03, R10
+	MOVQ   R13, AX
+	ANDQ   $-4, AX
+	MOVO   X0, 256(CX)
+	MOVO   320(CX), X0
 	PADDL  X0, X3
 	PXOR   X3, X14
 	PSHUFB rol16<>+0(SB), X14
@@ -1602,47 +2269,56 @@ loop:
 	PSLLL  $0x07, X0
 	PSRLL  $0x19, X15
 	PXOR   X15, X0
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	SHRQ   $0x02, R14, AX
+	SHRQ   $0x02, R14
+	ADDQ   AX, R8
+	ADCQ   R14, R9
+	ADCQ   $0x00, R10
+	ADDQ   $0x00000100, BX
 
 	// Add the initial state and store the words.
-	MOVO  256(DX), X15
-	PADDL (DX), X15
-	MOVO  X15, 256(DX)
-	PADDL 16(DX), X1
-	MOVO  X1, 272(DX)
-	PADDL 32(DX), X2
-	MOVO  X2, 288(DX)
-	PADDL 48(DX), X3
-	MOVO  X3, 304(DX)
-	PADDL 64(DX), X0
-	MOVO  X0, 320(DX)
-	PADDL 80(DX), X5
-	MOVO  X5, 336(DX)
-	PADDL 96(DX), X6
-	MOVO  X6, 352(DX)
-	PADDL 112(DX), X7
-	MOVO  X7, 368(DX)
-	PADDL 128(DX), X8
-	MOVO  X8, 384(DX)
-	PADDL 144(DX), X9
-	MOVO  X9, 400(DX)
-	PADDL 160(DX), X10
-	MOVO  X10, 416(DX)
-	PADDL 176(DX), X11
-	MOVO  X11, 432(DX)
-	PADDL 192(DX), X12
-	MOVO  X12, 448(DX)
-	PADDL 208(DX), X13
-	MOVO  X13, 464(DX)
-	PADDL 224(DX), X14
-	MOVO  X14, 480(DX)
-	PADDL 240(DX), X4
-	MOVO  X4, 496(DX)
+	MOVO  256(CX), X15
+	PADDL (CX), X15
+	MOVO  X15, 256(CX)
+	PADDL 16(CX), X1
+	MOVO  X1, 272(CX)
+	PADDL 32(CX), X2
+	MOVO  X2, 288(CX)
+	PADDL 48(CX), X3
+	MOVO  X3, 304(CX)
+	PADDL 64(CX), X0
+	MOVO  X0, 320(CX)
+	PADDL 80(CX), X5
+	MOVO  X5, 336(CX)
+	PADDL 96(CX), X6
+	MOVO  X6, 352(CX)
+	PADDL 112(CX), X7
+	MOVO  X7, 368(CX)
+	PADDL 128(CX), X8
+	MOVO  X8, 384(CX)
+	PADDL 144(CX), X9
+	MOVO  X9, 400(CX)
+	PADDL 160(CX), X10
+	MOVO  X10, 416(CX)
+	PADDL 176(CX), X11
+	MOVO  X11, 432(CX)
+	PADDL 192(CX), X12
+	MOVO  X12, 448(CX)
+	PADDL 208(CX), X13
+	MOVO  X13, 464(CX)
+	PADDL 224(CX), X14
+	MOVO  X14, 480(CX)
+	PADDL 240(CX), X4
+	MOVO  X4, 496(CX)
 
 	// Transpose each group of four words to the four blocks and XOR.
-	MOVO       256(DX), X0
-	MOVO       272(DX), X1
-	MOVO       288(DX), X2
-	MOVO       304(DX), X3
+	MOVO       256(CX), X0
+	MOVO       272(CX), X1
+	MOVO       288(CX), X2
+	MOVO       304(CX), X3
 	MOVO       X0, X4
 	PUNPCKLLQ  X1, X4
 	PUNPCKHLQ  X1, X0
@@ -1667,10 +2343,10 @@ loop:
 	MOVOU      192(SI), X6
 	PXOR       X6, X0
 	MOVOU      X0, 192(DI)
-	MOVO       320(DX), X0
-	MOVO       336(DX), X1
-	MOVO       352(DX), X2
-	MOVO       368(DX), X3
+	MOVO       320(CX), X0
+	MOVO       336(CX), X1
+	MOVO       352(CX), X2
+	MOVO       368(CX), X3
 	MOVO       X0, X4
 	PUNPCKLLQ  X1, X4
 	PUNPCKHLQ  X1, X0
@@ -1695,10 +2371,10 @@ loop:
 	MOVOU      208(SI), X6
 	PXOR       X6, X0
 	MOVOU      X0, 208(DI)
-	MOVO       384(DX), X0
-	MOVO       400(DX), X1
-	MOVO       416(DX), X2
-	MOVO       432(DX), X3
+	MOVO       384(CX), X0
+	MOVO       400(CX), X1
+	MOVO       416(CX), X2
+	MOVO       432(CX), X3
 	MOVO       X0, X4
 	PUNPCKLLQ  X1, X4
 	PUNPCKHLQ  X1, X0
@@ -1723,10 +2399,10 @@ loop:
 	MOVOU      224(SI), X6
 	PXOR       X6, X0
 	MOVOU      X0, 224(DI)
-	MOVO       448(DX), X0
-	MOVO       464(DX), X1
-	MOVO       480(DX), X2
-	MOVO       496(DX), X3
+	MOVO       448(CX), X0
+	MOVO       464(CX), X1
+	MOVO       480(CX), X2
+	MOVO       496(CX), X3
 	MOVO       X0, X4
 	PUNPCKLLQ  X1, X4
 	PUNPCKHLQ  X1, X0
@@ -1751,13 +2427,17 @@ loop:
 	MOVOU      240(SI), X6
 	PXOR       X6, X0
 	MOVOU      X0, 240(DI)
-	MOVO       192(DX), X0
+	MOVO       192(CX), X0
 	PADDL      four<>+0(SB), X0
-	MOVO       X0, 192(DX)
+	MOVO       X0, 192(CX)
 	ADDQ       $0x00000100, SI
 	ADDQ       $0x00000100, DI
-	SUBQ       $0x00000100, CX
+	SUBQ       $0x00000100, 512(CX)
 	JNZ        loop
+	MOVQ       h+40(FP), AX
+	MOVQ       R8, (AX)
+	MOVQ       R9, 8(AX)
+	MOVQ       R10, 16(AX)
 	RET
 
 // func polyBlocks(h *[3]uint64, r *[2]uint64, msg *byte, n int)
@@ -1775,11 +2455,9 @@ TEXT ·polyBlocks(SB), NOSPLIT, $0-32
 	JZ    done
 
 block:
-	ADDQ (SI), R8
-	ADCQ 8(SI), R9
-	ADCQ $0x01, R10
-
-	// t = h * r: four limbs.
+	ADDQ  (SI), R8
+	ADCQ  8(SI), R9
+	ADCQ  $0x01, R10
 	MOVQ  R11, AX
 	MULQ  R8
 	MOVQ  AX, R13
@@ -1805,25 +2483,23 @@ block:
 	MOVQ  R12, AX
 	IMULQ R10, AX
 	ADDQ  AX, DI
-
-	// h = t mod 2^130 + 4*(t>>130) + (t>>130).
-	MOVQ R13, R8
-	MOVQ R14, R9
-	MOVQ BX, R10
-	ANDQ $0x03, R10
-	MOVQ BX, AX
-	ANDQ $-4, AX
-	ADDQ AX, R8
-	ADCQ DI, R9
-	ADCQ $0x00, R10
-	SHRQ $0x02, DI, AX
-	SHRQ $0x02, DI
-	ADDQ AX, R8
-	ADCQ DI, R9
-	ADCQ $0x00, R10
-	ADDQ $0x10, SI
-	SUBQ $0x10, CX
-	JNZ  block
+	MOVQ  R13, R8
+	MOVQ  R14, R9
+	MOVQ  BX, R10
+	ANDQ  $0x03, R10
+	MOVQ  BX, AX
+	ANDQ  $-4, AX
+	ADDQ  AX, R8
+	ADCQ  DI, R9
+	ADCQ  $0x00, R10
+	SHRQ  $0x02, DI, AX
+	SHRQ  $0x02, DI
+	ADDQ  AX, R8
+	ADCQ  DI, R9
+	ADCQ  $0x00, R10
+	ADDQ  $0x10, SI
+	SUBQ  $0x10, CX
+	JNZ   block
 
 done:
 	MOVQ h+0(FP), AX

@@ -4,11 +4,14 @@
 
 package chachapoly
 
-// blocks XORs n bytes of src, n a positive multiple of 256, with the ChaCha20
-// key stream of state into dst, which may be src. It does not advance state[12].
+// blocksHash XORs n bytes of src, n a positive multiple of 256, with the ChaCha20 key
+// stream of state into dst, which may be src. Lane i of the first four blocks has
+// counter ctr[i]; each lane's counter then advances by 4. It ignores state[12].
+// It also runs the Poly1305 block step with key r into h over n bytes from hp,
+// 256 bytes per iteration, each read before that iteration writes dst.
 //
 //go:noescape
-func blocks(state *[16]uint32, dst *byte, src *byte, n int)
+func blocksHash(state *[16]uint32, ctr *[4]uint32, dst *byte, src *byte, n int, h *[3]uint64, r *[2]uint64, hp *byte)
 
 // polyBlocks runs the Poly1305 block step with key r over the n bytes of msg,
 // n a multiple of 16, into the partly reduced accumulator h.

@@ -26,11 +26,10 @@ func main() {
 	Generate()
 }
 
-var rol16, rol8, lanes, four Mem
+var rol16, rol8, four Mem
 
 // constants emits the PSHUFB masks that rotate every 32-bit lane left by
-// 16 and 8 bits, the lane offsets of the block counter and the counter
-// step of one iteration.
+// 16 and 8 bits and the counter step of one iteration.
 func constants() {
 	rol16 = GLOBL("rol16", RODATA|NOPTR)
 	DATA(0, U64(0x0504070601000302))
@@ -38,11 +37,6 @@ func constants() {
 	rol8 = GLOBL("rol8", RODATA|NOPTR)
 	DATA(0, U64(0x0605040702010003))
 	DATA(8, U64(0x0e0d0c0f0a09080b))
-	lanes = GLOBL("lanes", RODATA|NOPTR)
-	DATA(0, U32(0))
-	DATA(4, U32(1))
-	DATA(8, U32(2))
-	DATA(12, U32(3))
 	four = GLOBL("four", RODATA|NOPTR)
 	for i := 0; i < 4; i++ {
 		DATA(4*i, U32(4))
@@ -129,42 +123,87 @@ func (a *alloc) quarter(ws [4]int) {
 	rotate(y, t, 7)
 }
 
-// chachaBlocks emits blocks: XOR n bytes of src (n a positive multiple
-// of 256) with the ChaCha20 key stream of state, four blocks at a time,
-// into dst. It reads the counter from state[12] and does not write state:
-// the caller advances the counter by n/64.
+// chachaBlocks emits blocksHash: XOR n bytes of src (n a positive
+// multiple of 256) with the ChaCha20 key stream into dst, four blocks per
+// iteration, lane i starting at counter ctr[i] and each lane's counter
+// advancing by four per iteration (state[12] is not read), and run the
+// Poly1305 block step over 256 bytes from hp in each iteration, its
+// scalar instructions spread among the rounds so that the integer units
+// work while the vector units do. It is the only ChaCha20 function, so
+// that its code stays in the CPU's decoded-instruction cache; a caller
+// that has nothing to hash points h at a scratch accumulator.
 func chachaBlocks() {
-	TEXT("blocks", NOSPLIT, "func(state *[16]uint32, dst, src *byte, n int)")
+	TEXT("blocksHash", NOSPLIT, "func(state *[16]uint32, ctr *[4]uint32, dst, src *byte, n int, h *[3]uint64, r *[2]uint64, hp *byte)")
 	Pragma("noescape")
-	Doc("blocks XORs n bytes of src, n a positive multiple of 256, with the ChaCha20",
-		"key stream of state into dst, which may be src. It does not advance state[12].")
-	st := Load(Param("state"), RAX)
-	dst := Load(Param("dst"), RDI)
-	src := Load(Param("src"), RSI)
-	n := Load(Param("n"), RCX)
-
-	// base: 16-byte aligned area of the sixteen initial words (orig)
-	// followed by the spill and output slots of the sixteen words.
-	frame := AllocLocal(512 + 16)
-	base := RDX
+	Doc("blocksHash XORs n bytes of src, n a positive multiple of 256, with the ChaCha20 key",
+		"stream of state into dst, which may be src. Lane i of the first four blocks has",
+		"counter ctr[i]; each lane's counter then advances by 4. It ignores state[12].",
+		"It also runs the Poly1305 block step with key r into h over n bytes from hp,",
+		"256 bytes per iteration, each read before that iteration writes dst.")
+	// base: 16-byte aligned area of the sixteen initial words (orig),
+	// the spill and output slots of the sixteen words, the byte count and
+	// the Poly1305 key.
+	frame := AllocLocal(512 + 24 + 16)
+	base := RCX
 	LEAQ(frame, base)
 	ADDQ(U8(15), base)
 	ANDQ(I32(-16), base)
-	orig := func(w int) Mem { return Mem{Base: base, Disp: 16 * w} }
-	slot := func(w int) Mem { return Mem{Base: base, Disp: 256 + 16*w} }
+	f := &iteration{
+		orig: func(w int) Mem { return Mem{Base: base, Disp: 16 * w} },
+		slot: func(w int) Mem { return Mem{Base: base, Disp: 256 + 16*w} },
+		n:    Mem{Base: base, Disp: 512},
+	}
+	r0, r1 := Mem{Base: base, Disp: 520}, Mem{Base: base, Disp: 528}
 
-	Comment("Broadcast each state word to the four lanes; lane i gets counter+i.")
+	Comment("Broadcast each state word to the four lanes; word 12 is the lanes' counters.")
+	st := Load(Param("state"), RAX)
 	for w := 0; w < 16; w++ {
+		if w == 12 {
+			continue
+		}
 		MOVL(Mem{Base: st, Disp: 4 * w}, EBX)
 		MOVD(EBX, X0)
 		PSHUFL(U8(0), X0, X0)
-		if w == 12 {
-			PADDL(lanes, X0)
-		}
-		MOVO(X0, orig(w))
+		MOVO(X0, f.orig(w))
 	}
+	ctr := Load(Param("ctr"), RAX)
+	MOVOU(Mem{Base: ctr}, X0)
+	MOVO(X0, f.orig(12))
+	Load(Param("n"), RAX)
+	MOVQ(RAX, f.n)
+	f.dst = Load(Param("dst"), RDI)
+	f.src = Load(Param("src"), RSI)
 
+	{
+		rp := Load(Param("r"), RAX)
+		MOVQ(Mem{Base: rp}, RDX)
+		MOVQ(RDX, r0)
+		MOVQ(Mem{Base: rp, Disp: 8}, RDX)
+		MOVQ(RDX, r1)
+		f.hp = Load(Param("hp"), RBX)
+		f.poly = &poly{h0: R8, h1: R9, h2: R10, t0: R11, t1: R12, t2: R13, t3: R14, r0: r0, r1: r1}
+		f.poly.load(Load(Param("h"), RAX))
+	}
 	Label("loop")
+	f.emit(16)
+	JNZ(LabelRef("loop"))
+	f.poly.store(Load(Param("h"), RAX))
+	RET()
+}
+
+// iteration holds what one loop iteration works with.
+type iteration struct {
+	orig, slot func(w int) Mem
+	n          Mem
+	dst, src   Register
+	hp         Register
+	poly       *poly
+}
+
+// emit emits one iteration, with the Poly1305 step of hashBlocks blocks
+// from hp, and leaves the flags of the byte count's decrement.
+func (f *iteration) emit(hashBlocks int) {
+	orig, slot := f.orig, f.slot
 	a := &alloc{spilled: 15, free: X15, slot: slot}
 	xs := []VecPhysical{X0, X1, X2, X3, X4, X5, X6, X7, X8, X9, X10, X11, X12, X13, X14}
 	for w := 0; w < 15; w++ {
@@ -174,15 +213,24 @@ func chachaBlocks() {
 	MOVO(orig(15), X15)
 	MOVO(X15, slot(15))
 	for i := 0; i < 10; i++ {
-		for _, qr := range doubleRound {
-			a.sched = append(a.sched, qr)
-		}
+		a.sched = append(a.sched, doubleRound[:]...)
+	}
+	var pending []func()
+	for blk := 0; blk < hashBlocks; blk++ {
+		pending = append(pending, f.poly.block(Mem{Base: f.hp, Disp: 16 * blk})...)
 	}
 	Comment("Twenty rounds, unrolled.")
 	for len(a.sched) > 0 {
 		a.quarter(a.sched[0])
+		// Spread the Poly1305 instructions evenly over the quarter rounds.
+		k := (len(pending) + len(a.sched) - 1) / len(a.sched)
+		for _, op := range pending[:k] {
+			op()
+		}
+		pending = pending[k:]
 		a.sched = a.sched[1:]
 	}
+	ADDQ(U32(16*hashBlocks), f.hp)
 
 	Comment("Add the initial state and store the words.")
 	for w := 0; w < 16; w++ {
@@ -216,18 +264,16 @@ func chachaBlocks() {
 		PUNPCKHQDQ(X2, X0) // block 3
 		for j, x := range []VecPhysical{X1, X4, X3, X0} {
 			off := 64*j + 16*g
-			MOVOU(Mem{Base: src, Disp: off}, X6)
+			MOVOU(Mem{Base: f.src, Disp: off}, X6)
 			PXOR(X6, x)
-			MOVOU(x, Mem{Base: dst, Disp: off})
+			MOVOU(x, Mem{Base: f.dst, Disp: off})
 		}
 	}
 
 	MOVO(orig(12), X0)
 	PADDL(four, X0)
 	MOVO(X0, orig(12))
-	ADDQ(U32(256), src)
-	ADDQ(U32(256), dst)
-	SUBQ(U32(256), n)
-	JNZ(LabelRef("loop"))
-	RET()
+	ADDQ(U32(256), f.src)
+	ADDQ(U32(256), f.dst)
+	SUBQ(U32(256), f.n)
 }

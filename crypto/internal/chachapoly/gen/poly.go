@@ -6,12 +6,85 @@ import (
 	. "github.com/mmcloughlin/avo/reg"
 )
 
-// polyBlocks emits polyBlocks: the Poly1305 block step of RFC 8439
-// section 2.5 over n bytes (a multiple of 16) of full 16-byte blocks.
-// The accumulator h is h[0] + h[1]<<64 + h[2]<<128, kept below 2^131 and
-// not fully reduced; r is the clamped key half. Per block it adds the
-// block and 2^128, multiplies by r into four 64-bit limbs, and folds the
-// bits from 2^130 up back in as 5*x = 4*x + x, since 2^130 = 5 mod p.
+// poly is the register assignment of the Poly1305 block step. The
+// accumulator h is h0 + h1<<64 + h2<<128, kept below 2^131 and not fully
+// reduced; r0 and r1 are the clamped key half (registers or memory); the
+// product goes to t0..t3; MULQ takes AX and DX.
+type poly struct {
+	h0, h1, h2, t0, t1, t2, t3 Register
+	r0, r1                     Op
+}
+
+func (p *poly) load(h Register) {
+	MOVQ(Mem{Base: h}, p.h0)
+	MOVQ(Mem{Base: h, Disp: 8}, p.h1)
+	MOVQ(Mem{Base: h, Disp: 16}, p.h2)
+}
+
+func (p *poly) store(h Register) {
+	MOVQ(p.h0, Mem{Base: h})
+	MOVQ(p.h1, Mem{Base: h, Disp: 8})
+	MOVQ(p.h2, Mem{Base: h, Disp: 16})
+}
+
+// block returns the instructions of one block step of RFC 8439 section
+// 2.5 on the 16 bytes at m, in order: add the block and 2^128, multiply
+// by r into four 64-bit limbs, and fold the bits from 2^130 up back in as
+// 5*x = 4*x + x, since 2^130 = 5 mod p. The caller may put vector
+// instructions between them, never flag-setting ones.
+func (p *poly) block(m Mem) []func() {
+	h0, h1, h2, t0, t1, t2, t3 := p.h0, p.h1, p.h2, p.t0, p.t1, p.t2, p.t3
+	r0, r1 := p.r0, p.r1
+	return []func(){
+		func() { ADDQ(m, h0) },
+		func() { ADCQ(m.Offset(8), h1) },
+		func() { ADCQ(U8(1), h2) },
+		// t = h * r
+		func() { MOVQ(r0, RAX) },
+		func() { MULQ(h0) },
+		func() { MOVQ(RAX, t0) },
+		func() { MOVQ(RDX, t1) },
+		func() { MOVQ(r1, RAX) },
+		func() { MULQ(h0) },
+		func() { ADDQ(RAX, t1) },
+		func() { ADCQ(U8(0), RDX) },
+		func() { MOVQ(RDX, t2) },
+		func() { MOVQ(r0, RAX) },
+		func() { MULQ(h1) },
+		func() { ADDQ(RAX, t1) },
+		func() { ADCQ(RDX, t2) },
+		func() { MOVQ(r1, RAX) },
+		func() { MULQ(h1) },
+		func() { ADDQ(RAX, t2) },
+		func() { ADCQ(U8(0), RDX) },
+		func() { MOVQ(RDX, t3) },
+		func() { MOVQ(r0, RAX) },
+		func() { IMULQ(h2, RAX) },
+		func() { ADDQ(RAX, t2) },
+		func() { ADCQ(U8(0), t3) },
+		func() { MOVQ(r1, RAX) },
+		func() { IMULQ(h2, RAX) },
+		func() { ADDQ(RAX, t3) },
+		// h = t mod 2^130 + 4*(t>>130) + (t>>130)
+		func() { MOVQ(t0, h0) },
+		func() { MOVQ(t1, h1) },
+		func() { MOVQ(t2, h2) },
+		func() { ANDQ(U8(3), h2) },
+		func() { MOVQ(t2, RAX) },
+		func() { ANDQ(I8(-4), RAX) },
+		func() { ADDQ(RAX, h0) },
+		func() { ADCQ(t3, h1) },
+		func() { ADCQ(U8(0), h2) },
+		func() { SHRQ(U8(2), t3, RAX) },
+		func() { SHRQ(U8(2), t3) },
+		func() { ADDQ(RAX, h0) },
+		func() { ADCQ(t3, h1) },
+		func() { ADCQ(U8(0), h2) },
+	}
+}
+
+// polyBlocks emits polyBlocks: the Poly1305 block step over n bytes (a
+// multiple of 16) of full 16-byte blocks.
 func polyBlocks() {
 	TEXT("polyBlocks", NOSPLIT, "func(h *[3]uint64, r *[2]uint64, msg *byte, n int)")
 	Pragma("noescape")
@@ -21,73 +94,22 @@ func polyBlocks() {
 	rp := Load(Param("r"), RAX)
 	msg := Load(Param("msg"), RSI)
 	n := Load(Param("n"), RCX)
-	h0, h1, h2 := R8, R9, R10
-	r0, r1 := R11, R12
-	t0, t1, t2, t3 := R13, R14, RBX, RDI
-	MOVQ(Mem{Base: rp}, r0)
-	MOVQ(Mem{Base: rp, Disp: 8}, r1)
-	MOVQ(Mem{Base: hp}, h0)
-	MOVQ(Mem{Base: hp, Disp: 8}, h1)
-	MOVQ(Mem{Base: hp, Disp: 16}, h2)
+	p := &poly{h0: R8, h1: R9, h2: R10, t0: R13, t1: R14, t2: RBX, t3: RDI, r0: R11, r1: R12}
+	MOVQ(Mem{Base: rp}, R11)
+	MOVQ(Mem{Base: rp, Disp: 8}, R12)
+	p.load(hp)
 	TESTQ(n, n)
 	JZ(LabelRef("done"))
 
 	Label("block")
-	ADDQ(Mem{Base: msg}, h0)
-	ADCQ(Mem{Base: msg, Disp: 8}, h1)
-	ADCQ(U8(1), h2)
-
-	Comment("t = h * r: four limbs.")
-	MOVQ(r0, RAX)
-	MULQ(h0)
-	MOVQ(RAX, t0)
-	MOVQ(RDX, t1)
-	MOVQ(r1, RAX)
-	MULQ(h0)
-	ADDQ(RAX, t1)
-	ADCQ(U8(0), RDX)
-	MOVQ(RDX, t2)
-	MOVQ(r0, RAX)
-	MULQ(h1)
-	ADDQ(RAX, t1)
-	ADCQ(RDX, t2)
-	MOVQ(r1, RAX)
-	MULQ(h1)
-	ADDQ(RAX, t2)
-	ADCQ(U8(0), RDX)
-	MOVQ(RDX, t3)
-	MOVQ(r0, RAX)
-	IMULQ(h2, RAX)
-	ADDQ(RAX, t2)
-	ADCQ(U8(0), t3)
-	MOVQ(r1, RAX)
-	IMULQ(h2, RAX)
-	ADDQ(RAX, t3)
-
-	Comment("h = t mod 2^130 + 4*(t>>130) + (t>>130).")
-	MOVQ(t0, h0)
-	MOVQ(t1, h1)
-	MOVQ(t2, h2)
-	ANDQ(U8(3), h2)
-	MOVQ(t2, RAX)
-	ANDQ(I8(-4), RAX)
-	ADDQ(RAX, h0)
-	ADCQ(t3, h1)
-	ADCQ(U8(0), h2)
-	SHRQ(U8(2), t3, RAX)
-	SHRQ(U8(2), t3)
-	ADDQ(RAX, h0)
-	ADCQ(t3, h1)
-	ADCQ(U8(0), h2)
-
+	for _, op := range p.block(Mem{Base: msg}) {
+		op()
+	}
 	ADDQ(U8(16), msg)
 	SUBQ(U8(16), n)
 	JNZ(LabelRef("block"))
 
 	Label("done")
-	Load(Param("h"), RAX)
-	MOVQ(h0, Mem{Base: RAX})
-	MOVQ(h1, Mem{Base: RAX, Disp: 8})
-	MOVQ(h2, Mem{Base: RAX, Disp: 16})
+	p.store(Load(Param("h"), RAX))
 	RET()
 }
