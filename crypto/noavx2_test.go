@@ -15,8 +15,8 @@ const noAVX2Env = "ESPD_CRYPTO_NO_AVX2_CHILD"
 
 // noAVX2GODEBUG turns off what boxes without AES-NI lack (the harness's
 // -noaesni mode uses the same switches): Go's AES-GCM then runs its generic
-// code, and golang.org/x/crypto's ChaCha20-Poly1305 its SSSE3 assembly
-// (go.mod keeps x/crypto at v0.51.0, the last release that has it).
+// code, and ChaCha20-Poly1305 espd's own SSSE3 assembly
+// (crypto/internal/chachapoly; TestChildChaChaSSSE3 checks the choice).
 const noAVX2GODEBUG = "cpu.aes=off,cpu.pclmulqdq=off,cpu.avx2=off"
 
 // TestWithoutAESNIAndAVX2 runs the known-answer, scapy and round-trip
@@ -30,7 +30,7 @@ func TestWithoutAESNIAndAVX2(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: no child run")
 	}
-	tests := []string{"TestChildCPUFeaturesOff", "TestDraftMcGrewGCM", "TestRFC7634ESPExample", "TestRFC3602Cases",
+	tests := []string{"TestChildCPUFeaturesOff", "TestChildChaChaSSSE3", "TestDraftMcGrewGCM", "TestRFC7634ESPExample", "TestRFC3602Cases",
 		"TestScapyVectors", "TestRoundTrip", "TestESNHighBits", "TestTamper", "TestMalformed"}
 	cmd := exec.Command(os.Args[0], "-test.count=1", "-test.v",
 		"-test.run=^("+strings.Join(tests, "|")+")$")
