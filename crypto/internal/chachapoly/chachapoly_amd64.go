@@ -66,10 +66,12 @@ func (a *aead) state(nonce []byte) [16]uint32 {
 
 // Seal encrypts and authenticates plaintext and appends the result to dst.
 //
-// The key stream of the tail after the last whole 256-byte chunk comes
-// with the Poly1305 key. The Poly1305 step over each chunk's ciphertext
-// runs in the ChaCha20 iteration after the one that wrote it; the last
-// chunk and the tail are hashed after.
+// The key stream of the first 192 bytes comes with the Poly1305 key, the
+// rest in 256-byte chunks. The Poly1305 step over each chunk's ciphertext
+// runs in the ChaCha20 iteration after the one that wrote it (the AAD's
+// last blocks and the first 192 bytes in the first iteration, the last
+// chunk in the one that computes the tail's key stream), so that only
+// the tail is hashed alone.
 func (a *aead) Seal(dst, nonce, plaintext, ad []byte) []byte {
 	st := a.state(nonce)
 	if uint64(len(plaintext)) > maxPlaintext {
@@ -80,24 +82,61 @@ func (a *aead) Seal(dst, nonce, plaintext, ad []byte) []byte {
 		panic("chachapoly: invalid buffer overlap")
 	}
 	ct := out[:len(plaintext)]
-	bulk := len(plaintext) &^ 255
 	var ks [256]byte
 	var m mac
-	m.init(&st, &ks, bulk)
-	m.pad(ad)
-	hashed := 0
-	if bulk > 0 {
-		blocks(&st, &[4]uint32{1, 2, 3, 4}, &ct[0], &plaintext[0], 256)
+	m.init(&st, &ks, 0)
+	subtle.XORBytes(ct, plaintext, ks[64:])
+	rest := ct
+	if len(ct) <= 192 {
+		m.pad(ad)
+	} else {
+		rest = sealRest(&st, &m, &ks, ct, plaintext, ad)
 	}
-	if bulk > 256 {
-		blocksHash(&st, &[4]uint32{5, 6, 7, 8}, &ct[256], &plaintext[256], bulk-256, &m.h, &m.r, &ct[0])
-		hashed = bulk - 256
-	}
-	xorTail(&st, &ks, bulk, ct[bulk:], plaintext[bulk:])
-	m.pad(ct[hashed:])
-	m.lengths(len(ad), len(ct))
+	m.last(rest, len(ad), len(ct))
 	m.sum((*[Overhead]byte)(out[len(plaintext):]))
 	return ret
+}
+
+// sealRest encrypts plaintext after its first 192 bytes into ct and
+// hashes the AAD and ct up to the rest it returns for the caller to
+// hash, the tail after the last whole chunk or that chunk; the first 256 bytes of that from a copy: the
+// AAD's last four blocks, or leading zero blocks without the 2^128 bit
+// (which leave the accumulator at 0) and the AAD, then ct[:192].
+func sealRest(st *[16]uint32, m *mac, ks *[256]byte, ct, plaintext, ad []byte) (rest []byte) {
+	var first [256]byte
+	var hibit [16]uint64
+	adLen := (len(ad) + 15) &^ 15
+	if adLen > 64 {
+		m.pad(ad[:adLen-64])
+		copy(first[:64], ad[adLen-64:])
+		hibit[0], hibit[1], hibit[2], hibit[3] = 1, 1, 1, 1
+	} else {
+		copy(first[64-adLen:], ad)
+		for i := (64 - adLen) / 16; i < 4; i++ {
+			hibit[i] = 1
+		}
+	}
+	copy(first[64:], ct[:192])
+	for i := 4; i < 16; i++ {
+		hibit[i] = 1
+	}
+	hp, hb := &first[0], &hibit
+	bulk := (len(ct) - 192) &^ 255
+	hashed := 192 // after the first iteration
+	if bulk > 0 {
+		blocksHash(st, &[4]uint32{4, 5, 6, 7}, &ct[192], &plaintext[192], bulk, &m.h, &m.r, hp, hb, &ct[192])
+		hashed = bulk - 256 + 192
+		hp, hb = &ct[hashed], &ones
+		hashed += 256
+	}
+	tail := 192 + bulk
+	if tail < len(ct) {
+		c := uint32(tail/64) + 1
+		blocksHash(st, &[4]uint32{c, c + 1, c + 2, c + 3}, &ks[0], &zero[0], len(ks), &m.h, &m.r, hp, hb, hp)
+		subtle.XORBytes(ct[tail:], plaintext[tail:], ks[:])
+		return ct[tail:]
+	}
+	return ct[hashed-256:]
 }
 
 // Open authenticates ciphertext and, if it is genuine, appends the
@@ -124,10 +163,13 @@ func (a *aead) Open(dst, nonce, ciphertext, ad []byte) ([]byte, error) {
 	if bulk > 0 {
 		// Each iteration hashes its 256 bytes of ciphertext before it
 		// writes the plaintext, which may be the same memory.
-		blocksHash(&st, &[4]uint32{1, 2, 3, 4}, &out[0], &ct[0], bulk, &m.h, &m.r, &ct[0])
+		next := &ct[0] // read only by a second iteration
+		if bulk > 256 {
+			next = &ct[256]
+		}
+		blocksHash(&st, &[4]uint32{1, 2, 3, 4}, &out[0], &ct[0], bulk, &m.h, &m.r, &ct[0], &ones, next)
 	}
-	m.pad(ct[bulk:])
-	m.lengths(len(ad), len(ct))
+	m.last(ct[bulk:], len(ad), len(ct))
 	var want [Overhead]byte
 	m.sum(&want)
 	if subtle.ConstantTimeCompare(want[:], tag) != 1 {
@@ -139,8 +181,11 @@ func (a *aead) Open(dst, nonce, ciphertext, ad []byte) ([]byte, error) {
 }
 
 // zero is the source of a key stream alone and the data of a hash whose
-// result is not used.
-var zero [256]byte
+// result is not used; ones are the 2^128 bits of whole message blocks.
+var (
+	zero [256]byte
+	ones = [16]uint64{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}
+)
 
 // blocks is blocksHash with nothing to hash: it runs the same code, so
 // that only one ChaCha20 loop takes room in the CPU's caches, and hashes
@@ -149,7 +194,7 @@ func blocks(st *[16]uint32, ctr *[4]uint32, dst, src *byte, n int) {
 	var h [3]uint64
 	var r [2]uint64
 	for ; n > 0; n -= 256 {
-		blocksHash(st, ctr, dst, src, 256, &h, &r, &zero[0])
+		blocksHash(st, ctr, dst, src, 256, &h, &r, &zero[0], &ones, &zero[0])
 		for i := range ctr {
 			ctr[i] += 4
 		}
@@ -205,12 +250,20 @@ func (m *mac) pad(b []byte) {
 	}
 }
 
-// lengths absorbs the last block: the AAD and ciphertext lengths.
-func (m *mac) lengths(ad, ct int) {
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[0:], uint64(ad))
-	binary.LittleEndian.PutUint64(b[8:], uint64(ct))
-	polyBlocks(&m.h, &m.r, &b[0], len(b))
+// last absorbs b zero-padded to a multiple of 16 bytes and then the
+// block of the AAD and ciphertext lengths, the end of RFC 8439 section
+// 2.8's Poly1305 input, with one call for the last two blocks.
+func (m *mac) last(b []byte, ad, ct int) {
+	if full := len(b) &^ 15; full > 0 {
+		polyBlocks(&m.h, &m.r, &b[0], full)
+		b = b[full:]
+	}
+	var end [32]byte
+	n := copy(end[:], b)
+	n = (n + 15) &^ 15
+	binary.LittleEndian.PutUint64(end[n:], uint64(ad))
+	binary.LittleEndian.PutUint64(end[n+8:], uint64(ct))
+	polyBlocks(&m.h, &m.r, &end[0], n+16)
 }
 
 // sum writes the tag: h reduced mod 2^130-5, plus s, mod 2^128. h is

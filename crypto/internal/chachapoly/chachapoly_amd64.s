@@ -18,75 +18,49 @@ DATA four<>+8(SB)/4, $0x00000004
 DATA four<>+12(SB)/4, $0x00000004
 GLOBL four<>(SB), RODATA|NOPTR, $16
 
-// func blocksHash(state *[16]uint32, ctr *[4]uint32, dst *byte, src *byte, n int, h *[3]uint64, r *[2]uint64, hp *byte)
+// func blocksHash(state *[16]uint32, ctr *[4]uint32, dst *byte, src *byte, n int, h *[3]uint64, r *[2]uint64, hp *byte, hibit *[16]uint64, next *byte)
 // Requires: SSE2, SSSE3
-TEXT ·blocksHash(SB), NOSPLIT, $552-64
+TEXT ·blocksHash(SB), NOSPLIT, $688-80
 	LEAQ (SP), CX
 	ADDQ $0x0f, CX
 	ANDQ $-16, CX
 
 	// Broadcast each state word to the four lanes; word 12 is the lanes' counters.
 	MOVQ   state+0(FP), AX
-	MOVL   (AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, (CX)
-	MOVL   4(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 16(CX)
-	MOVL   8(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 32(CX)
-	MOVL   12(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 48(CX)
-	MOVL   16(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 64(CX)
-	MOVL   20(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 80(CX)
-	MOVL   24(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 96(CX)
-	MOVL   28(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 112(CX)
-	MOVL   32(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 128(CX)
-	MOVL   36(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 144(CX)
-	MOVL   40(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 160(CX)
-	MOVL   44(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 176(CX)
-	MOVL   52(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 208(CX)
-	MOVL   56(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 224(CX)
-	MOVL   60(AX), BX
-	MOVD   BX, X0
-	PSHUFL $0x00, X0, X0
-	MOVO   X0, 240(CX)
+	MOVOU  (AX), X0
+	PSHUFL $0x00, X0, X1
+	MOVO   X1, (CX)
+	PSHUFL $0x55, X0, X1
+	MOVO   X1, 16(CX)
+	PSHUFL $0xaa, X0, X1
+	MOVO   X1, 32(CX)
+	PSHUFL $0xff, X0, X1
+	MOVO   X1, 48(CX)
+	MOVOU  16(AX), X0
+	PSHUFL $0x00, X0, X1
+	MOVO   X1, 64(CX)
+	PSHUFL $0x55, X0, X1
+	MOVO   X1, 80(CX)
+	PSHUFL $0xaa, X0, X1
+	MOVO   X1, 96(CX)
+	PSHUFL $0xff, X0, X1
+	MOVO   X1, 112(CX)
+	MOVOU  32(AX), X0
+	PSHUFL $0x00, X0, X1
+	MOVO   X1, 128(CX)
+	PSHUFL $0x55, X0, X1
+	MOVO   X1, 144(CX)
+	PSHUFL $0xaa, X0, X1
+	MOVO   X1, 160(CX)
+	PSHUFL $0xff, X0, X1
+	MOVO   X1, 176(CX)
+	MOVOU  48(AX), X0
+	PSHUFL $0x55, X0, X1
+	MOVO   X1, 208(CX)
+	PSHUFL $0xaa, X0, X1
+	MOVO   X1, 224(CX)
+	PSHUFL $0xff, X0, X1
+	MOVO   X1, 240(CX)
 	MOVQ   ctr+8(FP), AX
 	MOVOU  (AX), X0
 	MOVO   X0, 192(CX)
@@ -99,6 +73,41 @@ TEXT ·blocksHash(SB), NOSPLIT, $552-64
 	MOVQ   DX, 520(CX)
 	MOVQ   8(AX), DX
 	MOVQ   DX, 528(CX)
+	MOVQ   hibit+64(FP), AX
+	MOVQ   (AX), DX
+	MOVQ   DX, 544(CX)
+	MOVQ   8(AX), DX
+	MOVQ   DX, 552(CX)
+	MOVQ   16(AX), DX
+	MOVQ   DX, 560(CX)
+	MOVQ   24(AX), DX
+	MOVQ   DX, 568(CX)
+	MOVQ   32(AX), DX
+	MOVQ   DX, 576(CX)
+	MOVQ   40(AX), DX
+	MOVQ   DX, 584(CX)
+	MOVQ   48(AX), DX
+	MOVQ   DX, 592(CX)
+	MOVQ   56(AX), DX
+	MOVQ   DX, 600(CX)
+	MOVQ   64(AX), DX
+	MOVQ   DX, 608(CX)
+	MOVQ   72(AX), DX
+	MOVQ   DX, 616(CX)
+	MOVQ   80(AX), DX
+	MOVQ   DX, 624(CX)
+	MOVQ   88(AX), DX
+	MOVQ   DX, 632(CX)
+	MOVQ   96(AX), DX
+	MOVQ   DX, 640(CX)
+	MOVQ   104(AX), DX
+	MOVQ   DX, 648(CX)
+	MOVQ   112(AX), DX
+	MOVQ   DX, 656(CX)
+	MOVQ   120(AX), DX
+	MOVQ   DX, 664(CX)
+	MOVQ   next+72(FP), AX
+	MOVQ   AX, 536(CX)
 	MOVQ   hp+56(FP), BX
 	MOVQ   h+40(FP), AX
 	MOVQ   (AX), R8
@@ -145,7 +154,7 @@ loop:
 	PXOR   X15, X4
 	ADDQ   (BX), R8
 	ADCQ   8(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   544(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -261,7 +270,7 @@ loop:
 	ADCQ   $0x00, R10
 	ADDQ   16(BX), R8
 	ADCQ   24(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   552(CX), R10
 	PADDL  X6, X1
 	PXOR   X1, X12
 	PSHUFB rol16<>+0(SB), X12
@@ -395,7 +404,7 @@ loop:
 	ADCQ   $0x00, R10
 	ADDQ   32(BX), R8
 	ADCQ   40(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   560(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -529,7 +538,7 @@ loop:
 	PXOR   X15, X7
 	ADDQ   48(BX), R8
 	ADCQ   56(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   568(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -645,7 +654,7 @@ loop:
 	ADCQ   $0x00, R10
 	ADDQ   64(BX), R8
 	ADCQ   72(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   576(CX), R10
 	MOVO   X7, 320(CX)
 	MOVO   368(CX), X7
 	PADDL  X7, X3
@@ -781,7 +790,7 @@ loop:
 	ADCQ   $0x00, R10
 	ADDQ   80(BX), R8
 	ADCQ   88(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   584(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -915,7 +924,7 @@ loop:
 	PXOR   X15, X5
 	ADDQ   96(BX), R8
 	ADCQ   104(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   592(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -1049,7 +1058,7 @@ loop:
 	PSLLL  $0x07, X5
 	PSRLL  $0x19, X15
 	PXOR   X15, X5
-	ADCQ   $0x01, R10
+	ADCQ   600(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -1183,7 +1192,7 @@ loop:
 	PXOR   X15, X7
 	ADDQ   128(BX), R8
 	ADCQ   136(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   608(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -1319,7 +1328,7 @@ loop:
 	ADCQ   $0x00, R10
 	ADDQ   144(BX), R8
 	ADCQ   152(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   616(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -1453,7 +1462,7 @@ loop:
 	ADCQ   $0x00, R10
 	ADDQ   160(BX), R8
 	ADCQ   168(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   624(CX), R10
 	MOVQ   520(CX), AX
 	PADDL  X5, X1
 	PXOR   X1, X13
@@ -1605,7 +1614,7 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	ADCQ   $0x01, R10
+	ADCQ   632(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -1741,7 +1750,7 @@ loop:
 	PXOR   X15, X7
 	ADDQ   192(BX), R8
 	ADCQ   200(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   640(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -1875,7 +1884,7 @@ loop:
 	ADCQ   $0x00, R10
 	ADDQ   208(BX), R8
 	ADCQ   216(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   648(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -2009,7 +2018,7 @@ loop:
 	ADCQ   $0x00, R10
 	ADDQ   224(BX), R8
 	ADCQ   232(BX), R9
-	ADCQ   $0x01, R10
+	ADCQ   656(CX), R10
 	MOVQ   520(CX), AX
 	PADDL  X7, X2
 	PXOR   X2, X13
@@ -2163,7 +2172,7 @@ loop:
 	PSLLL  $0x07, X7
 	PSRLL  $0x19, X15
 	PXOR   X15, X7
-	ADCQ   $0x01, R10
+	ADCQ   664(CX), R10
 	MOVQ   520(CX), AX
 	MULQ   R8
 	MOVQ   AX, R11
@@ -2277,7 +2286,24 @@ loop:
 	ADDQ   AX, R8
 	ADCQ   R14, R9
 	ADCQ   $0x00, R10
-	ADDQ   $0x00000100, BX
+	MOVQ   536(CX), BX
+	ADDQ   $0x00000100, 536(CX)
+	MOVQ   $0x00000001, 544(CX)
+	MOVQ   $0x00000001, 552(CX)
+	MOVQ   $0x00000001, 560(CX)
+	MOVQ   $0x00000001, 568(CX)
+	MOVQ   $0x00000001, 576(CX)
+	MOVQ   $0x00000001, 584(CX)
+	MOVQ   $0x00000001, 592(CX)
+	MOVQ   $0x00000001, 600(CX)
+	MOVQ   $0x00000001, 608(CX)
+	MOVQ   $0x00000001, 616(CX)
+	MOVQ   $0x00000001, 624(CX)
+	MOVQ   $0x00000001, 632(CX)
+	MOVQ   $0x00000001, 640(CX)
+	MOVQ   $0x00000001, 648(CX)
+	MOVQ   $0x00000001, 656(CX)
+	MOVQ   $0x00000001, 664(CX)
 
 	// Add the initial state and store the words.
 	MOVO  256(CX), X15

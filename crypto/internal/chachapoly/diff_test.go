@@ -45,7 +45,7 @@ func TestDifferential(t *testing.T) {
 		mine, ref := pair(t, rng)
 		nonce := make([]byte, NonceSize)
 		rng.Read(nonce)
-		aad := make([]byte, []int{0, 8, 12, 16, 17, 40}[r.IntN(6)])
+		aad := make([]byte, []int{0, 8, 12, 16, 17, 40, 64, 65, 100}[r.IntN(9)])
 		rng.Read(aad)
 		pt := make([]byte, n)
 		rng.Read(pt)

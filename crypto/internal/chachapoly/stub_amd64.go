@@ -7,11 +7,12 @@ package chachapoly
 // blocksHash XORs n bytes of src, n a positive multiple of 256, with the ChaCha20 key
 // stream of state into dst, which may be src. Lane i of the first four blocks has
 // counter ctr[i]; each lane's counter then advances by 4. It ignores state[12].
-// It also runs the Poly1305 block step with key r into h over n bytes from hp,
-// 256 bytes per iteration, each read before that iteration writes dst.
+// It also runs the Poly1305 block step with key r into h over 256 bytes per iteration,
+// each read before that iteration writes dst: the first iteration's from hp, block i
+// with hibit[i]<<128 added, the next ones' from next on, with 2^128 added.
 //
 //go:noescape
-func blocksHash(state *[16]uint32, ctr *[4]uint32, dst *byte, src *byte, n int, h *[3]uint64, r *[2]uint64, hp *byte)
+func blocksHash(state *[16]uint32, ctr *[4]uint32, dst *byte, src *byte, n int, h *[3]uint64, r *[2]uint64, hp *byte, hibit *[16]uint64, next *byte)
 
 // polyBlocks runs the Poly1305 block step with key r over the n bytes of msg,
 // n a multiple of 16, into the partly reduced accumulator h.

@@ -133,17 +133,18 @@ func (a *alloc) quarter(ws [4]int) {
 // that its code stays in the CPU's decoded-instruction cache; a caller
 // that has nothing to hash points h at a scratch accumulator.
 func chachaBlocks() {
-	TEXT("blocksHash", NOSPLIT, "func(state *[16]uint32, ctr *[4]uint32, dst, src *byte, n int, h *[3]uint64, r *[2]uint64, hp *byte)")
+	TEXT("blocksHash", NOSPLIT, "func(state *[16]uint32, ctr *[4]uint32, dst, src *byte, n int, h *[3]uint64, r *[2]uint64, hp *byte, hibit *[16]uint64, next *byte)")
 	Pragma("noescape")
 	Doc("blocksHash XORs n bytes of src, n a positive multiple of 256, with the ChaCha20 key",
 		"stream of state into dst, which may be src. Lane i of the first four blocks has",
 		"counter ctr[i]; each lane's counter then advances by 4. It ignores state[12].",
-		"It also runs the Poly1305 block step with key r into h over n bytes from hp,",
-		"256 bytes per iteration, each read before that iteration writes dst.")
+		"It also runs the Poly1305 block step with key r into h over 256 bytes per iteration,",
+		"each read before that iteration writes dst: the first iteration's from hp, block i",
+		"with hibit[i]<<128 added, the next ones' from next on, with 2^128 added.")
 	// base: 16-byte aligned area of the sixteen initial words (orig),
 	// the spill and output slots of the sixteen words, the byte count and
 	// the Poly1305 key.
-	frame := AllocLocal(512 + 24 + 16)
+	frame := AllocLocal(512 + 32 + 128 + 16)
 	base := RCX
 	LEAQ(frame, base)
 	ADDQ(U8(15), base)
@@ -154,17 +155,19 @@ func chachaBlocks() {
 		n:    Mem{Base: base, Disp: 512},
 	}
 	r0, r1 := Mem{Base: base, Disp: 520}, Mem{Base: base, Disp: 528}
+	f.next = Mem{Base: base, Disp: 536}
+	f.hibit = func(i int) Mem { return Mem{Base: base, Disp: 544 + 8*i} }
 
 	Comment("Broadcast each state word to the four lanes; word 12 is the lanes' counters.")
 	st := Load(Param("state"), RAX)
-	for w := 0; w < 16; w++ {
-		if w == 12 {
-			continue
+	for row := 0; row < 4; row++ {
+		MOVOU(Mem{Base: st, Disp: 16 * row}, X0)
+		for i := 0; i < 4; i++ {
+			if w := 4*row + i; w != 12 {
+				PSHUFL(U8(0x55*i), X0, X1)
+				MOVO(X1, f.orig(w))
+			}
 		}
-		MOVL(Mem{Base: st, Disp: 4 * w}, EBX)
-		MOVD(EBX, X0)
-		PSHUFL(U8(0), X0, X0)
-		MOVO(X0, f.orig(w))
 	}
 	ctr := Load(Param("ctr"), RAX)
 	MOVOU(Mem{Base: ctr}, X0)
@@ -180,6 +183,13 @@ func chachaBlocks() {
 		MOVQ(RDX, r0)
 		MOVQ(Mem{Base: rp, Disp: 8}, RDX)
 		MOVQ(RDX, r1)
+		hb := Load(Param("hibit"), RAX)
+		for i := 0; i < 16; i++ {
+			MOVQ(Mem{Base: hb, Disp: 8 * i}, RDX)
+			MOVQ(RDX, f.hibit(i))
+		}
+		Load(Param("next"), RAX)
+		MOVQ(RAX, f.next)
 		f.hp = Load(Param("hp"), RBX)
 		f.poly = &poly{h0: R8, h1: R9, h2: R10, t0: R11, t1: R12, t2: R13, t3: R14, r0: r0, r1: r1}
 		f.poly.load(Load(Param("h"), RAX))
@@ -197,6 +207,8 @@ type iteration struct {
 	n          Mem
 	dst, src   Register
 	hp         Register
+	next       Mem             // where hp goes after this iteration
+	hibit      func(i int) Mem // 2^128 multiple of block i, 1 after the first iteration
 	poly       *poly
 }
 
@@ -217,7 +229,7 @@ func (f *iteration) emit(hashBlocks int) {
 	}
 	var pending []func()
 	for blk := 0; blk < hashBlocks; blk++ {
-		pending = append(pending, f.poly.block(Mem{Base: f.hp, Disp: 16 * blk})...)
+		pending = append(pending, f.poly.block(Mem{Base: f.hp, Disp: 16 * blk}, f.hibit(blk))...)
 	}
 	Comment("Twenty rounds, unrolled.")
 	for len(a.sched) > 0 {
@@ -230,7 +242,11 @@ func (f *iteration) emit(hashBlocks int) {
 		pending = pending[k:]
 		a.sched = a.sched[1:]
 	}
-	ADDQ(U32(16*hashBlocks), f.hp)
+	MOVQ(f.next, f.hp)
+	ADDQ(U32(256), f.next)
+	for i := 0; i < 16; i++ {
+		MOVQ(U32(1), f.hibit(i))
+	}
 
 	Comment("Add the initial state and store the words.")
 	for w := 0; w < 16; w++ {

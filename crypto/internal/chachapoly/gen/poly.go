@@ -28,17 +28,18 @@ func (p *poly) store(h Register) {
 }
 
 // block returns the instructions of one block step of RFC 8439 section
-// 2.5 on the 16 bytes at m, in order: add the block and 2^128, multiply
+// 2.5 on the 16 bytes at m, in order: add the block and hibit<<128 (1 for
+// a message block; 0 makes a zero block a no-op while h is 0), multiply
 // by r into four 64-bit limbs, and fold the bits from 2^130 up back in as
 // 5*x = 4*x + x, since 2^130 = 5 mod p. The caller may put vector
 // instructions between them, never flag-setting ones.
-func (p *poly) block(m Mem) []func() {
+func (p *poly) block(m Mem, hibit Op) []func() {
 	h0, h1, h2, t0, t1, t2, t3 := p.h0, p.h1, p.h2, p.t0, p.t1, p.t2, p.t3
 	r0, r1 := p.r0, p.r1
 	return []func(){
 		func() { ADDQ(m, h0) },
 		func() { ADCQ(m.Offset(8), h1) },
-		func() { ADCQ(U8(1), h2) },
+		func() { ADCQ(hibit, h2) },
 		// t = h * r
 		func() { MOVQ(r0, RAX) },
 		func() { MULQ(h0) },
@@ -102,7 +103,7 @@ func polyBlocks() {
 	JZ(LabelRef("done"))
 
 	Label("block")
-	for _, op := range p.block(Mem{Base: msg}) {
+	for _, op := range p.block(Mem{Base: msg}, U8(1)) {
 		op()
 	}
 	ADDQ(U8(16), msg)
