@@ -187,19 +187,13 @@ var (
 	ones = [16]uint64{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}
 )
 
-// blocks is blocksHash with nothing to hash: it runs the same code, so
-// that only one ChaCha20 loop takes room in the CPU's caches, and hashes
-// zeros into a scratch accumulator.
-func blocks(st *[16]uint32, ctr *[4]uint32, dst, src *byte, n int) {
+// blocks is blocksHash with nothing to hash, for one iteration (256
+// bytes): it runs the same code, so that only one ChaCha20 loop takes
+// room in the CPU's caches, and hashes zeros into a scratch accumulator.
+func blocks(st *[16]uint32, ctr *[4]uint32, dst, src *byte) {
 	var h [3]uint64
 	var r [2]uint64
-	for ; n > 0; n -= 256 {
-		blocksHash(st, ctr, dst, src, 256, &h, &r, &zero[0], &ones, &zero[0])
-		for i := range ctr {
-			ctr[i] += 4
-		}
-		dst, src = (*byte)(unsafe.Add(unsafe.Pointer(dst), 256)), (*byte)(unsafe.Add(unsafe.Pointer(src), 256))
-	}
+	blocksHash(st, ctr, dst, src, 256, &h, &r, &zero[0], &ones, &zero[0])
 }
 
 // init computes block 0 of the key stream and keys m with its first 32
@@ -207,7 +201,7 @@ func blocks(st *[16]uint32, ctr *[4]uint32, dst, src *byte, n int) {
 // the 192 bytes after bulk, into ks[64:].
 func (m *mac) init(st *[16]uint32, ks *[256]byte, bulk int) {
 	c := uint32(bulk / 64)
-	blocks(st, &[4]uint32{0, c + 1, c + 2, c + 3}, &ks[0], &zero[0], len(ks))
+	blocks(st, &[4]uint32{0, c + 1, c + 2, c + 3}, &ks[0], &zero[0])
 	m.r = [2]uint64{
 		binary.LittleEndian.Uint64(ks[0:]) & 0x0ffffffc0fffffff,
 		binary.LittleEndian.Uint64(ks[8:]) & 0x0ffffffc0ffffffc,
@@ -224,7 +218,7 @@ func xorTail(st *[16]uint32, ks *[256]byte, bulk int, dst, src []byte) {
 		return
 	}
 	c := uint32(bulk/64) + 4
-	blocks(st, &[4]uint32{c, c + 1, c + 2, c + 3}, &ks[0], &zero[0], len(ks))
+	blocks(st, &[4]uint32{c, c + 1, c + 2, c + 3}, &ks[0], &zero[0])
 	subtle.XORBytes(dst[n:], src[n:], ks[:])
 }
 
