@@ -5,19 +5,11 @@ go 1.26.8
 require (
 	github.com/BurntSushi/toml v1.6.0
 	github.com/coreos/go-systemd/v22 v22.7.0
-	github.com/prometheus/client_golang v1.23.2
+	github.com/prometheus/client_golang v1.25.0
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5 // indirect
-	// x/crypto stays at v0.51.0, the last release with the SSSE3 assembly of
-	// chacha20poly1305 (v0.52.0 deleted it, golang/go#69587): without it a
-	// CPU without AVX2 (the Atom and Celeron gateways espd is for) runs
-	// ChaCha20-Poly1305 in generic Go at half the speed
-	// (docs/benchmarks-history.md, "Without AES-NI and AVX2"). The
-	// chacha20poly1305 package is otherwise
-	// the same in v0.59.0. x/net v0.55.0 and prometheus/client_golang v1.23.2
-	// are the newest whose requirements allow it.
-	golang.org/x/crypto v0.51.0
-	golang.org/x/net v0.55.0
+	golang.org/x/crypto v0.59.0
+	golang.org/x/net v0.63.0
 	golang.org/x/sys v0.50.0
 	golang.zx2c4.com/wireguard v0.0.0-20260522210424-ecfc5a8d5446
 )
@@ -25,7 +17,7 @@ require (
 require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/prometheus/client_model v0.6.3
-	github.com/prometheus/common v0.69.0
+	github.com/prometheus/common v0.72.0
 )
 
 require (

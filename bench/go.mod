@@ -5,8 +5,8 @@ go 1.26.8
 require (
 	github.com/espd/espd v0.0.0
 	github.com/vishvananda/netlink v1.3.1
-	golang.org/x/crypto v0.51.0
-	golang.org/x/net v0.55.0
+	golang.org/x/crypto v0.59.0
+	golang.org/x/net v0.63.0
 	golang.org/x/sys v0.50.0
 	gonum.org/v1/plot v0.17.0
 )
