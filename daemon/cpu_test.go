@@ -14,6 +14,7 @@ import (
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/sa"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // lockedBuffer is a bytes.Buffer that a daemon's goroutines may log to.
@@ -77,5 +78,18 @@ func TestSlowAESWarning(t *testing.T) {
 	}
 	if body := get(t, client); !strings.Contains(body, "\nespd_cpu_aes 0\n") {
 		t.Errorf("no espd_cpu_aes 0 in the metrics")
+	}
+	// And 1 where the CPU has them.
+	c := &collector{db: d.DB(), dp: func() dataplane.Stats { return dataplane.Stats{} }, aes: true}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "espd_cpu_aes" && mf.GetMetric()[0].GetGauge().GetValue() != 1 {
+			t.Errorf("espd_cpu_aes %v with AES instructions, want 1", mf.GetMetric()[0].GetGauge().GetValue())
+		}
 	}
 }

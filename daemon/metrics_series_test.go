@@ -49,6 +49,8 @@ var movedElsewhere = map[string]struct {
 		"tun/offload_test.go", "TestCoalesceAndSplit", "SuperWrites"},
 	"espd_dataplane_no_interface_total": {"dataplane/inbound.go classifyIn, for a packet of a state whose if_id no route-based interface has",
 		"dataplane/interfaces_test.go", "TestInterfaces", "NoInterface"},
+	"espd_cpu_aes": {"daemon/metrics.go collector.Collect, from crypto.AESAccelerated when the daemon started",
+		"daemon/cpu_test.go", "TestSlowAESWarning", "GetGauge"},
 	"espd_ike_read_errors_total": {"conn/ike_linux.go ikeRelay.read, when a read of an IKE-port socket fails",
 		"conn/ike_linux_test.go", "TestIKEReadErrorsCounted", "ReadErrors"},
 
