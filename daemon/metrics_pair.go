@@ -29,6 +29,14 @@ var (
 		"Messages of espd_pair_messages_sent_total that the kernel refused to send on the pair link.", nil, nil)
 	descPairRejected = prometheus.NewDesc("espd_pair_rejected_total",
 		"Datagrams received on the pair link and dropped because they are not authentic under the pair's key or are malformed (an unknown version or type included).", nil, nil)
+	descPairReflected = prometheus.NewDesc("espd_pair_reflected_total",
+		"Datagrams dropped because they are this node's own messages sent back to it (authentic under its own direction's key).", nil, nil)
+	descPairReplayed = prometheus.NewDesc("espd_pair_replayed_total",
+		"Authentic messages dropped because they are not newer than what was accepted: replayed, reordered, delayed, or of an earlier run of the other node.", nil, nil)
+	descPairMisconfigured = prometheus.NewDesc("espd_pair_misconfigured_total",
+		"Authentic messages refused because the other node claims this node's number, or has other parameters (block size, interval, lease, link addresses) or own addresses that are this node's; the log says which.", nil, nil)
+	descPairForgotten = prometheus.NewDesc("espd_pair_forgotten_total",
+		"Keys of the other node this node forgot (memory and store record) because its reports no longer carried them: their states are gone.", nil, nil)
 	descPairSplitBrain = prometheus.NewDesc("espd_pair_split_brain_total",
 		"Reserve and windows messages received while this node was active (dropped): the other node acts as active too.", nil, nil)
 	descPairLeaseWaits = prometheus.NewDesc("espd_pair_lease_waits_total",
@@ -36,7 +44,7 @@ var (
 	descPairAckWaits = prometheus.NewDesc("espd_pair_ack_waits_total",
 		"Reservations this active node sent to the standby and used once it acknowledged them.", nil, nil)
 	descPairRecordErrors = prometheus.NewDesc("espd_pair_record_errors_total",
-		"Reserve messages of the active this standby could not record (its sequence-number store failed): it sends no hello until it records one again, so the active proceeds on the lease.", nil, nil)
+		"Reservations of the other node this node's sequence-number store refused: they are not acknowledged (the active uses them on the lease) and their key is not fresh; the others are recorded.", nil, nil)
 	descPairReleased = prometheus.NewDesc("espd_pair_takeover_released",
 		"Outbound states the last takeover (role active) released: they continue above the other node's fresh report; 0 while standing by.", nil, nil)
 	descPairSilent = prometheus.NewDesc("espd_pair_takeover_silent",
@@ -56,7 +64,7 @@ type pairCollector struct {
 // Describe implements prometheus.Collector.
 func (c *pairCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPairRole, descPairPeerHeard, descPairSent, descPairReceived,
-		descPairSentBytes, descPairRecvBytes, descPairSendErrors, descPairRejected, descPairSplitBrain,
+		descPairSentBytes, descPairRecvBytes, descPairSendErrors, descPairRejected, descPairReflected, descPairReplayed, descPairMisconfigured, descPairForgotten, descPairSplitBrain,
 		descPairLeaseWaits, descPairAckWaits, descPairRecordErrors, descPairReleased, descPairSilent} {
 		ch <- d
 	}
@@ -79,6 +87,10 @@ func (c *pairCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPairRecvBytes, counter, float64(st.RecvBytes))
 	ch <- prometheus.MustNewConstMetric(descPairSendErrors, counter, float64(st.SendErrors))
 	ch <- prometheus.MustNewConstMetric(descPairRejected, counter, float64(st.Rejected))
+	ch <- prometheus.MustNewConstMetric(descPairReflected, counter, float64(st.Reflected))
+	ch <- prometheus.MustNewConstMetric(descPairReplayed, counter, float64(st.Replayed))
+	ch <- prometheus.MustNewConstMetric(descPairMisconfigured, counter, float64(st.Misconfigured))
+	ch <- prometheus.MustNewConstMetric(descPairForgotten, counter, float64(st.Forgotten))
 	ch <- prometheus.MustNewConstMetric(descPairSplitBrain, counter, float64(st.SplitBrain))
 	ch <- prometheus.MustNewConstMetric(descPairLeaseWaits, counter, float64(st.LeaseWaits))
 	ch <- prometheus.MustNewConstMetric(descPairAckWaits, counter, float64(st.AckWaits))

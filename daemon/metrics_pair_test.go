@@ -112,9 +112,37 @@ func TestMetricsPair(t *testing.T) {
 	if st := b.node.Stats(); st.Received[0] != 0 {
 		t.Errorf("an authentic message of an unknown type counted as received (%d): export type=\"other\"", st.Received[0])
 	}
+	// From node 1's address: node 2's own message sent back, an old one
+	// of node 1 (replayed), and one of a node 1 that calls itself 2.
+	k12, k21 := pairTestKey.Direction(1), pairTestKey.Direction(2)
+	for _, m := range []struct {
+		m pairsync.Message
+		k *pairsync.Key
+	}{
+		{pairsync.Message{Type: pairsync.TypeHello, Node: 2, Params: b.node.Params(), Epoch: b.node.Epoch(), Counter: 1}, &k21},
+		{pairsync.Message{Type: pairsync.TypeHello, Node: 1, Params: a.node.Params(), Epoch: a.node.Epoch(), Counter: 1}, &k12},
+		{pairsync.Message{Type: pairsync.TypeHello, Node: 2, Params: a.node.Params(), Epoch: a.node.Epoch() + 1, Counter: 1}, &k12},
+	} {
+		d, err := m.m.Append(nil, m.k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.conn.PacketConn.WriteTo(d, b.conn.LocalAddr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pairWait(t, "a reflected, a replayed and a misconfigured message", func() bool {
+		st := b.node.Stats()
+		return st.Reflected > 0 && st.Replayed > 0 && st.Misconfigured > 0
+	})
+	// A key node 1 no longer carries is forgotten on node 2.
+	if err := a.node.Retire(crypto.Fingerprint{0xee, 2}, 1); err != nil {
+		t.Fatal(err)
+	}
+	pairWait(t, "a key forgotten", func() bool { return b.node.Stats().Forgotten > 0 })
 
-	// Node 2's store fails: it cannot record a reservation, goes quiet,
-	// and node 1 proceeds on the lease.
+	// Node 2's store fails: it cannot record a reservation, so it does
+	// not acknowledge it, and node 1 proceeds on the lease.
 	b.store.fail.Store(true)
 	reserveWithin(t, a.node, crypto.Fingerprint{0xee, 0}, 3<<20)
 	if st := a.node.Stats(); st.LeaseWaits == 0 {
@@ -143,6 +171,10 @@ func TestMetricsPair(t *testing.T) {
 		"espd_pair_received_bytes_total{}": func(s pairsync.Stats) uint64 { return s.RecvBytes },
 		"espd_pair_send_errors_total{}":    func(s pairsync.Stats) uint64 { return s.SendErrors },
 		"espd_pair_rejected_total{}":       func(s pairsync.Stats) uint64 { return s.Rejected },
+		"espd_pair_reflected_total{}":      func(s pairsync.Stats) uint64 { return s.Reflected },
+		"espd_pair_replayed_total{}":       func(s pairsync.Stats) uint64 { return s.Replayed },
+		"espd_pair_misconfigured_total{}":  func(s pairsync.Stats) uint64 { return s.Misconfigured },
+		"espd_pair_forgotten_total{}":      func(s pairsync.Stats) uint64 { return s.Forgotten },
 		"espd_pair_split_brain_total{}":    func(s pairsync.Stats) uint64 { return s.SplitBrain },
 		"espd_pair_lease_waits_total{}":    func(s pairsync.Stats) uint64 { return s.LeaseWaits },
 		"espd_pair_ack_waits_total{}":      func(s pairsync.Stats) uint64 { return s.AckWaits },

@@ -90,29 +90,18 @@ func newPair(o PairOptions, store sa.SeqStore, db **sa.DB, log *slog.Logger) (*p
 	if err != nil {
 		return nil, err
 	}
-	peer, err := net.ResolveUDPAddr("udp", o.Peer)
+	c, err := dialPair(o)
 	if err != nil {
-		return nil, fmt.Errorf("pair peer: %w", err)
-	}
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-		var serr error
-		if err := rc.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(o.Mark))
-		}); err != nil {
-			return err
-		}
-		return serr
-	}}
-	c, err := lc.ListenPacket(context.Background(), "udp", o.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("pair link: %w", err)
+		clear(key[:])
+		return nil, err
 	}
 	if store == nil {
 		store = sa.NewMemSeqStore()
 	}
 	log = log.With("component", "pair")
 	node, err := pairsync.NewNode(pairsync.Config{
-		Key: key, Conn: c, Peer: peer, Store: store, Interval: o.Interval, Lease: o.Lease, Logger: log,
+		Key: key, Node: o.Node, Conn: c, Peer: c.RemoteAddr(), Store: store, Interval: o.Interval, Lease: o.Lease,
+		SeqBlock: sa.DefaultSeqBlock, Locals: o.LocalAddrs, Logger: log,
 		Windows:   func() []pairsync.Window { return pairWindows(*db) },
 		OnWindows: func(ws []pairsync.Window) { mergeWindows(*db, ws) },
 		OnPeerActive: func(rs []pairsync.Reservation) {
@@ -129,6 +118,45 @@ func newPair(o PairOptions, store sa.SeqStore, db **sa.DB, log *slog.Logger) (*p
 		return nil, err
 	}
 	return &pair{node: node, store: store, num: o.Node, log: log}, nil
+}
+
+// linkConn is the pair link's socket, connected to the other node: the
+// kernel hands it only the other node's datagrams (nothing from another
+// source costs an HMAC), and WriteTo sends to the other node.
+type linkConn struct{ *net.UDPConn }
+
+// WriteTo sends b to the other node, whatever a says.
+func (c linkConn) WriteTo(b []byte, _ net.Addr) (int, error) { return c.Write(b) }
+
+// dialPair opens the pair link: UDP from Listen, which must be this
+// node's address as the other node's --pair-peer names it (the pair's
+// parameters include both), connected to Peer, with SO_MARK.
+func dialPair(o PairOptions) (linkConn, error) {
+	local, err := net.ResolveUDPAddr("udp", o.Listen)
+	if err != nil {
+		return linkConn{}, fmt.Errorf("pair listen: %w", err)
+	}
+	if local.IP == nil || local.IP.IsUnspecified() || local.Port == 0 {
+		return linkConn{}, fmt.Errorf("pair listen %q: give this node's own address and port on the pair link (the other node's --pair-peer)", o.Listen)
+	}
+	peer, err := net.ResolveUDPAddr("udp", o.Peer)
+	if err != nil {
+		return linkConn{}, fmt.Errorf("pair peer: %w", err)
+	}
+	d := net.Dialer{LocalAddr: local, Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(o.Mark))
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	c, err := d.DialContext(context.Background(), "udp", peer.String())
+	if err != nil {
+		return linkConn{}, fmt.Errorf("pair link: %w", err)
+	}
+	return linkConn{c.(*net.UDPConn)}, nil
 }
 
 // pairWindows returns the replay windows of the live inbound states.

@@ -92,7 +92,7 @@ func newPairNodes(t *testing.T) (a, b *pairNode, start func()) {
 	mk := func(num int, c, peer net.PacketConn) *pairNode {
 		n := &pairNode{conn: &pairConn{PacketConn: c}, store: &pairStore{MemSeqStore: sa.NewMemSeqStore()}}
 		node, err := pairsync.NewNode(pairsync.Config{
-			Key: pairTestKey, Conn: n.conn, Peer: peer.LocalAddr(), Store: n.store,
+			Key: pairTestKey, Node: num, Conn: n.conn, Peer: peer.LocalAddr(), Store: n.store,
 			Interval: pairTestInterval, Lease: pairTestLease, Logger: log,
 			Windows:   func() []pairsync.Window { return pairWindows(n.db) },
 			OnWindows: func(ws []pairsync.Window) { mergeWindows(n.db, ws) },

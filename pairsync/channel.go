@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"time"
+
+	"github.com/espd/espd/crypto"
 )
 
 // Run serves the node until ctx is done or Close: it receives the other
@@ -23,7 +25,7 @@ func (n *Node) Run(ctx context.Context) error {
 	go n.ticker(ctx)
 	buf := make([]byte, MaxMessage+1)
 	for {
-		nb, _, err := n.cfg.Conn.ReadFrom(buf)
+		nb, from, err := n.cfg.Conn.ReadFrom(buf)
 		if err != nil {
 			n.mu.Lock()
 			closed := n.closed
@@ -32,6 +34,12 @@ func (n *Node) Run(ctx context.Context) error {
 				return nil
 			}
 			n.log.Warn("pair link: receive", "err", err)
+			continue
+		}
+		if ap, ok := addrPort(from); !ok || ap != n.peer {
+			n.mu.Lock()
+			n.stats.Rejected++
+			n.mu.Unlock()
 			continue
 		}
 		n.receive(buf[:nb])
@@ -65,13 +73,12 @@ func (n *Node) ticker(ctx context.Context) {
 func (n *Node) tick(sweep bool) {
 	n.mu.Lock()
 	var msgs [][]byte
+	n.forgetLocked()
 	switch n.role {
 	case RoleStandby:
-		if !n.recordErr {
-			msgs = append(msgs, n.encodeLocked(&Message{Type: TypeHello}))
-			if sweep {
-				msgs = append(msgs, n.sweepReservationsLocked(TypeOwn)...)
-			}
+		msgs = append(msgs, n.encodeLocked(&Message{Type: TypeHello}))
+		if sweep {
+			msgs = append(msgs, n.sweepReservationsLocked(TypeOwn)...)
 		}
 	case RoleActive:
 		if sweep {
@@ -89,7 +96,7 @@ func (n *Node) tick(sweep bool) {
 }
 
 // maxRecords is how many reservations fit one message.
-const maxRecords = (MaxMessage - headerLen - 16 - macLen) / reserveLen
+const maxRecords = (MaxMessage - headerLen - MaxLocals*localLen - 16 - macLen) / reserveLen
 
 // sweepReservationsLocked encodes every reservation in messages of type
 // t, each carrying a key's current one.
@@ -112,7 +119,8 @@ func (n *Node) sweepReservationsLocked(t Type) [][]byte {
 // windowMessages encodes ws in as few messages as fit.
 func (n *Node) windowMessages(ws []Window) [][]byte {
 	var out [][]byte
-	size := headerLen + macLen
+	base := headerLen + len(n.cfg.Locals)*localLen + macLen
+	size := base
 	var cur []Window
 	flush := func() {
 		if len(cur) > 0 {
@@ -120,7 +128,7 @@ func (n *Node) windowMessages(ws []Window) [][]byte {
 			out = append(out, n.encodeLocked(&Message{Type: TypeWindows, Windows: cur}))
 			n.mu.Unlock()
 		}
-		cur, size = nil, headerLen+macLen
+		cur, size = nil, base
 	}
 	for _, w := range ws {
 		if len(w.Bitmap) > MaxBitmap {
@@ -143,7 +151,8 @@ func (n *Node) encodeLocked(m *Message) []byte {
 	n.counter++
 	m.Epoch, m.Counter, m.Stamp = n.epoch, n.counter, uint64(n.now())
 	m.PeerEpoch, m.Echo = n.peerEpoch, n.peerStamp
-	b, err := m.Append(nil, &n.cfg.Key)
+	m.Node, m.Params, m.Locals = uint8(n.cfg.Node), n.digest, n.cfg.Locals
+	b, err := m.Append(nil, &n.sendKey)
 	if err != nil {
 		n.log.Error("pair link: encoding a message", "type", m.Type, "err", err)
 		return nil
@@ -176,35 +185,44 @@ func typeIndex(t Type) int {
 	return 0
 }
 
-// receive handles one datagram.
+// receive handles one datagram of the other node's address: it drops
+// and counts what is not authentic under the other node's key, what
+// disagrees with this node's configuration (checkPeer) and what is not
+// newer than what was accepted (acceptLocked), then applies the rest.
 func (n *Node) receive(b []byte) {
-	m, err := Decode(b, &n.cfg.Key)
-	n.mu.Lock()
+	m, err := Decode(b, &n.recvKey)
 	if err != nil {
-		n.stats.Rejected++
+		n.refuse(b, err)
+		return
+	}
+	n.mu.Lock()
+	if why := n.checkPeer(&m); why != "" {
+		n.stats.Misconfigured++
+		warn := n.warnLocked(&n.misWarned)
 		n.mu.Unlock()
-		n.log.Debug("pair link: message refused", "err", err)
+		if warn {
+			n.log.Error("pair link: REFUSING the other node's messages: "+why, "node", n.cfg.Node)
+		}
+		return
+	}
+	now := n.now()
+	if !n.acceptLocked(&m, now) {
+		n.stats.Replayed++
+		n.mu.Unlock()
 		return
 	}
 	n.stats.Received[typeIndex(m.Type)]++
 	n.stats.RecvBytes += uint64(len(b))
-	now := n.now()
-	n.heardAt = now
-	if m.Epoch != n.peerEpoch {
-		n.peerEpoch, n.peerStamp = m.Epoch, m.Stamp
-	} else {
-		n.peerStamp = max(n.peerStamp, m.Stamp)
-	}
 	switch m.Type {
 	case TypeHello:
-		n.lastHeard = now
 		n.broadcastLocked()
 		n.mu.Unlock()
 	case TypeAck:
-		n.lastHeard = now
 		if m.AckEpoch == n.epoch {
 			for _, r := range m.Reservations {
-				n.acked[r.FP] = max(n.acked[r.FP], r.Limit)
+				if _, ok := n.reserved[r.FP]; ok {
+					n.acked[r.FP] = max(n.acked[r.FP], r.Limit)
+				}
 			}
 		}
 		n.broadcastLocked()
@@ -216,16 +234,13 @@ func (n *Node) receive(b []byte) {
 		n.mu.Unlock()
 		if standby {
 			n.standbyApply(&m, standbySince)
-		} else if err := n.ledger.Apply(&m); err != nil {
-			n.log.Error("pair link: cannot record the standby's reservations", "err", err)
+		} else {
+			n.record(&m)
 		}
 	case TypeReserve, TypeWindows:
 		if n.role != RoleStandby {
 			n.stats.SplitBrain++
-			warn := n.splitWarned == 0 || now-n.splitWarned > 10*time.Second
-			if warn {
-				n.splitWarned = now
-			}
+			warn := n.warnLocked(&n.splitWarned)
 			n.mu.Unlock()
 			if warn {
 				n.log.Warn("pair link: the other node acts as active too (split brain): each keeps to its own sequence blocks, so no number repeats, and continues above the other's reports; the VRRP configuration decides which one carries the traffic")
@@ -241,35 +256,112 @@ func (n *Node) receive(b []byte) {
 	}
 }
 
-// standbyApply records an active's report, makes its keys fresh and
-// acknowledges a Reserve.
-func (n *Node) standbyApply(m *Message, standbySince uint64) {
-	if err := n.ledger.Apply(m); err != nil {
-		n.mu.Lock()
-		n.stats.RecordErrors++
-		n.recordErr = true
-		n.mu.Unlock()
-		n.log.Error("pair link: cannot record the active's report: this node stops answering, so that the active does not count on it", "err", err)
-		return
+// warnLocked reports whether a warning last given at *at may be given
+// again (one each 10 s), and if so records now.
+func (n *Node) warnLocked(at *time.Duration) bool {
+	now := n.now()
+	if *at != 0 && now-*at < 10*time.Second {
+		return false
 	}
+	*at = max(now, 1)
+	return true
+}
+
+// refuse counts a datagram Decode refused: one authentic under this
+// node's own key is its own message sent back (its epoch is this
+// node's), or the other node's numbered as this one (loudly: the two
+// would share sequence blocks).
+func (n *Node) refuse(b []byte, err error) {
+	own := errors.Is(err, ErrAuth) && check(b, &n.sendKey) == nil
+	n.mu.Lock()
+	switch {
+	case !own:
+		n.stats.Rejected++
+		n.mu.Unlock()
+		n.log.Debug("pair link: message refused", "err", err)
+	case epochOf(b) == n.epoch:
+		n.stats.Reflected++
+		n.mu.Unlock()
+	default:
+		n.stats.Misconfigured++
+		warn := n.warnLocked(&n.misWarned)
+		n.mu.Unlock()
+		if warn {
+			n.log.Error("pair link: REFUSING the other node's messages: it uses this node's number: give the nodes different --pair-node", "node", n.cfg.Node)
+		}
+	}
+}
+
+// record records a report of the other node in the ledger (the
+// reservations the store takes; the others are counted and logged) and
+// notes its keys as live; it returns the keys the store refused.
+func (n *Node) record(m *Message) map[crypto.Fingerprint]bool {
+	err := n.ledger.Apply(m)
+	var refused map[crypto.Fingerprint]bool
+	var re *RecordError
+	if errors.As(err, &re) {
+		refused = make(map[crypto.Fingerprint]bool, len(re.FPs))
+		for _, fp := range re.FPs {
+			refused[fp] = true
+		}
+	}
+	now := n.now()
+	n.mu.Lock()
+	n.stats.RecordErrors += uint64(len(refused))
+	for _, r := range m.Reservations {
+		n.seen[r.FP] = now
+	}
+	for _, w := range m.Windows {
+		n.seen[w.FP] = now
+	}
+	n.mu.Unlock()
+	if err != nil {
+		n.log.Error("pair link: cannot record the other node's report: those keys' reservations are not acknowledged, so the active uses them only on the lease", "refused", len(refused), "err", err)
+	}
+	return refused
+}
+
+// freshLocked reports whether m, an active's report, makes what it
+// carries fresh (doc.go): it echoes a stamp of this node's run taken
+// since it last became standby, and this node still stands by since.
+func (n *Node) freshLocked(m *Message, standbySince uint64) bool {
+	return n.role == RoleStandby && m.PeerEpoch == n.epoch && m.Echo >= standbySince && standbySince == n.standbySince
+}
+
+// standbyApply records an active's report, makes its keys fresh and
+// acknowledges a Reserve's recorded reservations.
+func (n *Node) standbyApply(m *Message, standbySince uint64) {
+	refused := n.record(m)
+	n.mu.Lock()
+	fresh := n.freshLocked(m, standbySince)
 	if m.Type == TypeWindows {
+		if fresh {
+			for _, w := range m.Windows {
+				n.winFresh[w.FP] = max(n.winFresh[w.FP], m.Echo)
+			}
+		}
+		n.mu.Unlock()
 		if n.cfg.OnWindows != nil {
 			n.cfg.OnWindows(m.Windows)
 		}
 		return
 	}
-	n.mu.Lock()
-	n.recordErr = false
-	if n.role == RoleStandby && m.PeerEpoch == n.epoch && m.Echo >= standbySince && standbySince == n.standbySince {
-		for _, r := range m.Reservations {
+	acked := make([]Reservation, 0, len(m.Reservations))
+	for _, r := range m.Reservations {
+		if refused[r.FP] {
+			delete(n.fresh, r.FP) // not recorded: not fresh at all
+			continue
+		}
+		if fresh {
 			n.fresh[r.FP] = max(n.fresh[r.FP], m.Echo)
 		}
+		acked = append(acked, r)
 	}
 	if m.Type != TypeReserve {
 		n.mu.Unlock()
 		return
 	}
-	b := n.encodeLocked(&Message{Type: TypeAck, AckEpoch: m.Epoch, AckCounter: m.Counter, Reservations: m.Reservations})
+	b := n.encodeLocked(&Message{Type: TypeAck, AckEpoch: m.Epoch, AckCounter: m.Counter, Reservations: acked})
 	n.mu.Unlock()
 	n.send(b)
 }
@@ -280,13 +372,9 @@ func (n *Node) followPeer(m *Message) {
 	if m.Type != TypeReserve || len(m.Reservations) == 0 {
 		return
 	}
-	if err := n.ledger.Apply(m); err != nil {
-		n.mu.Lock()
-		n.stats.RecordErrors++
-		n.mu.Unlock()
-		n.log.Error("pair link: cannot record the other active node's reservations", "err", err)
-		return
-	}
+	n.record(m)
+	// Even a reservation the store refused is followed: the state
+	// continues above it in this node's own blocks, reserved anew.
 	if n.cfg.OnPeerActive != nil {
 		n.cfg.OnPeerActive(m.Reservations)
 	}

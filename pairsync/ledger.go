@@ -15,6 +15,29 @@ type Recorder interface {
 	Reserve(fp crypto.Fingerprint, limit uint64) error
 }
 
+// PeerRecorder is a Recorder that knows the records it takes are the
+// other node's: ReservePeer records as Reserve does, and ForgetPeer
+// retires the record of a key the other node no longer reports, unless
+// this node uses it, so that it expires as a negotiated key's does
+// (seqstore.Store). The Ledger uses these when its Recorder has them.
+type PeerRecorder interface {
+	ReservePeer(fp crypto.Fingerprint, limit uint64) error
+	ForgetPeer(fp crypto.Fingerprint) error
+}
+
+// RecordError is Apply's error: the keys whose reservation the Recorder
+// refused (the others were recorded), and its first error.
+type RecordError struct {
+	FPs []crypto.Fingerprint
+	Err error
+}
+
+func (e *RecordError) Error() string {
+	return fmt.Sprintf("pairsync: recording the other node's reservations: %d refused, the first: %v", len(e.FPs), e.Err)
+}
+
+func (e *RecordError) Unwrap() error { return e.Err }
+
 // Ledger is the standby's record of what the active reported: the highest
 // reservation of each outbound key and the union of each inbound key's
 // replay windows. It only ever moves up. Methods may be called
@@ -32,16 +55,24 @@ func NewLedger(rec Recorder) *Ledger {
 	return &Ledger{rec: rec, reserved: map[crypto.Fingerprint]uint64{}, windows: map[crypto.Fingerprint]Window{}}
 }
 
-// Apply takes a Reserve, Own or Windows message. A Reserve's reservations are
-// recorded (Recorder first) before Apply returns nil, which is when its
-// Ack may go; on an error some may have been taken, none is lost.
+// Apply takes a Reserve, Own or Windows message. Its reservations are
+// recorded (Recorder first) before Apply returns, which is when an Ack
+// of them may go. One the Recorder refuses is skipped, the others still
+// taken, and the error is a *RecordError naming what was refused.
 func (l *Ledger) Apply(m *Message) error {
 	switch m.Type {
 	case TypeReserve, TypeOwn:
+		var re *RecordError
 		for _, r := range m.Reservations {
 			if err := l.reserve(r); err != nil {
-				return err
+				if re == nil {
+					re = &RecordError{Err: err}
+				}
+				re.FPs = append(re.FPs, r.FP)
 			}
+		}
+		if re != nil {
+			return re
 		}
 	case TypeWindows:
 		l.mu.Lock()
@@ -67,13 +98,38 @@ func (l *Ledger) reserve(r Reservation) error {
 	if r.Limit <= l.reserved[r.FP] {
 		return nil
 	}
-	if l.rec != nil {
+	if pr, ok := l.rec.(PeerRecorder); ok {
+		if err := pr.ReservePeer(r.FP, r.Limit); err != nil {
+			return err
+		}
+	} else if l.rec != nil {
 		if err := l.rec.Reserve(r.FP, r.Limit); err != nil {
-			return fmt.Errorf("pairsync: recording the peer's reservation: %w", err)
+			return err
 		}
 	}
 	l.reserved[r.FP] = r.Limit
 	return nil
+}
+
+// Forget drops what the ledger holds of fp and, with a PeerRecorder,
+// retires its record (forget.go).
+func (l *Ledger) Forget(fp crypto.Fingerprint) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, had := l.reserved[fp]
+	delete(l.reserved, fp)
+	delete(l.windows, fp)
+	if pr, ok := l.rec.(PeerRecorder); ok && had {
+		return pr.ForgetPeer(fp)
+	}
+	return nil
+}
+
+// Len returns how many keys' reservations and windows the ledger holds.
+func (l *Ledger) Len() (reserved, windows int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.reserved), len(l.windows)
 }
 
 // Reserved returns the highest reservation reported for fp, and whether

@@ -1,11 +1,13 @@
 package pairsync
 
 import (
+	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/espd/espd/crypto"
 )
@@ -13,8 +15,32 @@ import (
 // KeyLen is the length of the pair's key.
 const KeyLen = 32
 
-// Key authenticates the pair's messages (HMAC-SHA256).
+// Key is the pair's shared key, or one direction's key derived from it
+// (Direction), which authenticates messages with HMAC-SHA256.
 type Key [KeyLen]byte
+
+// Direction returns the key of what node from (1 or 2) sends to the other:
+// HKDF-SHA256 of k with a label naming the direction. A node MACs with its
+// own direction's key and verifies with the other's, so a message sent
+// back to its sender is not authentic.
+func (k *Key) Direction(from int) Key {
+	var d Key
+	info := fmt.Sprintf("espd pair link v2: node %d to node %d", from, 3-from)
+	b, err := hkdf.Key(sha256.New, k[:], nil, info, KeyLen)
+	if err != nil { // cannot happen: KeyLen is far below HKDF's limit
+		panic(err)
+	}
+	copy(d[:], b)
+	clear(b)
+	return d
+}
+
+// Digest names a pair's parameters (Params.Digest).
+type Digest [16]byte
+
+// MaxLocals is how many addresses of its own (Message.Locals) a node
+// may declare.
+const MaxLocals = 16
 
 // Type is a message's kind.
 type Type uint8
@@ -46,9 +72,12 @@ func (t Type) String() string {
 
 // Wire constants.
 const (
-	magic      = "ESPP"
-	version    = 1
-	headerLen  = 4 + 1 + 1 + 2 + 5*8 // magic, version, type, count, epoch, counter, stamp, peer epoch, echo
+	magic   = "ESPP"
+	version = 2
+	// magic, version, type, count, node, locals, params, then epoch,
+	// counter, stamp, peer epoch, echo; the locals (16 bytes each) follow.
+	headerLen  = 4 + 1 + 1 + 2 + 1 + 1 + len(Digest{}) + 5*8
+	localLen   = 16
 	macLen     = sha256.Size
 	reserveLen = len(crypto.Fingerprint{}) + 8
 	// MaxMessage is the largest message Encode makes and Decode takes:
@@ -78,6 +107,13 @@ type Window struct {
 // Message is one message of the pair.
 type Message struct {
 	Type Type
+	// Node is the sender's node number (1 or 2); Params the digest of
+	// the pair's parameters as the sender sees them; Locals the
+	// sender's addresses of its own (--pair-local-addr). The receiver
+	// refuses a message that disagrees with its own configuration.
+	Node   uint8
+	Params Digest
+	Locals []netip.Addr
 	// Epoch names the sender's run (random at start); Counter numbers
 	// its messages within it, increasing.
 	Epoch, Counter uint64
@@ -131,15 +167,24 @@ func (m *Message) Append(b []byte, k *Key) ([]byte, error) {
 	if count > 0xffff {
 		return nil, ErrTooLong
 	}
+	if len(m.Locals) > MaxLocals {
+		return nil, fmt.Errorf("%w: %d local addresses", ErrFormat, len(m.Locals))
+	}
 	start := len(b)
 	b = append(b, magic...)
 	b = append(b, version, byte(m.Type))
 	b = binary.BigEndian.AppendUint16(b, uint16(count))
+	b = append(b, m.Node, byte(len(m.Locals)))
+	b = append(b, m.Params[:]...)
 	b = binary.BigEndian.AppendUint64(b, m.Epoch)
 	b = binary.BigEndian.AppendUint64(b, m.Counter)
 	b = binary.BigEndian.AppendUint64(b, m.Stamp)
 	b = binary.BigEndian.AppendUint64(b, m.PeerEpoch)
 	b = binary.BigEndian.AppendUint64(b, m.Echo)
+	for _, a := range m.Locals {
+		a16 := a.As16()
+		b = append(b, a16[:]...)
+	}
 	if m.Type == TypeAck {
 		b = binary.BigEndian.AppendUint64(b, m.AckEpoch)
 		b = binary.BigEndian.AppendUint64(b, m.AckCounter)
@@ -170,36 +215,59 @@ func appendMAC(b []byte, from int, k *Key) []byte {
 	return mac.Sum(b)
 }
 
-// Decode checks b's authenticity under k and returns its message. It
-// never panics on any input; every error wraps one of the Err values.
-func Decode(b []byte, k *Key) (Message, error) {
-	var m Message
+// check returns nil if b is a message of this version, authentic under k.
+func check(b []byte, k *Key) error {
 	if len(b) > MaxMessage {
-		return m, ErrTooLong
+		return ErrTooLong
 	}
 	if len(b) < headerLen+macLen {
-		return m, ErrShort
+		return ErrShort
 	}
 	if string(b[:4]) != magic {
-		return m, ErrMagic
+		return ErrMagic
 	}
 	if b[4] != version {
-		return m, fmt.Errorf("%w %d", ErrVersion, b[4])
+		return fmt.Errorf("%w %d", ErrVersion, b[4])
 	}
 	body, sum := b[:len(b)-macLen], b[len(b)-macLen:]
 	mac := hmac.New(sha256.New, k[:])
 	mac.Write(body)
 	if !hmac.Equal(mac.Sum(nil), sum) {
-		return m, ErrAuth
+		return ErrAuth
 	}
+	return nil
+}
+
+// epochOf returns the Epoch field of b, a message check accepted.
+func epochOf(b []byte) uint64 { return binary.BigEndian.Uint64(b[10+len(Digest{}):]) }
+
+// Decode checks b's authenticity under k and returns its message. It
+// never panics on any input; every error wraps one of the Err values.
+func Decode(b []byte, k *Key) (Message, error) {
+	var m Message
+	if err := check(b, k); err != nil {
+		return m, err
+	}
+	body := b[:len(b)-macLen]
 	m.Type = Type(b[5])
 	count := int(binary.BigEndian.Uint16(b[6:]))
-	m.Epoch = binary.BigEndian.Uint64(b[8:])
-	m.Counter = binary.BigEndian.Uint64(b[16:])
-	m.Stamp = binary.BigEndian.Uint64(b[24:])
-	m.PeerEpoch = binary.BigEndian.Uint64(b[32:])
-	m.Echo = binary.BigEndian.Uint64(b[40:])
+	m.Node = b[8]
+	nlocal := int(b[9])
+	copy(m.Params[:], b[10:])
+	h := b[10+len(m.Params):]
+	m.Epoch = binary.BigEndian.Uint64(h)
+	m.Counter = binary.BigEndian.Uint64(h[8:])
+	m.Stamp = binary.BigEndian.Uint64(h[16:])
+	m.PeerEpoch = binary.BigEndian.Uint64(h[24:])
+	m.Echo = binary.BigEndian.Uint64(h[32:])
 	p := body[headerLen:]
+	if nlocal > MaxLocals || len(p) < nlocal*localLen {
+		return Message{}, fmt.Errorf("%w: %d local addresses", ErrFormat, nlocal)
+	}
+	for range nlocal {
+		m.Locals = append(m.Locals, netip.AddrFrom16([16]byte(p[:localLen])).Unmap())
+		p = p[localLen:]
+	}
 	switch m.Type {
 	case TypeAck:
 		if len(p) < 16 {

@@ -1,12 +1,11 @@
 package pairsync
 
 import (
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -51,10 +50,19 @@ const (
 
 // Config is what a Node needs.
 type Config struct {
-	Key   Key
+	Key   Key            // the pair's shared key; the Node derives one per direction
+	Node  int            // this node's number: 1 or 2 (sa.Options.PairNode)
 	Conn  net.PacketConn // bound to the pair link; the Node owns it
-	Peer  net.Addr       // the other node's Conn
+	Peer  net.Addr       // the other node's Conn (a *net.UDPAddr)
 	Store Store          // this node's durable store
+	// Link is this node's pair-link address as the other node names it
+	// (its Peer); the zero value takes Conn's local address.
+	Link netip.AddrPort
+	// SeqBlock is the sequence block size (sa.Options.SeqBlock), and
+	// Locals this node's own addresses (sa.Options.PairLocal): both are
+	// checked against the other node's (Params).
+	SeqBlock uint64
+	Locals   []netip.Addr
 	// Interval is how often the active sweeps every reservation and
 	// window to the standby (and the standby says hello twice as often);
 	// Lease is L of the lease rule (doc.go). Interval must be below Lease.
@@ -85,6 +93,11 @@ type Node struct {
 	start  time.Time
 	epoch  uint64
 	ledger *Ledger
+	// sendKey authenticates what this node sends, recvKey what the
+	// other node sends (Key.Direction); digest is Params'.
+	sendKey, recvKey Key
+	digest           Digest
+	link, peer       netip.AddrPort
 
 	mu           sync.Mutex
 	role         Role
@@ -93,15 +106,20 @@ type Node struct {
 	reserved     map[crypto.Fingerprint]uint64 // this node's reservations, carried while active
 	acked        map[crypto.Fingerprint]uint64 // what the standby acknowledged of them
 	fresh        map[crypto.Fingerprint]uint64 // standby: the latest echo that carried the key
-	lastHeard    time.Duration                 // the standby's latest Hello or Ack (0: start)
-	peerEpoch    uint64                        // the other node's run, and its latest stamp
-	peerStamp    uint64
-	heardAt      time.Duration // when anything authentic last came (0: never)
-	recordErr    bool          // the ledger failed to record: no hello until it works again
-	changed      chan struct{} // closed and replaced when acked or lastHeard moves
-	closed       bool
-	stats        Stats
-	splitWarned  time.Duration
+	winFresh     map[crypto.Fingerprint]uint64 // standby: the latest echo that carried its window
+	seen         map[crypto.Fingerprint]time.Duration
+	// lastHeard is when the message whose stamp this node echoes (the
+	// other node's latest accepted one) arrived; 0: start (lease.go).
+	lastHeard   time.Duration
+	peerEpoch   uint64 // the other node's run, its latest counter and stamp
+	peerCounter uint64
+	peerStamp   uint64
+	heardAt     time.Duration // when an accepted message last came (0: never)
+	changed     chan struct{} // closed and replaced when acked or lastHeard moves
+	closed      bool
+	stats       Stats
+	splitWarned time.Duration
+	misWarned   time.Duration
 }
 
 // Stats counts a Node's traffic and waits.
@@ -109,17 +127,36 @@ type Stats struct {
 	Sent, Received       [6]uint64 // messages by Type (index 0: others)
 	SentBytes, RecvBytes uint64
 	SendErrors           uint64
-	Rejected             uint64 // not authentic or malformed
+	Rejected             uint64 // not authentic, malformed, or from another address than Peer
+	Reflected            uint64 // this node's own messages, sent back to it
+	Replayed             uint64 // authentic, but not newer than what was accepted (replay.go)
+	Misconfigured        uint64 // authentic, refused: the other node's number, parameters or addresses
 	SplitBrain           uint64 // active messages received while active
 	LeaseWaits           uint64 // reservations that proceeded on the lease, unacknowledged
 	AckWaits             uint64 // reservations that waited for an Ack and got it
-	RecordErrors         uint64 // reports the ledger failed to record
+	RecordErrors         uint64 // reservations of the other node the store refused
+	Forgotten            uint64 // keys of the other node forgotten, absent from its reports (forget.go)
 }
 
 // NewNode returns a Node in RoleStandby; Run serves it.
 func NewNode(cfg Config) (*Node, error) {
 	if cfg.Conn == nil || cfg.Peer == nil || cfg.Store == nil {
 		return nil, errors.New("pairsync: a node needs a connection, the peer's address and a store")
+	}
+	if cfg.Node != 1 && cfg.Node != 2 {
+		return nil, fmt.Errorf("pairsync: node %d: a pair's nodes are 1 and 2", cfg.Node)
+	}
+	peer, ok := addrPort(cfg.Peer)
+	if !ok {
+		return nil, fmt.Errorf("pairsync: the peer's address %v is not a UDP address", cfg.Peer)
+	}
+	if !cfg.Link.IsValid() {
+		if cfg.Link, ok = addrPort(cfg.Conn.LocalAddr()); !ok {
+			return nil, fmt.Errorf("pairsync: the link's own address %v is not a UDP address", cfg.Conn.LocalAddr())
+		}
+	}
+	if err := checkLocals(cfg.Locals, peer); err != nil {
+		return nil, err
 	}
 	if cfg.Interval == 0 {
 		cfg.Interval = DefaultInterval
@@ -134,15 +171,34 @@ func NewNode(cfg Config) (*Node, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	var e [8]byte
-	rand.Read(e[:])
+	start := time.Now()
 	n := &Node{
-		cfg: cfg, log: log, start: time.Now(), epoch: binary.BigEndian.Uint64(e[:]) | 1,
+		cfg: cfg, log: log, start: start, epoch: newEpoch(start), link: cfg.Link, peer: peer,
+		sendKey: cfg.Key.Direction(cfg.Node), recvKey: cfg.Key.Direction(3 - cfg.Node),
 		role: RoleStandby, reserved: map[crypto.Fingerprint]uint64{}, acked: map[crypto.Fingerprint]uint64{},
-		fresh: map[crypto.Fingerprint]uint64{}, changed: make(chan struct{}),
+		fresh: map[crypto.Fingerprint]uint64{}, winFresh: map[crypto.Fingerprint]uint64{},
+		seen: map[crypto.Fingerprint]time.Duration{}, changed: make(chan struct{}),
 	}
+	clear(n.cfg.Key[:])
+	n.cfg.Locals = make([]netip.Addr, len(cfg.Locals))
+	for i, a := range cfg.Locals {
+		n.cfg.Locals[i] = a.Unmap()
+	}
+	params := Params{SeqBlock: cfg.SeqBlock, Interval: cfg.Interval, Lease: cfg.Lease}
+	params.Links[cfg.Node-1], params.Links[2-cfg.Node] = cfg.Link, peer
+	n.digest = params.Digest()
 	n.ledger = NewLedger(cfg.Store)
 	return n, nil
+}
+
+// addrPort returns a's address and port, if a is a UDP address.
+func addrPort(a net.Addr) (netip.AddrPort, bool) {
+	u, ok := a.(*net.UDPAddr)
+	if !ok || u == nil {
+		return netip.AddrPort{}, false
+	}
+	ap := u.AddrPort()
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
 }
 
 // now is the node's monotonic clock: the time since it started.
@@ -150,6 +206,10 @@ func (n *Node) now() time.Duration { return time.Since(n.start) }
 
 // Epoch returns the random name of this node's run.
 func (n *Node) Epoch() uint64 { return n.epoch }
+
+// Params returns the digest of the pair's parameters as this node sees
+// them (Params.Digest), which its messages carry.
+func (n *Node) Params() Digest { return n.digest }
 
 // Ledger returns the node's record of the other node's reports.
 func (n *Node) Ledger() *Ledger { return n.ledger }
@@ -213,6 +273,19 @@ func (n *Node) Report(fp crypto.Fingerprint) (uint64, bool) {
 
 // Window returns the union of the replay windows reported for fp.
 func (n *Node) Window(fp crypto.Fingerprint) (Window, bool) { return n.ledger.Window(fp) }
+
+// FreshWindow returns the union of the replay windows reported for fp,
+// and whether the latest report of it is fresh by the lease rule (as
+// Report's): then the window refuses everything the active accepted up
+// to a moment less than the lease ago.
+func (n *Node) FreshWindow(fp crypto.Fingerprint) (Window, bool) {
+	n.mu.Lock()
+	echo, ok := n.winFresh[fp]
+	now := uint64(n.now())
+	n.mu.Unlock()
+	w, known := n.ledger.Window(fp)
+	return w, known && ok && now < echo+uint64(n.cfg.Lease)
+}
 
 // Close stops Run (closing the connection) and interrupts waiting
 // Reserves.

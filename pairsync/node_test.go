@@ -79,8 +79,8 @@ func newTestPair(t *testing.T, drop int64, edit ...func(a, b *Config)) *testPair
 	ca, cb := listen(t), listen(t)
 	p.ac, p.bc = &lossyConn{PacketConn: ca, drop: drop}, &lossyConn{PacketConn: cb, drop: drop}
 	var err error
-	acfg := Config{Key: testKey, Conn: p.ac, Peer: cb.LocalAddr(), Store: p.astore, Interval: testInterval, Lease: testLease}
-	bcfg := Config{Key: testKey, Conn: p.bc, Peer: ca.LocalAddr(), Store: p.bsto, Interval: testInterval, Lease: testLease}
+	acfg := Config{Key: testKey, Node: 1, Conn: p.ac, Peer: cb.LocalAddr(), Store: p.astore, Interval: testInterval, Lease: testLease}
+	bcfg := Config{Key: testKey, Node: 2, Conn: p.bc, Peer: ca.LocalAddr(), Store: p.bsto, Interval: testInterval, Lease: testLease}
 	for _, e := range edit {
 		e(&acfg, &bcfg)
 	}
@@ -226,17 +226,23 @@ func TestNodeForged(t *testing.T) {
 	evil := listen(t)
 	defer evil.Close()
 	to := p.bc.PacketConn.LocalAddr()
-	other := Key{1}
-	forged, _ := (&Message{Type: TypeReserve, Epoch: p.a.Epoch(), Counter: 1 << 40, Reservations: []Reservation{{fp(1), 1 << 62}}}).Append(nil, &other)
-	old, _ := (&Message{Type: TypeReserve, Epoch: p.a.Epoch(), Counter: 1, Reservations: []Reservation{{fp(1), 1 << 20}}}).Append(nil, &testKey)
+	other, k12 := Key{1}, testKey.Direction(1)
+	forged, _ := (&Message{Type: TypeReserve, Node: 1, Params: p.a.digest, Epoch: p.a.Epoch(), Counter: 1 << 40, Reservations: []Reservation{{fp(1), 1 << 62}}}).Append(nil, &other)
+	old, _ := (&Message{Type: TypeReserve, Node: 1, Params: p.a.digest, Epoch: p.a.Epoch(), Counter: 1, Reservations: []Reservation{{fp(1), 1 << 20}}}).Append(nil, &k12)
 	altered := append([]byte(nil), old...)
 	altered[len(altered)-40] ^= 1
 	before := p.b.Stats().Rejected
-	for _, b := range [][]byte{forged, altered, old[:10], []byte("garbage")} {
-		evil.WriteTo(b, to)
+	for _, b := range [][]byte{forged, altered, old[:10], []byte("garbage"), old} {
+		evil.WriteTo(b, to) // from another address than the peer's: never read
 	}
-	evil.WriteTo(old, to) // authentic but old: merges upward, changes nothing
-	waitFor(t, "the forgeries counted", func() bool { return p.b.Stats().Rejected >= before+4 })
+	waitFor(t, "the datagrams of another address counted", func() bool { return p.b.Stats().Rejected >= before+5 })
+	for _, b := range [][]byte{forged, altered, old[:10], []byte("garbage")} {
+		p.b.receive(b) // as if from the peer's address
+	}
+	p.b.receive(old) // authentic but old: dropped as a replay
+	if s := p.b.Stats(); s.Rejected < before+9 || s.Replayed == 0 {
+		t.Fatalf("stats %+v: want 4 more rejected and a replay", s)
+	}
 	if v, _ := p.b.Ledger().Reserved(fp(1)); v != 5<<20 {
 		t.Fatalf("the ledger holds %d after forged and old messages, want %d", v, 5<<20)
 	}
@@ -256,7 +262,7 @@ func TestNodeStandbyRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b2, err := NewNode(Config{Key: testKey, Conn: c, Peer: p.ac.PacketConn.LocalAddr(), Store: p.bsto, Interval: testInterval, Lease: testLease})
+	b2, err := NewNode(Config{Key: testKey, Node: 2, Conn: c, Peer: p.ac.PacketConn.LocalAddr(), Store: p.bsto, Interval: testInterval, Lease: testLease})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,48 @@
+package pairsync
+
+import "time"
+
+// Bounded state. The active sweeps every live key's reservation (and
+// every live inbound key's window) each interval, and a standby its own
+// reservations; so a key of the other node that no message has carried
+// for forgetAfter, while the other node was heard, is gone there. The
+// node then forgets it: its ledger entries, its fresh stamps, and its
+// record in the store becomes a retired one that expires as a negotiated
+// key's does (PeerRecorder). Forgetting is safe whenever it happens:
+// a report older than the lease is not fresh anyway, so a takeover
+// leaves such a key silent (and has it rekeyed) whether or not it is
+// remembered, and the other node's numbers are in its own blocks, which
+// this node never uses. This node's own keys (reserved, acked) go with
+// their last state (Retire).
+
+// forgetAfter is how long a key must have been absent from the other
+// node's reports, while it was heard, before this node forgets it.
+func (n *Node) forgetAfter() time.Duration { return 3 * n.cfg.Lease }
+
+// forgetLocked forgets the keys of the other node absent for
+// forgetAfter. Called with n.mu held, every half interval.
+func (n *Node) forgetLocked() {
+	limit := n.forgetAfter()
+	for fp, at := range n.seen {
+		if n.lastHeard-at <= limit {
+			continue
+		}
+		delete(n.seen, fp)
+		delete(n.fresh, fp)
+		delete(n.winFresh, fp)
+		n.stats.Forgotten++
+		if err := n.ledger.Forget(fp); err != nil {
+			n.log.Warn("pair link: cannot retire the other node's record of a key it no longer reports", "err", err)
+		}
+	}
+}
+
+// Keys returns how many keys of the other node the Node and its Ledger
+// hold: what Stats cannot show and a churn must bring back down.
+func (n *Node) Keys() (seen, fresh, windowsFresh, reserved, windows int) {
+	n.mu.Lock()
+	seen, fresh, windowsFresh = len(n.seen), len(n.fresh), len(n.winFresh)
+	n.mu.Unlock()
+	reserved, windows = n.ledger.Len()
+	return
+}
