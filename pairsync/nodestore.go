@@ -1,6 +1,7 @@
 package pairsync
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/espd/espd/crypto"
@@ -22,39 +23,69 @@ func (n *Node) Resume(fp crypto.Fingerprint, negotiated bool) (uint64, error) {
 // Reserve records the reservation in the store; while the node is active
 // it then tells the standby and returns only once the standby acknowledged
 // it, or once the lease rule lets it go unacknowledged (L·1.1 after the
-// standby was last heard before the reservation: doc.go). A standby's reservations are not sent:
-// its states hand out no numbers.
+// standby was last heard before the reservation: doc.go). A standby's
+// reservations are not sent: its states hand out no numbers.
 func (n *Node) Reserve(fp crypto.Fingerprint, limit uint64) error {
-	if err := n.cfg.Store.Reserve(fp, limit); err != nil {
-		return err
+	return n.ReserveBatch([]crypto.Fingerprint{fp}, []uint64{limit})
+}
+
+// Batcher is a Store that records many reservations with one durable
+// write (seqstore.Store); ReserveBatch uses it when the Store is one.
+type Batcher interface {
+	ReserveBatch(fps []crypto.Fingerprint, limits []uint64) error
+}
+
+// ReserveBatch is Reserve for many keys at once (sa.SeqBatcher): one
+// store write if the Store is a Batcher, and one wait for the standby's
+// acknowledgements or the lease.
+func (n *Node) ReserveBatch(fps []crypto.Fingerprint, limits []uint64) error {
+	if len(fps) != len(limits) {
+		return fmt.Errorf("pairsync: %d keys and %d limits", len(fps), len(limits))
+	}
+	if b, ok := n.cfg.Store.(Batcher); ok && len(fps) > 1 {
+		if err := b.ReserveBatch(fps, limits); err != nil {
+			return err
+		}
+	} else {
+		for i, fp := range fps {
+			if err := n.cfg.Store.Reserve(fp, limits[i]); err != nil {
+				return err
+			}
+		}
 	}
 	n.mu.Lock()
-	if limit > n.reserved[fp] {
-		n.reserved[fp] = limit
+	for i, fp := range fps {
+		n.reserved[fp] = max(n.reserved[fp], limits[i])
 	}
 	active := n.role == RoleActive
-	// Every message that did not carry limit echoes a stamp heard by
+	// Every message that did not carry the limits echoes a stamp heard by
 	// now: at deadline the standby holds none of them fresh.
 	deadline := n.lastHeard + n.leaseWait()
 	n.mu.Unlock()
 	if !active {
 		return nil
 	}
-	return n.await(fp, limit, deadline)
+	return n.await(fps, limits, deadline)
 }
 
-// await sends fp's reservation until the standby acknowledges limit or
-// the deadline of the lease passes.
-func (n *Node) await(fp crypto.Fingerprint, limit uint64, deadline time.Duration) error {
+// await sends the reservations until the standby acknowledges every
+// limit or the deadline of the lease passes.
+func (n *Node) await(fps []crypto.Fingerprint, limits []uint64, deadline time.Duration) error {
 	retry := max(n.cfg.Interval/5, 10*time.Millisecond)
 	sent := false
 	for {
 		n.mu.Lock()
+		var rs []Reservation
+		for i, fp := range fps {
+			if n.acked[fp] < limits[i] {
+				rs = append(rs, Reservation{fp, n.reserved[fp]})
+			}
+		}
 		switch {
 		case n.closed:
 			n.mu.Unlock()
 			return ErrClosed
-		case n.acked[fp] >= limit:
+		case len(rs) == 0:
 			if sent {
 				n.stats.AckWaits++
 			}
@@ -65,11 +96,18 @@ func (n *Node) await(fp crypto.Fingerprint, limit uint64, deadline time.Duration
 			n.mu.Unlock()
 			return nil
 		}
-		b := n.encodeLocked(&Message{Type: TypeReserve, Reservations: []Reservation{{fp, n.reserved[fp]}}})
+		var msgs [][]byte
+		for len(rs) > 0 {
+			k := min(len(rs), maxRecords)
+			msgs = append(msgs, n.encodeLocked(&Message{Type: TypeReserve, Reservations: rs[:k]}))
+			rs = rs[k:]
+		}
 		wait := min(retry, deadline-n.now())
 		ch := n.changed
 		n.mu.Unlock()
-		n.send(b)
+		for _, b := range msgs {
+			n.send(b)
+		}
 		sent = true
 		t := time.NewTimer(max(wait, time.Millisecond))
 		select {

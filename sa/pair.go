@@ -97,13 +97,27 @@ type Activation struct {
 	Err error
 }
 
+// SeqBatcher is a SeqStore that records many reservations with one
+// durable write (pairsync.Node, seqstore.Store): Activate reserves a
+// takeover's states through it, ActivateBatch at a time.
+type SeqBatcher interface {
+	// ReserveBatch records, durably before it returns, that numbers up
+	// to limits[i] may be sent with fps[i], for every i.
+	ReserveBatch(fps []crypto.Fingerprint, limits []uint64) error
+}
+
+// ActivateBatch is how many states Activate reserves with one write of a
+// SeqBatcher.
+const ActivateBatch = 1024
+
 // Activate ends the DB's standby (SetStandby(false)) and releases its
 // silent outbound states: report returns, for a state's key, the highest
 // sequence number the other node may have reserved, and false if it
 // cannot know it (no fresh report). A released state continues above
-// that number (durably recorded first) in a block of its own; a state
-// whose key has no report stays silent, and gets a soft-expire event
-// (reason ExpireSequence), so that its IKE daemon rekeys it.
+// that number (durably recorded first, ActivateBatch states per write
+// when the store is a SeqBatcher) in a block of its own; a state whose
+// key has no report stays silent, and gets a soft-expire event (reason
+// ExpireSequence), so that its IKE daemon rekeys it.
 func (db *DB) Activate(report func(fp crypto.Fingerprint) (uint64, bool)) []Activation {
 	db.keying.Lock()
 	defer db.keying.Unlock()
@@ -118,6 +132,7 @@ func (db *DB) Activate(report func(fp crypto.Fingerprint) (uint64, bool)) []Acti
 	}
 	d.mu.Unlock()
 	acts := make([]Activation, 0, len(silent))
+	var batch []int // indexes into acts of states to reserve
 	for _, s := range silent {
 		a := Activation{SA: s}
 		floor, ok := report(s.fp)
@@ -134,20 +149,89 @@ func (db *DB) Activate(report func(fp crypto.Fingerprint) (uint64, bool)) []Acti
 			acts = append(acts, a)
 			continue
 		}
-		lim, err := db.reserveFloor(s, s, floor)
-		if err != nil {
-			a.Err = err
-			acts = append(acts, a)
-			continue
-		}
-		if lim != 0 {
-			db.raiseSeq(s, floor, lim)
-			s.silent.Store(false)
-			a.Floor = floor
-		}
+		a.Floor = floor
 		acts = append(acts, a)
+		batch = append(batch, len(acts)-1)
+		if len(batch) == ActivateBatch {
+			db.activateBatch(acts, batch)
+			batch = batch[:0]
+		}
 	}
+	db.activateBatch(acts, batch)
 	return acts
+}
+
+// activateBatch reserves and releases the states acts[i] for i in batch
+// (Floor set: the number each continues above): with one write of a
+// SeqBatcher, else state by state (reserveFloor). Called with
+// db.keying held: no state is added, committed or extended meanwhile (a
+// silent state hands out no number).
+func (db *DB) activateBatch(acts []Activation, batch []int) {
+	if len(batch) == 0 {
+		return
+	}
+	sb, ok := db.opts.Seq.(SeqBatcher)
+	if !ok {
+		for _, i := range batch {
+			a := &acts[i]
+			lim, err := db.reserveFloor(a.SA, a.SA, a.Floor)
+			db.release(a, lim, err)
+		}
+		return
+	}
+	fps := make([]crypto.Fingerprint, 0, len(batch))
+	limits := make([]uint64, 0, len(batch))
+	lims := make([]uint64, len(batch))
+	for j, i := range batch {
+		s := acts[i].SA
+		cur := s.seqLimit.Load()
+		switch {
+		case cur == 0: // removed meanwhile
+		case acts[i].Floor < cur:
+			lims[j] = cur
+		case db.seqOf(s) != db.opts.Seq:
+			lims[j], _ = db.reserveFloor(s, s, acts[i].Floor)
+		default:
+			lims[j] = db.seqNext(s.pairNode, acts[i].Floor, s.seqMax)
+			fps, limits = append(fps, s.fp), append(limits, lims[j])
+		}
+	}
+	var err error
+	if len(fps) > 0 {
+		if err = sb.ReserveBatch(fps, limits); err != nil {
+			err = fmt.Errorf("sa: cannot reserve sequence numbers for %d states at a takeover: %w", len(fps), err)
+		}
+	}
+	for j, i := range batch {
+		db.release(&acts[i], lims[j], err)
+	}
+}
+
+// release ends a's state's silence above a.Floor with the reservation
+// lim (0: the state was removed), or records err.
+func (db *DB) release(a *Activation, lim uint64, err error) {
+	if err != nil {
+		a.Err, a.Floor = err, 0
+		return
+	}
+	if lim == 0 {
+		a.Floor = 0
+		return
+	}
+	db.raiseSeq(a.SA, a.Floor, lim)
+	a.SA.silent.Store(false)
+}
+
+// RekeyInbound soft-expires a live inbound state (reason
+// ExpireSequence: its replay state is what is lost), so that its IKE
+// daemon rekeys it: a takeover does so for a state whose replay window
+// no fresh report gave. It reports whether the state was soft-expired.
+func (db *DB) RekeyInbound(s *SA) bool {
+	if s.dir != DirIn || s.State() != StateValid {
+		return false
+	}
+	db.softExpire(s, ExpireSequence)
+	return s.State() == StateSoftExpired
 }
 
 // Fingerprint returns the fingerprint of the state's keys: what a pair's

@@ -84,6 +84,12 @@ func (s *Store) load() error {
 			continue
 		}
 		if bad {
+			if !noHead && uint64(badOff/recordSize) >= acked {
+				// A batch beyond the witness (ReserveBatch), torn by a
+				// crash: its call never returned, nothing it reserved
+				// was used; it and what follows are dropped.
+				break
+			}
 			// Something follows the bad record: it was not the last write.
 			return corrupt(badOff, "%s", badReason)
 		}
