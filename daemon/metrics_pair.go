@@ -49,6 +49,8 @@ var (
 		"Outbound states the last takeover (role active) released: they continue above the other node's fresh report; 0 while standing by.", nil, nil)
 	descPairSilent = prometheus.NewDesc("espd_pair_takeover_silent",
 		"Outbound states the last takeover left silent (no fresh report, every sequence number used, or the store failed) until rekeyed; 0 while standing by.", nil, nil)
+	descPairStale = prometheus.NewDesc("espd_pair_takeover_stale_windows",
+		"Inbound states the last takeover found without a fresh replay window report: soft-expired so that charon rekeys them (docs/ha.md); 0 while standing by.", nil, nil)
 )
 
 // pairSentTypes are the types a node sends; index 0 of pairsync.Stats'
@@ -65,7 +67,7 @@ type pairCollector struct {
 func (c *pairCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPairRole, descPairPeerHeard, descPairSent, descPairReceived,
 		descPairSentBytes, descPairRecvBytes, descPairSendErrors, descPairRejected, descPairReflected, descPairReplayed, descPairMisconfigured, descPairForgotten, descPairSplitBrain,
-		descPairLeaseWaits, descPairAckWaits, descPairRecordErrors, descPairReleased, descPairSilent} {
+		descPairLeaseWaits, descPairAckWaits, descPairRecordErrors, descPairReleased, descPairSilent, descPairStale} {
 		ch <- d
 	}
 }
@@ -95,9 +97,8 @@ func (c *pairCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPairLeaseWaits, counter, float64(st.LeaseWaits))
 	ch <- prometheus.MustNewConstMetric(descPairAckWaits, counter, float64(st.AckWaits))
 	ch <- prometheus.MustNewConstMetric(descPairRecordErrors, counter, float64(st.RecordErrors))
-	c.p.mu.Lock()
-	released, silent := c.p.released, c.p.silent
-	c.p.mu.Unlock()
+	released, silent, stale := c.p.counts()
 	ch <- prometheus.MustNewConstMetric(descPairReleased, gauge, float64(released))
 	ch <- prometheus.MustNewConstMetric(descPairSilent, gauge, float64(silent))
+	ch <- prometheus.MustNewConstMetric(descPairStale, gauge, float64(stale))
 }

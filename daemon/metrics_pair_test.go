@@ -79,6 +79,7 @@ func TestMetricsPair(t *testing.T) {
 	a.add(t, out)
 	reported := b.add(t, out)
 	b.add(t, unreported)
+	b.add(t, pairState(t, 0x401, sa.DirIn)) // never reported: a stale window at the takeover
 	for k := range 3 {
 		reserveWithin(t, a.node, crypto.Fingerprint{0xee, byte(k)}, 1<<20)
 	}
@@ -195,12 +196,14 @@ func TestMetricsPair(t *testing.T) {
 				t.Errorf("node %d: %s = %v (exported %v), want %d to %d", i+1, key, v, ok, f(lo), f(hi))
 			}
 		}
-		n.d.pair.mu.Lock()
-		released, silent := n.d.pair.released, n.d.pair.silent
-		n.d.pair.mu.Unlock()
-		if s["espd_pair_takeover_released{}"] != float64(released) || s["espd_pair_takeover_silent{}"] != float64(silent) {
-			t.Errorf("node %d: takeover released %v, silent %v; want %d, %d", i+1,
-				s["espd_pair_takeover_released{}"], s["espd_pair_takeover_silent{}"], released, silent)
+		p := n.d.pair
+		p.mu.Lock()
+		released, silent, stale := p.released, p.silent, p.stale
+		p.mu.Unlock()
+		if s["espd_pair_takeover_released{}"] != float64(released) || s["espd_pair_takeover_silent{}"] != float64(silent) ||
+			s["espd_pair_takeover_stale_windows{}"] != float64(stale) {
+			t.Errorf("node %d: takeover released %v, silent %v, stale %v; want %d, %d, %d", i+1, s["espd_pair_takeover_released{}"],
+				s["espd_pair_takeover_silent{}"], s["espd_pair_takeover_stale_windows{}"], released, silent, stale)
 		}
 		if s["espd_pair_role{}"] != float64(n.node.Role()) || n.node.Role() != pairsync.RoleActive {
 			t.Errorf("node %d: espd_pair_role = %v, role %v", i+1, s["espd_pair_role{}"], n.node.Role())

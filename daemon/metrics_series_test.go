@@ -89,6 +89,8 @@ var movedElsewhere = map[string]struct {
 		pairTestFile, "TestMetricsPair", "RecordErrors"},
 	"espd_pair_takeover_released": {"daemon/pair.go Daemon.activate, for each state sa.DB.Activate released",
 		pairTestFile, "TestMetricsPair", "released"},
+	"espd_pair_takeover_stale_windows": {"daemon/pair.go Daemon.activate, for each inbound state without a fresh window report",
+		pairTestFile, "TestMetricsPair", "stale"},
 	"espd_pair_takeover_silent": {"daemon/pair.go Daemon.activate, for each state sa.DB.Activate left silent",
 		pairTestFile, "TestMetricsPair", "silent"},
 }

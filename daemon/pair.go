@@ -53,9 +53,28 @@ type pair struct {
 	num   int
 	log   *slog.Logger
 
-	mu       sync.Mutex // serializes role changes
-	released int
-	silent   int
+	// roleMu serializes role changes and releases; it is held through a
+	// takeover (sa.DB.Activate), so that status requests and metrics,
+	// which take mu only, answer meanwhile.
+	roleMu sync.Mutex
+	mu     sync.Mutex // guards the counts of the last takeover
+	// released and silent count outbound states, stale inbound ones
+	// whose replay window no fresh report gave (activate).
+	released, silent, stale int
+}
+
+// counts returns the last takeover's counts.
+func (p *pair) counts() (released, silent, stale int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.released, p.silent, p.stale
+}
+
+// setCounts sets them.
+func (p *pair) setCounts(released, silent, stale int) {
+	p.mu.Lock()
+	p.released, p.silent, p.stale = released, silent, stale
+	p.mu.Unlock()
 }
 
 // readPairKey reads the pair's key from path: 32 bytes in hex, not all
@@ -163,10 +182,16 @@ func dialPair(o PairOptions) (linkConn, error) {
 func pairWindows(db *sa.DB) []pairsync.Window {
 	var ws []pairsync.Window
 	for _, s := range db.SAs() {
-		if s.Dir() != sa.DirIn || !s.Alive() || s.ReplayTop() == 0 {
+		if s.Dir() != sa.DirIn || !s.Alive() {
 			continue
 		}
-		ws = append(ws, pairsync.Window{FP: s.Fingerprint(), Top: s.ReplayTop(), Bitmap: s.ReplayBitmap()})
+		// A state that received nothing is reported too (top 0), so
+		// that the standby holds its window fresh.
+		w := pairsync.Window{FP: s.Fingerprint(), Top: s.ReplayTop()}
+		if w.Top != 0 {
+			w.Bitmap = s.ReplayBitmap()
+		}
+		ws = append(ws, w)
 	}
 	return ws
 }
@@ -195,30 +220,32 @@ func mergeWindows(db *sa.DB, ws []pairsync.Window) {
 // inbound states and releases each silent outbound state above its
 // key's fresh report (sa.DB.Activate); a key without one stays silent
 // and is soft-expired, so charon rekeys it. Becoming standby silences
-// every outbound state.
+// every outbound state. A read answers during a takeover.
 func (d *Daemon) pairRole(role wire.PairRole) (wire.PairStatus, error) {
 	p := d.pair
 	if p == nil {
 		return wire.PairStatus{}, wire.Errorf(wire.EOPNOTSUPP, "espd runs without --pair-node: it is not one of a gateway pair")
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	switch role {
 	case wire.PairRoleNone:
 	case wire.PairRoleActive:
-		if p.node.Role() == pairsync.RoleActive && !d.db.Standby() {
-			break
+		p.roleMu.Lock()
+		if p.node.Role() != pairsync.RoleActive || d.db.Standby() {
+			p.node.SetRole(pairsync.RoleActive)
+			d.activate(p)
 		}
-		p.node.SetRole(pairsync.RoleActive)
-		d.activate(p)
+		p.roleMu.Unlock()
 	case wire.PairRoleStandby:
+		p.roleMu.Lock()
 		d.db.SetStandby(true)
 		p.node.SetRole(pairsync.RoleStandby)
-		p.released, p.silent = 0, 0
+		p.setCounts(0, 0, 0)
+		p.roleMu.Unlock()
 	default:
 		return wire.PairStatus{}, wire.Errorf(wire.EINVAL, "pair role %d: want active (1) or standby (2)", role)
 	}
-	st := wire.PairStatus{Node: uint32(p.num), Role: wire.PairRoleStandby, Released: uint32(p.released), Silent: uint32(p.silent)}
+	released, silent, _ := p.counts()
+	st := wire.PairStatus{Node: uint32(p.num), Role: wire.PairRoleStandby, Released: uint32(released), Silent: uint32(silent)}
 	if p.node.Role() == pairsync.RoleActive {
 		st.Role = wire.PairRoleActive
 	}
@@ -229,39 +256,58 @@ func (d *Daemon) pairRole(role wire.PairRole) (wire.PairStatus, error) {
 }
 
 // activate takes over: windows first (replays are refused from the
-// first packet), then the outbound states.
+// first packet), then the outbound states. An inbound state whose
+// window no fresh report gave (FreshWindow: lost, dropped or delayed
+// Windows messages, or a state the old active had not yet reported)
+// still gets every window reported, which only refuses more, but the
+// replay bound of docs/ha.md does not hold for it: it is soft-expired,
+// so that charon rekeys it, and counted (espd_pair_takeover_stale_windows).
+// Called with p.roleMu held.
 func (d *Daemon) activate(p *pair) {
+	stale := 0
 	for _, s := range d.db.SAs() {
-		if s.Dir() != sa.DirIn {
+		if s.Dir() != sa.DirIn || !s.Alive() {
 			continue
 		}
-		if w, ok := p.node.Window(s.Fingerprint()); ok {
+		w, fresh := p.node.FreshWindow(s.Fingerprint())
+		if w.Top != 0 || len(w.Bitmap) != 0 {
 			s.MergeReplay(w.Top, w.Bitmap)
 		}
+		if !fresh {
+			stale++
+			if d.db.RekeyInbound(s) {
+				p.log.Warn("takeover: no fresh replay window report for an inbound state: it is rekeyed", "spi", fmt.Sprintf("0x%08x", s.SPI()))
+			}
+		}
 	}
-	p.released, p.silent = 0, 0
+	p.setCounts(0, 0, stale)
 	d.release(p, p.node.Report, "takeover", false)
-	p.log.Info("pair role active", "released", p.released, "silent", p.silent)
+	released, silent, _ := p.counts()
+	p.log.Info("pair role active", "released", released, "silent", silent, "stale_windows", stale)
 }
 
 // release runs sa.DB.Activate with report on the silent outbound states,
 // counting what it released and what stays silent; how names the
 // release in the log, and a quiet one logs only releases. Called with
-// p.mu held.
+// p.roleMu held.
 func (d *Daemon) release(p *pair, report func(crypto.Fingerprint) (uint64, bool), how string, quiet bool) {
-	p.silent = 0
+	silent, released := 0, 0
 	for _, a := range d.db.Activate(report) {
 		spi := fmt.Sprintf("0x%08x", a.SA.SPI())
 		if a.Err != nil {
-			p.silent++
+			silent++
 			if !quiet {
 				p.log.Warn(how+": state stays silent until a fresh report of its key arrives or it is rekeyed", "spi", spi, "err", a.Err)
 			}
 			continue
 		}
-		p.released++
+		released++
 		p.log.Info(how+": state continues", "spi", spi, "above", a.Floor)
 	}
+	p.mu.Lock()
+	p.released += released
+	p.silent = silent
+	p.mu.Unlock()
 }
 
 // retryRelease, while the node is active, releases every Interval the
@@ -279,11 +325,11 @@ func (d *Daemon) retryRelease(ctx context.Context, every time.Duration) {
 		case <-t.C:
 		}
 		p := d.pair
-		p.mu.Lock()
-		if p.node.Role() == pairsync.RoleActive && p.silent > 0 {
+		p.roleMu.Lock()
+		if _, silent, _ := p.counts(); p.node.Role() == pairsync.RoleActive && silent > 0 {
 			d.release(p, p.node.Report, "takeover", true)
 		}
-		p.mu.Unlock()
+		p.roleMu.Unlock()
 	}
 }
 
@@ -331,9 +377,9 @@ func (d *Daemon) releaseOwn(ctx context.Context, wait time.Duration) {
 	case <-t.C:
 	}
 	p := d.pair
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.node.Role() != pairsync.RoleActive || p.silent == 0 {
+	p.roleMu.Lock()
+	defer p.roleMu.Unlock()
+	if _, silent, _ := p.counts(); p.node.Role() != pairsync.RoleActive || silent == 0 {
 		return
 	}
 	d.release(p, func(crypto.Fingerprint) (uint64, bool) { return 0, true },

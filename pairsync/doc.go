@@ -27,6 +27,17 @@
 //     passed since it last heard the standby before it made the
 //     reservation: every message without it echoes an older stamp, so by
 //     then no ledger holds one fresh.
+//   - The lease's invariant: the stamp a node echoes is always that of
+//     a message it received no later than lastHeard. Both move together,
+//     on every message the node accepts (authentic, of the other node's
+//     number and parameters, newer than what was accepted: replay.go),
+//     whatever its type, and on nothing else. So no message can echo a
+//     stamp newer than the lastHeard a Reserve's deadline was computed
+//     from, however the link drops, delays or reorders messages by type;
+//     a delayed message only moves lastHeard later, which makes the
+//     active wait longer, never shorter.
+//   - A standby's window report is fresh by the same rule (Node.
+//     FreshWindow); a takeover uses only fresh ones for its replay bound.
 //   - A standby reports its own reservations too (Own, every interval):
 //     what it may have sent itself, from its store. Held fresh by the same
 //     echo rule, they let a node take over when neither was active before
@@ -36,4 +47,6 @@
 //     arrives, and is soft-expired so that its IKE daemon rekeys it.
 //   - Two active nodes (a split brain) record each other's reservations
 //     and continue above them (sa.DB.FollowPeer).
+//   - Bounded state: a key the other node stopped reporting is forgotten
+//     after three leases, in memory and in the store (forget.go).
 package pairsync
