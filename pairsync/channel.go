@@ -198,6 +198,7 @@ func (n *Node) receive(b []byte) {
 	n.mu.Lock()
 	if why := n.checkPeer(&m); why != "" {
 		n.stats.Misconfigured++
+		n.misHeard = max(n.now(), 1)
 		warn := n.warnLocked(&n.misWarned)
 		n.mu.Unlock()
 		if warn {
@@ -284,6 +285,7 @@ func (n *Node) refuse(b []byte, err error) {
 		n.mu.Unlock()
 	default:
 		n.stats.Misconfigured++
+		n.misHeard = max(n.now(), 1)
 		warn := n.warnLocked(&n.misWarned)
 		n.mu.Unlock()
 		if warn {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"net/netip"
 	"reflect"
 	"testing"
 
@@ -27,6 +28,28 @@ func sampleMessages() []Message {
 			{FP: fp(5), Top: 1 << 33, Bitmap: bytes.Repeat([]byte{0xa5}, MaxBitmap)},
 		}},
 		{Type: TypeHello, Epoch: 4, Counter: 8, Stamp: 1e9, PeerEpoch: 9, Echo: 2e9},
+		{Type: TypeHello, Node: 2, Params: Digest{1, 2, 3}, Epoch: 5, Counter: 9,
+			Locals: []netip.Addr{netip.MustParseAddr("198.18.3.2"), netip.MustParseAddr("2001:db8::2")}},
+	}
+}
+
+// TestDirectionKeys: each direction has its own key, neither the pair's,
+// the same on both nodes; a message under one is not authentic under the
+// other.
+func TestDirectionKeys(t *testing.T) {
+	k12, k21 := testKey.Direction(1), testKey.Direction(2)
+	if k12 == k21 || k12 == testKey || k21 == testKey || k12 != testKey.Direction(1) {
+		t.Fatal("the direction keys are not distinct and deterministic")
+	}
+	b, err := (&Message{Type: TypeHello, Node: 1}).Append(nil, &k12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Decode(b, &k21); !errors.Is(err, ErrAuth) {
+		t.Fatalf("a message of node 1 decoded under node 2's key: %v", err)
+	}
+	if _, err := Decode(b, &k12); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -120,6 +120,7 @@ type Node struct {
 	stats       Stats
 	splitWarned time.Duration
 	misWarned   time.Duration
+	misHeard    time.Duration // when a misconfigured node's message last came (0: never)
 }
 
 // Stats counts a Node's traffic and waits.
@@ -256,6 +257,17 @@ func (n *Node) PeerHeard() (time.Duration, bool) {
 		return 0, false
 	}
 	return n.now() - n.heardAt, true
+}
+
+// Conflict reports whether a message of a misconfigured other node
+// (Stats.Misconfigured) arrived within the last two leases: the other
+// node is alive but cannot be trusted, so this node must not act on its
+// own record alone (daemon's applyRoleFile). It never gets a fresh
+// report from such a node either: a takeover leaves every key silent.
+func (n *Node) Conflict() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.misHeard != 0 && n.now()-n.misHeard < 2*n.cfg.Lease
 }
 
 // Report returns the active's reservation for fp if this node holds it
