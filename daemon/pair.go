@@ -382,6 +382,10 @@ func (d *Daemon) releaseOwn(ctx context.Context, wait time.Duration) {
 	if _, silent, _ := p.counts(); p.node.Role() != pairsync.RoleActive || silent == 0 {
 		return
 	}
+	if p.node.Conflict() {
+		p.log.Error("restarted active: the other node is alive but misconfigured (espd_pair_misconfigured_total): the states stay silent")
+		return
+	}
 	d.release(p, func(crypto.Fingerprint) (uint64, bool) { return 0, true },
 		"restarted active without a fresh report from the other node, above this node's own record", false)
 }

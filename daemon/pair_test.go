@@ -30,6 +30,7 @@ import (
 type pairConn struct {
 	net.PacketConn
 	cut, fail atomic.Bool
+	drop      atomic.Uint32 // bit t set: messages of pairsync.Type t are dropped
 }
 
 var errPairSend = errors.New("test: send refused")
@@ -38,7 +39,7 @@ func (c *pairConn) WriteTo(b []byte, a net.Addr) (int, error) {
 	if c.fail.Load() {
 		return 0, errPairSend
 	}
-	if c.cut.Load() {
+	if c.cut.Load() || (len(b) > 5 && b[5] < 32 && c.drop.Load()&(1<<b[5]) != 0) {
 		return len(b), nil
 	}
 	return c.PacketConn.WriteTo(b, a)
@@ -48,10 +49,16 @@ func (c *pairConn) WriteTo(b []byte, a net.Addr) (int, error) {
 // fail.
 type pairStore struct {
 	*sa.MemSeqStore
-	fail atomic.Bool
+	fail    atomic.Bool
+	block   atomic.Pointer[chan struct{}] // Reserve waits until it is closed
+	waiting atomic.Bool                   // a Reserve waits on block
 }
 
 func (s *pairStore) Reserve(fp crypto.Fingerprint, limit uint64) error {
+	if ch := s.block.Load(); ch != nil {
+		s.waiting.Store(true)
+		<-*ch
+	}
 	if s.fail.Load() {
 		return errors.New("test: store refuses")
 	}
@@ -78,6 +85,12 @@ var pairTestKey = pairsync.Key{0x70, 0x61, 0x69, 0x72}
 // newPairNodes returns nodes 1 and 2 of a pair on loopback UDP, both
 // standing by; start runs them until the test ends.
 func newPairNodes(t *testing.T) (a, b *pairNode, start func()) {
+	t.Helper()
+	return newPairNodesNum(t, 1, 2)
+}
+
+// newPairNodesNum is newPairNodes with the nodes numbered n1 and n2.
+func newPairNodesNum(t *testing.T, n1, n2 int) (a, b *pairNode, start func()) {
 	t.Helper()
 	ca, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -110,7 +123,7 @@ func newPairNodes(t *testing.T) (a, b *pairNode, start func()) {
 		n.d = &Daemon{log: log, db: n.db, dp: dp, pair: &pair{node: node, num: num, log: log}}
 		return n
 	}
-	a, b = mk(1, ca, cb), mk(2, cb, ca)
+	a, b = mk(n1, ca, cb), mk(n2, cb, ca)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() {
@@ -159,7 +172,7 @@ var (
 // pairState is the Config of a state both nodes install (a pair shares
 // its states); inbound ones have a window of 2048, so that every number
 // the tests send stays inside it and only the reported bitmap refuses it.
-func pairState(t *testing.T, spi uint32, dir sa.Direction) sa.Config {
+func pairState(t testing.TB, spi uint32, dir sa.Direction) sa.Config {
 	t.Helper()
 	suite, err := crypto.ParseSuite("aes128gcm16")
 	if err != nil {
