@@ -202,7 +202,7 @@ func (n *Node) receive(b []byte) {
 		warn := n.warnLocked(&n.misWarned)
 		n.mu.Unlock()
 		if warn {
-			n.log.Error("pair link: REFUSING the other node's messages: "+why, "node", n.cfg.Node)
+			n.log.Error("pair link: refusing the other node: "+why, "node", n.cfg.Node)
 		}
 		return
 	}
@@ -244,7 +244,7 @@ func (n *Node) receive(b []byte) {
 			warn := n.warnLocked(&n.splitWarned)
 			n.mu.Unlock()
 			if warn {
-				n.log.Warn("pair link: the other node acts as active too (split brain): each keeps to its own sequence blocks, so no number repeats, and continues above the other's reports; the VRRP configuration decides which one carries the traffic")
+				n.log.Warn("pair link: the other node acts as active too (split brain): each keeps to its own blocks, above the other's reports; VRRP decides which one carries the traffic")
 			}
 			n.followPeer(&m)
 			return
@@ -289,7 +289,7 @@ func (n *Node) refuse(b []byte, err error) {
 		warn := n.warnLocked(&n.misWarned)
 		n.mu.Unlock()
 		if warn {
-			n.log.Error("pair link: REFUSING the other node's messages: it uses this node's number: give the nodes different --pair-node", "node", n.cfg.Node)
+			n.log.Error("pair link: refusing the other node: it uses this node's number: give the nodes different --pair-node", "node", n.cfg.Node)
 		}
 	}
 }

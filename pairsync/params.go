@@ -62,15 +62,15 @@ func checkLocals(locals []netip.Addr, peer netip.AddrPort) error {
 // would number such a state's key from every block).
 func (n *Node) checkPeer(m *Message) string {
 	if int(m.Node) != 3-n.cfg.Node {
-		return fmt.Sprintf("it claims node number %d, and this node is %d: give the nodes different --pair-node", m.Node, n.cfg.Node)
+		return fmt.Sprintf("it claims node number %d, this node is %d: give the nodes different --pair-node", m.Node, n.cfg.Node)
 	}
 	if m.Params != n.digest {
-		return "its sequence block size, interval, lease or link addresses differ from this node's: configure both alike"
+		return "its block size, interval, lease or link addresses differ from this node's: configure both alike"
 	}
 	own := n.link.Addr().Unmap()
 	for _, a := range m.Locals {
 		if a == own || slices.Contains(n.cfg.Locals, a) {
-			return fmt.Sprintf("it declares %v as its own address (--pair-local-addr), which is this node's", a)
+			return fmt.Sprintf("it declares %v its own (--pair-local-addr), but it is this node's", a)
 		}
 	}
 	return ""
