@@ -29,13 +29,18 @@
 //     then no ledger holds one fresh.
 //   - The lease's invariant: the stamp a node echoes is always that of
 //     a message it received no later than lastHeard. Both move together,
-//     on every message the node accepts (authentic, of the other node's
+//     on every standby's message (Hello, Ack, Own: the only ones whose
+//     stamps, taken while the other node stands by, can make a report
+//     fresh there) that the node accepts (authentic, of the other node's
 //     number and parameters, newer than what was accepted: replay.go),
-//     whatever its type, and on nothing else. So no message can echo a
-//     stamp newer than the lastHeard a Reserve's deadline was computed
-//     from, however the link drops, delays or reorders messages by type;
-//     a delayed message only moves lastHeard later, which makes the
-//     active wait longer, never shorter.
+//     and on nothing else. So no message can echo a stamp newer than the
+//     lastHeard a Reserve's deadline was computed from, however the link
+//     drops, delays or reorders messages by type; a delayed message only
+//     moves lastHeard later, which makes the active wait longer, never
+//     shorter. An active's messages (Reserve, Windows) move neither: a
+//     stamp the other node took while active is older than its next
+//     standbySince, so no echo of it is ever fresh, and a node that takes
+//     over from a node that was active until it died does not wait.
 //   - A standby's window report is fresh by the same rule (Node.
 //     FreshWindow); a takeover uses only fresh ones for its replay bound.
 //   - A standby reports its own reservations too (Own, every interval):

@@ -24,7 +24,7 @@ func (n *Node) forgetAfter() time.Duration { return 3 * n.cfg.Lease }
 func (n *Node) forgetLocked() {
 	limit := n.forgetAfter()
 	for fp, at := range n.seen {
-		if n.lastHeard-at <= limit {
+		if n.heardAt-at <= limit {
 			continue
 		}
 		delete(n.seen, fp)

@@ -109,7 +109,8 @@ type Node struct {
 	winFresh     map[crypto.Fingerprint]uint64 // standby: the latest echo that carried its window
 	seen         map[crypto.Fingerprint]time.Duration
 	// lastHeard is when the message whose stamp this node echoes (the
-	// other node's latest accepted one) arrived; 0: start (lease.go).
+	// other node's latest accepted standby's message) arrived; 0: start
+	// (doc.go, replay.go).
 	lastHeard   time.Duration
 	peerEpoch   uint64 // the other node's run, its latest counter and stamp
 	peerCounter uint64

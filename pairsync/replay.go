@@ -20,29 +20,37 @@ import "time"
 // of an earlier run's messages can then be accepted, once per message,
 // while the other node is down; it makes nothing fresh or acknowledged
 // (both need an echo of this node's own run and clock, doc.go) and, as
-// every accepted message only moves lastHeard forward, it can only make
-// an active wait longer for a lease (at most the lease and a tenth per
+// an accepted message only moves lastHeard forward, it can only make an
+// active wait longer for a lease (at most the lease and a tenth per
 // reservation).
 
 // newEpoch returns the epoch of a run started at start.
 func newEpoch(start time.Time) uint64 { return max(uint64(start.UnixNano()), 1) }
 
 // acceptLocked applies the replay rule to m, an authentic message of the
-// other node received at now; if m is accepted, the node hears it: its
-// stamp is the one to echo, and lastHeard moves to now (lease.go).
+// other node received at now. If m is accepted the node hears it, and if
+// it is a standby's (Hello, Ack, Own), its stamp is the one to echo and
+// lastHeard moves to now: both together, on nothing else (doc.go).
 func (n *Node) acceptLocked(m *Message, now time.Duration) bool {
 	switch {
 	case m.Epoch == n.peerEpoch:
 		if m.Counter <= n.peerCounter {
 			return false
 		}
-		n.peerStamp = max(n.peerStamp, m.Stamp)
 	case m.Epoch < n.peerEpoch && now-n.heardAt < 2*n.cfg.Lease:
 		return false
 	default:
-		n.peerEpoch, n.peerStamp = m.Epoch, m.Stamp
+		n.peerEpoch, n.peerStamp = m.Epoch, 0
 	}
 	n.peerCounter = m.Counter
-	n.heardAt, n.lastHeard = now, now
+	n.heardAt = now
+	if m.Type.fromStandby() {
+		n.peerStamp = max(n.peerStamp, m.Stamp)
+		n.lastHeard = now
+	}
 	return true
 }
+
+// fromStandby reports whether a node sends messages of type t only while
+// it stands by: those whose stamps can make a report fresh there.
+func (t Type) fromStandby() bool { return t == TypeHello || t == TypeAck || t == TypeOwn }
