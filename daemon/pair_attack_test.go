@@ -135,6 +135,29 @@ func TestPairSameNodeNumber(t *testing.T) {
 	}
 }
 
+// TestPairRetryRelease: a node that takes over before it heard the other
+// node (neither was active before) leaves the state silent; once the
+// other node, standing by, reports its own reservation, retryRelease
+// releases the state above it.
+func TestPairRetryRelease(t *testing.T) {
+	a, b, start := newPairNodes(t)
+	out := pairState(t, 0xa00, sa.DirOut)
+	a.add(t, out)
+	sb := b.add(t, out)
+	if st := b.setRole(t, wire.PairRoleActive); st.Released != 0 || st.Silent != 1 {
+		t.Fatalf("takeover without a report: %+v", st)
+	}
+	start()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go b.d.retryRelease(ctx, pairTestInterval)
+	pairWait(t, "the state released above the other node's own reservation", func() bool { return !sb.Silent() })
+	own, _ := b.node.Ledger().Reserved(sb.Fingerprint())
+	if first, g := sb.ReserveSeq(1); g != 1 || first <= own || own == 0 {
+		t.Fatalf("released: hands out %d (%d), the other node's own reservation %d", first, g, own)
+	}
+}
+
 // TestPairStaleWindow: with the active's window reports dropped, the
 // standby's window of an inbound state goes stale (older than the
 // lease): the takeover still merges what it has, counts the state and

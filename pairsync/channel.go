@@ -236,7 +236,7 @@ func (n *Node) receive(b []byte) {
 		if standby {
 			n.standbyApply(&m, standbySince)
 		} else {
-			n.record(&m)
+			n.activeOwn(&m)
 		}
 	case TypeReserve, TypeWindows:
 		if n.role != RoleStandby {
@@ -366,6 +366,23 @@ func (n *Node) standbyApply(m *Message, standbySince uint64) {
 	b := n.encodeLocked(&Message{Type: TypeAck, AckEpoch: m.Epoch, AckCounter: m.Counter, Reservations: acked})
 	n.mu.Unlock()
 	n.send(b)
+}
+
+// activeOwn records a standby's own reservations on an active node and
+// holds them fresh when they echo a stamp of this node's run (doc.go), so
+// that a state left silent at a takeover is released above them.
+func (n *Node) activeOwn(m *Message) {
+	refused := n.record(m)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.role != RoleActive || m.PeerEpoch != n.epoch {
+		return
+	}
+	for _, r := range m.Reservations {
+		if !refused[r.FP] {
+			n.fresh[r.FP] = max(n.fresh[r.FP], m.Echo)
+		}
+	}
 }
 
 // followPeer records an active peer's reservations and hands them to

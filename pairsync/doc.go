@@ -27,20 +27,24 @@
 //     passed since it last heard the standby before it made the
 //     reservation: every message without it echoes an older stamp, so by
 //     then no ledger holds one fresh.
-//   - The lease's invariant: the stamp a node echoes is always that of
-//     a message it received no later than lastHeard. Both move together,
-//     on every standby's message (Hello, Ack, Own: the only ones whose
-//     stamps, taken while the other node stands by, can make a report
-//     fresh there) that the node accepts (authentic, of the other node's
+//   - The lease's invariant: every echoed stamp that can make a report
+//     fresh is that of a message received no later than lastHeard.
+//     Such stamps are those the other node took while it stood by: of
+//     its Hello, Ack and Own, the standby's messages. lastHeard moves on
+//     each of them the node accepts (authentic, of the other node's
 //     number and parameters, newer than what was accepted: replay.go),
-//     and on nothing else. So no message can echo a stamp newer than the
-//     lastHeard a Reserve's deadline was computed from, however the link
-//     drops, delays or reorders messages by type; a delayed message only
-//     moves lastHeard later, which makes the active wait longer, never
-//     shorter. An active's messages (Reserve, Windows) move neither: a
-//     stamp the other node took while active is older than its next
-//     standbySince, so no echo of it is ever fresh, and a node that takes
-//     over from a node that was active until it died does not wait.
+//     of whatever type, and the echoed stamp with it; an active's
+//     Reserve or Windows moves the echoed stamp only, but a stamp the
+//     other node took while active is older than its next standbySince,
+//     so no echo of it is ever fresh there (and a node that takes over
+//     from a node that was active until it died need not wait for the
+//     lease). So no message makes fresh what a Reserve's deadline did
+//     not count, however the link drops, delays or reorders messages by
+//     type; a delayed message only moves lastHeard later, which makes the
+//     active wait longer, never shorter.
+//   - An active holds the standby's own reservations (Own) fresh by the
+//     same rule, when they echo a stamp of its run: a state left silent
+//     at a takeover is released once one arrives (daemon's retryRelease).
 //   - A standby's window report is fresh by the same rule (Node.
 //     FreshWindow); a takeover uses only fresh ones for its replay bound.
 //   - A standby reports its own reservations too (Own, every interval):

@@ -55,3 +55,22 @@ func TestRecordRefusedOne(t *testing.T) {
 		return ok2 && ok3 && v2 == 3<<20 && v3 == 1<<20
 	})
 }
+
+// TestActiveOwnFresh: an active holds the standby's own reservations
+// fresh (they echo its run's stamps), so that a state it left silent is
+// released above them; a standby's Own before this run's stamps is not.
+func TestActiveOwnFresh(t *testing.T) {
+	p := newFakePair(t)
+	p.a.SetRole(RoleActive)
+	if _, ok := p.a.Report(fp(8)); ok {
+		t.Fatal("fresh before any report")
+	}
+	if _, err := p.b.Resume(fp(8), true); err != nil {
+		t.Fatal(err)
+	}
+	reserveBounded(t, p.b, fp(8), 2<<20)
+	waitFor(t, "the standby's own reservation fresh on the active", func() bool {
+		v, ok := p.a.Report(fp(8))
+		return ok && v == 2<<20
+	})
+}

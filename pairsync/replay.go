@@ -28,24 +28,24 @@ import "time"
 func newEpoch(start time.Time) uint64 { return max(uint64(start.UnixNano()), 1) }
 
 // acceptLocked applies the replay rule to m, an authentic message of the
-// other node received at now. If m is accepted the node hears it, and if
-// it is a standby's (Hello, Ack, Own), its stamp is the one to echo and
-// lastHeard moves to now: both together, on nothing else (doc.go).
+// other node received at now. If m is accepted the node hears it: its
+// stamp is the one to echo and, if it is a standby's message (Hello,
+// Ack, Own), lastHeard moves to now (doc.go).
 func (n *Node) acceptLocked(m *Message, now time.Duration) bool {
 	switch {
 	case m.Epoch == n.peerEpoch:
 		if m.Counter <= n.peerCounter {
 			return false
 		}
+		n.peerStamp = max(n.peerStamp, m.Stamp)
 	case m.Epoch < n.peerEpoch && now-n.heardAt < 2*n.cfg.Lease:
 		return false
 	default:
-		n.peerEpoch, n.peerStamp = m.Epoch, 0
+		n.peerEpoch, n.peerStamp = m.Epoch, m.Stamp
 	}
 	n.peerCounter = m.Counter
 	n.heardAt = now
 	if m.Type.fromStandby() {
-		n.peerStamp = max(n.peerStamp, m.Stamp)
 		n.lastHeard = now
 	}
 	return true
