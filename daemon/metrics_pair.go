@@ -20,7 +20,7 @@ var (
 	descPairSent = prometheus.NewDesc("espd_pair_messages_sent_total",
 		"Messages this node sent on the pair link, by type: reserve (an active's reservations: before it uses one, resent until acknowledged, and all of them every sweep interval), ack (a standby's, one per reserve it recorded), windows (an active's inbound replay windows, every sweep interval), hello (a standby's, every half interval), own (a standby's own reservations, the most it may have sent, every sweep interval); counted when encoded, so sends that failed are included.", []string{"type"}, nil)
 	descPairReceived = prometheus.NewDesc("espd_pair_messages_received_total",
-		"Authentic messages received on the pair link, by type (as for espd_pair_messages_sent_total), the old, duplicated and split-brain ones included.", []string{"type"}, nil)
+		"Messages accepted on the pair link, by type (as for espd_pair_messages_sent_total), split-brain ones included; replayed, reflected and misconfigured ones are counted apart.", []string{"type"}, nil)
 	descPairSentBytes = prometheus.NewDesc("espd_pair_sent_bytes_total",
 		"Bytes of the messages in espd_pair_messages_sent_total (UDP payload).", nil, nil)
 	descPairRecvBytes = prometheus.NewDesc("espd_pair_received_bytes_total",
@@ -28,7 +28,7 @@ var (
 	descPairSendErrors = prometheus.NewDesc("espd_pair_send_errors_total",
 		"Messages of espd_pair_messages_sent_total that the kernel refused to send on the pair link.", nil, nil)
 	descPairRejected = prometheus.NewDesc("espd_pair_rejected_total",
-		"Datagrams received on the pair link and dropped because they are not authentic under the pair's key or are malformed (an unknown version or type included).", nil, nil)
+		"Datagrams received on the pair link and dropped because they are not authentic under the other node's key, are malformed (an unknown version or type included) or come from another address.", nil, nil)
 	descPairReflected = prometheus.NewDesc("espd_pair_reflected_total",
 		"Datagrams dropped because they are this node's own messages sent back to it (authentic under its own direction's key).", nil, nil)
 	descPairReplayed = prometheus.NewDesc("espd_pair_replayed_total",

@@ -61,7 +61,7 @@ var movedElsewhere = map[string]struct {
 		pairTestFile, "TestMetricsPair", "PeerHeard"},
 	"espd_pair_messages_sent_total": {"pairsync/channel.go Node.encodeLocked, for every message it encodes",
 		pairTestFile, "TestMetricsPair", "Sent"},
-	"espd_pair_messages_received_total": {"pairsync/channel.go Node.receive, for every authentic message",
+	"espd_pair_messages_received_total": {"pairsync/channel.go Node.receive, for every message it accepts",
 		pairTestFile, "TestMetricsPair", "Received"},
 	"espd_pair_sent_bytes_total": {"pairsync/channel.go Node.encodeLocked, for every message it encodes",
 		pairTestFile, "TestMetricsPair", "SentBytes"},
