@@ -170,3 +170,45 @@ func TestLeaseDropsByType(t *testing.T) {
 		})
 	}
 }
+
+// TestEarlierRun: a message of an earlier run of the other node (a lower
+// epoch) is dropped while its current run is heard, whatever its
+// counter; a later run is taken at once (a restart); a lower one only
+// once the current run has been silent for two leases (a clock set back
+// across a restart).
+func TestEarlierRun(t *testing.T) {
+	p := newFakePair(t)
+	waitFor(t, "a hello", func() bool { return p.a.Stats().Received[TypeHello] > 0 })
+	k21 := testKey.Direction(2)
+	hello := func(epoch uint64) []byte {
+		b, err := (&Message{Type: TypeHello, Node: 2, Params: p.b.digest, Epoch: epoch, Counter: 1 << 40}).Append(nil, &k21)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	cur := p.b.Epoch()
+	before := p.a.Stats()
+	p.a.receive(hello(cur - 1))
+	if st := p.a.Stats(); st.Replayed != before.Replayed+1 || st.Received != before.Received {
+		t.Fatalf("a message of an earlier run taken: %+v", st)
+	}
+	p.link.set(2, true, TypeHello, TypeAck, TypeOwn) // the current run falls silent
+	p.a.receive(hello(cur + 1))                      // a later run: taken at once
+	silent := time.Now()
+	if st := p.a.Stats(); st.Received[TypeHello] != before.Received[TypeHello]+1 {
+		t.Fatal("a later run of the other node refused")
+	}
+	p.a.receive(hello(cur)) // lower than the run just taken
+	if st := p.a.Stats(); st.Replayed != before.Replayed+2 {
+		t.Fatal("a lower run taken while the current one is heard")
+	}
+	waitFor(t, "a lower run taken after two silent leases", func() bool {
+		n := p.a.Stats().Received[TypeHello]
+		p.a.receive(hello(cur))
+		return p.a.Stats().Received[TypeHello] > n
+	})
+	if d := time.Since(silent); d < 2*testLease-10*time.Millisecond {
+		t.Fatalf("a lower run taken after %v of silence, before two leases (%v)", d, 2*testLease)
+	}
+}
