@@ -72,8 +72,8 @@ func (n *Node) ticker(ctx context.Context) {
 // windows.
 func (n *Node) tick(sweep bool) {
 	n.mu.Lock()
-	var msgs [][]byte
-	n.forgetLocked()
+	var msgs []*Message
+	gone := n.forgetLocked()
 	switch n.role {
 	case RoleStandby:
 		msgs = append(msgs, n.encodeLocked(&Message{Type: TypeHello}))
@@ -87,11 +87,12 @@ func (n *Node) tick(sweep bool) {
 	}
 	active := n.role == RoleActive
 	n.mu.Unlock()
+	n.forget(gone)
 	if active && sweep && n.cfg.Windows != nil {
 		msgs = append(msgs, n.windowMessages(n.cfg.Windows())...)
 	}
-	for _, b := range msgs {
-		n.send(b)
+	for _, m := range msgs {
+		n.send(m)
 	}
 }
 
@@ -100,14 +101,14 @@ const maxRecords = (MaxMessage - headerLen - MaxLocals*localLen - 16 - macLen) /
 
 // sweepReservationsLocked encodes every reservation in messages of type
 // t, each carrying a key's current one.
-func (n *Node) sweepReservationsLocked(t Type) [][]byte {
-	var out [][]byte
+func (n *Node) sweepReservationsLocked(t Type) []*Message {
+	var out []*Message
 	rs := make([]Reservation, 0, min(len(n.reserved), maxRecords))
 	for fp, lim := range n.reserved {
 		rs = append(rs, Reservation{fp, lim})
 		if len(rs) == maxRecords {
 			out = append(out, n.encodeLocked(&Message{Type: t, Reservations: rs}))
-			rs = rs[:0]
+			rs = make([]Reservation, 0, min(len(n.reserved)-len(out)*maxRecords, maxRecords))
 		}
 	}
 	if len(rs) > 0 || (len(out) == 0 && t == TypeReserve) {
@@ -117,8 +118,8 @@ func (n *Node) sweepReservationsLocked(t Type) [][]byte {
 }
 
 // windowMessages encodes ws in as few messages as fit.
-func (n *Node) windowMessages(ws []Window) [][]byte {
-	var out [][]byte
+func (n *Node) windowMessages(ws []Window) []*Message {
+	var out []*Message
 	base := headerLen + len(n.cfg.Locals)*localLen + macLen
 	size := base
 	var cur []Window
@@ -145,28 +146,35 @@ func (n *Node) windowMessages(ws []Window) [][]byte {
 	return out
 }
 
-// encodeLocked numbers, stamps and authenticates m; nil if it cannot be
-// encoded (a bug: the callers keep to MaxMessage).
-func (n *Node) encodeLocked(m *Message) []byte {
-	n.counter++
-	m.Epoch, m.Counter, m.Stamp = n.epoch, n.counter, uint64(n.now())
+// encodeLocked stamps m and gives it what every message carries: the
+// echo and the reports it carries are read together, under n.mu (the
+// lease's rule, doc.go). send numbers and authenticates it.
+func (n *Node) encodeLocked(m *Message) *Message {
+	m.Epoch, m.Stamp = n.epoch, uint64(n.now())
 	m.PeerEpoch, m.Echo = n.peerEpoch, n.peerStamp
 	m.Node, m.Params, m.Locals = uint8(n.cfg.Node), n.digest, n.cfg.Locals
-	b, err := m.Append(nil, &n.sendKey)
-	if err != nil {
-		n.log.Error("pair link: encoding a message", "type", m.Type, "err", err)
-		return nil
-	}
-	n.stats.Sent[typeIndex(m.Type)]++
-	n.stats.SentBytes += uint64(len(b))
-	return b
+	return m
 }
 
-// send sends b to the other node.
-func (n *Node) send(b []byte) {
-	if b == nil {
+// send numbers m, authenticates it and sends it to the other node. The
+// number is taken as it is sent, under sendMu, so that messages leave in
+// the order of their counters (the receiver drops one below a counter it
+// accepted: replay.go). Called without n.mu.
+func (n *Node) send(m *Message) {
+	n.sendMu.Lock()
+	defer n.sendMu.Unlock()
+	n.counter++
+	m.Counter = n.counter
+	b, err := m.Append(n.sendBuf[:0], &n.sendKey)
+	if err != nil { // a bug: the callers keep to MaxMessage
+		n.log.Error("pair link: encoding a message", "type", m.Type, "err", err)
 		return
 	}
+	n.sendBuf = b
+	n.mu.Lock()
+	n.stats.Sent[typeIndex(m.Type)]++
+	n.stats.SentBytes += uint64(len(b))
+	n.mu.Unlock()
 	if _, err := n.cfg.Conn.WriteTo(b, n.cfg.Peer); err != nil {
 		n.mu.Lock()
 		n.stats.SendErrors++

@@ -1,11 +1,14 @@
 package pairsync
 
 import (
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/espd/espd/crypto"
+	"github.com/espd/espd/seqstore"
 )
 
 // peerStore is a memStore that knows the other node's records
@@ -125,5 +128,93 @@ func TestChurn(t *testing.T) {
 	}
 	if v, ok := p.b.Report(keep); !ok || v != 1<<20 {
 		t.Errorf("the key that stays: report %d, %v", v, ok)
+	}
+}
+
+// TestChurnDurable: the same churn with the standby's records in a
+// seqstore.Store: once the keys are forgotten and the store's retention
+// (one second of its running time here) has run, its log is back to the
+// size it had before (between compactions it stays below the store's
+// own bound, 4096 records or half again what it keeps).
+func TestChurnDurable(t *testing.T) {
+	const states, batch = 10000, 1000
+	dir := filepath.Join(t.TempDir(), "state")
+	st, err := seqstore.Open(dir, seqstore.Options{Retain: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p := newFakePair(t, func(a, b *Config) {
+		b.Store = st
+		a.Interval, b.Interval = 50*time.Millisecond, 50*time.Millisecond
+		a.Lease, b.Lease = time.Second, time.Second
+	})
+	logSize := func() int64 {
+		fi, err := os.Stat(filepath.Join(dir, seqstore.LogName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	keep := crypto.Fingerprint{0xff}
+	p.a.SetRole(RoleActive)
+	reserveBounded(t, p.a, keep, 1<<20)
+	waitFor(t, "the kept key recorded", func() bool { v, _ := p.b.Ledger().Reserved(keep); return v == 1<<20 })
+	before := logSize()
+	for i := 0; i < states; i += batch {
+		fps := make([]crypto.Fingerprint, batch)
+		limits := make([]uint64, batch)
+		for j := range fps {
+			fps[j] = crypto.Fingerprint{byte(i >> 8), byte(i), byte(j >> 8), byte(j), 2}
+			limits[j] = 1 << 20
+		}
+		if err := p.a.ReserveBatch(fps, limits); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fps {
+			if err := p.a.Retire(f, 1000); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	grown := logSize()
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		seen, fresh, wfresh, reserved, windows := p.b.Keys()
+		if seen == 1 && fresh <= 1 && wfresh == 0 && reserved == 1 && windows == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("30 s after the churn the standby holds %d keys (%d forgotten)", seen, p.b.Stats().Forgotten)
+		}
+	}
+	if p.b.Stats().Forgotten < states || grown <= before {
+		t.Fatalf("the churn did not reach the standby's store: %d keys forgotten, log of %d bytes (%d before)", p.b.Stats().Forgotten, grown, before)
+	}
+	// The forgotten records expire after a second of the store's running
+	// time; the compaction at Open drops them.
+	p.a.Close()
+	p.b.Close()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(30 * time.Second); ; {
+		s, err := seqstore.Open(dir, seqstore.Options{Retain: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		size := logSize()
+		if size <= before {
+			v, err := s.Resume(keep, true)
+			s.Close()
+			if err != nil || v != 1<<20 {
+				t.Fatalf("the kept key: %d, %v", v, err)
+			}
+			break
+		}
+		time.Sleep(1100 * time.Millisecond) // the store's running time, counted in whole seconds
+		s.Close()
+		if time.Now().After(end) {
+			t.Fatalf("the store's log is %d bytes 30 s after the churn (%d before, %d at its end)", size, before, grown)
+		}
 	}
 }

@@ -21,13 +21,16 @@ type fakeConn struct {
 }
 
 func (c *fakeConn) ReadFrom([]byte) (int, net.Addr, error) { <-c.closed; return 0, nil, net.ErrClosed }
+
+// WriteTo queues b, or drops it when the queue is full, as UDP would.
 func (c *fakeConn) WriteTo(b []byte, _ net.Addr) (int, error) {
 	select {
-	case c.out <- append([]byte(nil), b...):
-		return len(b), nil
 	case <-c.closed:
 		return 0, net.ErrClosed
+	case c.out <- append([]byte(nil), b...):
+	default:
 	}
+	return len(b), nil
 }
 func (c *fakeConn) Close() error                     { c.once.Do(func() { close(c.closed) }); return nil }
 func (c *fakeConn) LocalAddr() net.Addr              { return c.local }

@@ -1,6 +1,10 @@
 package pairsync
 
-import "time"
+import (
+	"time"
+
+	"github.com/espd/espd/crypto"
+)
 
 // Bounded state. The active sweeps every live key's reservation (and
 // every live inbound key's window) each interval, and a standby its own
@@ -19,10 +23,13 @@ import "time"
 // node's reports, while it was heard, before this node forgets it.
 func (n *Node) forgetAfter() time.Duration { return 3 * n.cfg.Lease }
 
-// forgetLocked forgets the keys of the other node absent for
-// forgetAfter. Called with n.mu held, every half interval.
-func (n *Node) forgetLocked() {
+// forgetLocked forgets, in memory, the keys of the other node absent
+// for forgetAfter, and returns them: the caller, n.mu released, has the
+// ledger forget them too (forget), which writes to the store. Called
+// every half interval.
+func (n *Node) forgetLocked() []crypto.Fingerprint {
 	limit := n.forgetAfter()
+	var gone []crypto.Fingerprint
 	for fp, at := range n.seen {
 		if n.heardAt-at <= limit {
 			continue
@@ -31,6 +38,14 @@ func (n *Node) forgetLocked() {
 		delete(n.fresh, fp)
 		delete(n.winFresh, fp)
 		n.stats.Forgotten++
+		gone = append(gone, fp)
+	}
+	return gone
+}
+
+// forget has the ledger forget the keys forgetLocked returned.
+func (n *Node) forget(gone []crypto.Fingerprint) {
+	for _, fp := range gone {
 		if err := n.ledger.Forget(fp); err != nil {
 			n.log.Warn("pair link: cannot retire the other node's record of a key it no longer reports", "err", err)
 		}

@@ -99,9 +99,13 @@ type Node struct {
 	digest           Digest
 	link, peer       netip.AddrPort
 
+	// sendMu serializes sends: counter numbers messages as they leave.
+	sendMu  sync.Mutex
+	counter uint64
+	sendBuf []byte
+
 	mu           sync.Mutex
 	role         Role
-	counter      uint64
 	standbySince uint64                        // stamp at which this node last became standby
 	reserved     map[crypto.Fingerprint]uint64 // this node's reservations, carried while active
 	acked        map[crypto.Fingerprint]uint64 // what the standby acknowledged of them

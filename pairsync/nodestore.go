@@ -96,7 +96,7 @@ func (n *Node) await(fps []crypto.Fingerprint, limits []uint64, deadline time.Du
 			n.mu.Unlock()
 			return nil
 		}
-		var msgs [][]byte
+		var msgs []*Message
 		for len(rs) > 0 {
 			k := min(len(rs), maxRecords)
 			msgs = append(msgs, n.encodeLocked(&Message{Type: TypeReserve, Reservations: rs[:k]}))
@@ -105,8 +105,8 @@ func (n *Node) await(fps []crypto.Fingerprint, limits []uint64, deadline time.Du
 		wait := min(retry, deadline-n.now())
 		ch := n.changed
 		n.mu.Unlock()
-		for _, b := range msgs {
-			n.send(b)
+		for _, m := range msgs {
+			n.send(m)
 		}
 		sent = true
 		t := time.NewTimer(max(wait, time.Millisecond))
