@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/espd/espd/config"
+	"github.com/espd/espd/routing"
 	"github.com/espd/espd/tun"
 )
 
@@ -43,8 +44,8 @@ func (d *Daemon) addInterfaceLocked(spec config.Interface) error {
 	}
 	// Decrypted packets come out of it from sources the main table
 	// routes elsewhere.
-	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+spec.Name+"/rp_filter", []byte("2"), 0); err != nil {
-		d.log.Warn("cannot set rp_filter loose on a route-based interface: strict reverse-path filtering may drop what it delivers", "interface", spec.Name, "err", err)
+	if _, err := routing.LooseRPFilter(spec.Name); err != nil {
+		d.log.Warn("route-based interface's rp_filter stays strict: it drops what espd delivers", "interface", spec.Name, "err", err)
 	}
 	if err := d.dp.AddInterface(spec.IfID, dev); err != nil {
 		dev.Close()

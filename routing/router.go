@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"sync"
 
 	"github.com/vishvananda/netlink"
@@ -50,7 +49,8 @@ type Router struct {
 // takes over what a previous instance with the same table left behind and
 // sets the TUN's rp_filter to loose (2): decrypted packets arrive on the
 // TUN from sources the main table routes elsewhere. The rp_filter setting
-// belongs to the TUN and disappears with it.
+// belongs to the TUN and disappears with it. Where /proc/sys is read-only
+// New fails only if the filter on the TUN is strict (LooseRPFilter).
 //
 // Rules identical to its own are kept (duplicates removed, one always
 // stays), so a held prefix's traffic never bypasses the table, not even
@@ -125,11 +125,8 @@ func (r *Router) init() error {
 			}
 		}
 	}
-	path := "/proc/sys/net/ipv4/conf/" + r.cfg.LinkName + "/rp_filter"
-	if err := os.WriteFile(path, []byte("2"), 0); err != nil {
-		return fmt.Errorf("routing: rp_filter loose on %s: %w", r.cfg.LinkName, err)
-	}
-	return nil
+	_, err := LooseRPFilter(r.cfg.LinkName)
+	return err
 }
 
 // AddRoute takes a reference on the route of kind k to the destination

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -49,6 +50,40 @@ func (r *Router) StrictRPFilter(peer netip.Addr) (string, bool, error) {
 		return name, false, err
 	}
 	return name, max(all, dev) == 1, nil
+}
+
+// ErrStrictRPFilter is in the error of LooseRPFilter when the filter on
+// the interface stays strict.
+var ErrStrictRPFilter = errors.New("strict reverse-path filtering drops what espd delivers")
+
+// LooseRPFilter makes sure that IPv4 reverse-path filtering lets packets
+// from any source in on the interface dev, which espd writes decrypted
+// packets into: the kernel drops them only where max(conf/all/rp_filter,
+// conf/<dev>/rp_filter) is 1 (strict). It writes 2 (loose) to dev's
+// rp_filter; where that cannot be written (a read-only /proc/sys, as in
+// most containers) it reads the effective value and returns nil if it is
+// 0 or 2, wrote false. Otherwise the error wraps ErrStrictRPFilter and
+// names the sysctl to set where /proc/sys is writable. Every rp_filter
+// espd sets goes through it.
+func LooseRPFilter(dev string) (wrote bool, err error) {
+	werr := os.WriteFile("/proc/sys/net/ipv4/conf/"+dev+"/rp_filter", []byte("2"), 0)
+	if werr == nil {
+		return true, nil
+	}
+	all, err := readRPFilter("all")
+	if err != nil {
+		return false, fmt.Errorf("routing: rp_filter loose on %s: %w (and %w)", dev, werr, err)
+	}
+	own, err := readRPFilter(dev)
+	if err != nil {
+		return false, fmt.Errorf("routing: rp_filter loose on %s: %w (and %w)", dev, werr, err)
+	}
+	if max(all, own) != 1 {
+		return false, nil
+	}
+	return false, fmt.Errorf("routing: %w on %s: cannot set net.ipv4.conf.%s.rp_filter=2 (%v) and all=%d, %s=%d; "+
+		"where /proc/sys is writable (the host, or the container's sysctl settings), run: sysctl -w net.ipv4.conf.all.rp_filter=2",
+		ErrStrictRPFilter, dev, dev, werr, all, dev, own)
 }
 
 // readRPFilter reads net.ipv4.conf.<conf>.rp_filter.

@@ -165,7 +165,7 @@ func restoreInterfaces(opts daemon.Options, w io.Writer) (int, error) {
 			return n, fmt.Errorf("route-based interface %s (if_id %d): %w", s.Name, s.IfID, err)
 		}
 		dev.Close() // persistent: it stays, and drops what is routed into it
-		if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+s.Name+"/rp_filter", []byte("2"), 0); err != nil {
+		if _, err := routing.LooseRPFilter(s.Name); err != nil {
 			fmt.Fprintf(w, "warning: rp_filter of %s: %v\n", s.Name, err)
 		}
 		fmt.Fprintf(w, "added route-based interface %s (if_id %d), dropping until espd runs\n", s.Name, s.IfID)
