@@ -193,6 +193,9 @@ func setAndBind(fd int, what string, sa unix.Sockaddr, opts []sockopt) error {
 		if port := sockaddrPort(sa); port > 0 && port < 1024 {
 			err = needs(err, "CAP_NET_BIND_SERVICE for a port below 1024")
 		}
+		if port := sockaddrPort(sa); port > 0 && errors.Is(err, unix.EADDRINUSE) {
+			err = fmt.Errorf("%w: %s", err, udpPortHolders(port))
+		}
 		return fmt.Errorf("conn: bind %s: %w", what, err)
 	}
 	return nil
