@@ -86,9 +86,10 @@ type Config struct {
 	// RestoreHolds puts the holds and rules back at boot, and Cleanup
 	// removes it.
 	HoldFile string
-	// HoldFileError, if set, is told when a write of HoldFile fails (the
-	// holds in the kernel are unaffected; the next boot would miss the
-	// changes since the last good write).
+	// HoldFileError, if set, is told when a write of HoldFile after New
+	// fails (the holds in the kernel are unaffected; the next boot would
+	// miss the changes since the last good write). New writes it once
+	// before it returns, and a failure there is New's error.
 	HoldFileError func(error)
 }
 

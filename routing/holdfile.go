@@ -8,13 +8,14 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/espd/espd/statefile"
 )
 
 // The hold file (Config.HoldFile) records what is held, so that the holds
@@ -37,8 +38,8 @@ import (
 // every unmarked packet to the table: it is read as the 0.0.0.0/0 and ::/0
 // sources of each family its prefixes have.
 //
-// It is replaced atomically (written beside, fsynced, renamed, directory
-// fsynced); a file without its trailer, with a count that disagrees or a
+// It is replaced atomically (statefile.Replace: written beside, fsynced,
+// renamed, directory fsynced); a file without its trailer, with a count that disagrees or a
 // line that is not a prefix is refused, never half read.
 const (
 	holdFileHeader  = "espd holds 2"
@@ -141,31 +142,8 @@ func writeHoldFile(path string, held holdSet) error {
 		buf.WriteString(p.String() + "\n")
 	}
 	fmt.Fprintf(&buf, "end %d\n", len(held.sources)+len(held.prefixes))
-	tmp := path + ".new"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
+	if err := statefile.Replace(path, buf.Bytes()); err != nil {
 		return fmt.Errorf("routing: hold file: %w", err)
-	}
-	_, err = f.Write(buf.Bytes())
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("routing: hold file %s: %w", path, err)
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		err = d.Sync()
-		d.Close()
-		if err != nil {
-			return fmt.Errorf("routing: hold file %s: sync directory: %w", path, err)
-		}
 	}
 	return nil
 }
@@ -199,11 +177,26 @@ func (r *Router) holdsChanged() {
 	}
 }
 
+// startHoldWriter records what is held now, before it returns (a hold
+// file that cannot be written at start-up is New's error: the service
+// fails visibly rather than run with a record the next boot would
+// restore wrongly), and starts the writer of the later changes.
+func (r *Router) startHoldWriter() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	held := r.heldSet()
+	if err := writeHoldFile(r.cfg.HoldFile, held); err != nil {
+		return err
+	}
+	r.holdWake, r.holdDone = make(chan struct{}, 1), make(chan struct{})
+	go r.holdWriter(&held)
+	return nil
+}
+
 // holdWriter records what is held whenever holdsChanged asks, until
-// holdWake is closed.
-func (r *Router) holdWriter() {
+// holdWake is closed; last is what the file holds now.
+func (r *Router) holdWriter(last *holdSet) {
 	defer close(r.holdDone)
-	var last *holdSet
 	for range r.holdWake {
 		r.mu.Lock()
 		if r.closed {

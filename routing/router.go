@@ -83,9 +83,10 @@ func New(cfg Config) (*Router, error) {
 		return nil, err
 	}
 	if cfg.HoldFile != "" {
-		r.holdWake, r.holdDone = make(chan struct{}, 1), make(chan struct{})
-		go r.holdWriter()
-		r.holdWake <- struct{}{}
+		if err := r.startHoldWriter(); err != nil {
+			r.Close()
+			return nil, err
+		}
 	}
 	return r, nil
 }
