@@ -82,7 +82,7 @@ type Device struct {
 	dev   wgtun.Device
 	name  string
 	index int
-	mtu   int
+	mtu   atomic.Int32 // SetMTU changes it
 
 	// The data path: the driver opens the device and watches its state;
 	// espd reads and writes the descriptor itself (vnet.go, coalesce.go).
@@ -159,7 +159,8 @@ func Create(cfg Config) (*Device, error) {
 		}
 		return nil, fmt.Errorf("tun: create %s: %w", cfg.Name, err)
 	}
-	d := &Device{dev: dev, mtu: cfg.MTU, drained: make(chan struct{})}
+	d := &Device{dev: dev, drained: make(chan struct{})}
+	d.mtu.Store(int32(cfg.MTU))
 	// The driver reports link events on a small channel and blocks when
 	// nobody reads it; drain it for the device's lifetime.
 	go func() {
@@ -255,8 +256,8 @@ func (d *Device) initOffloads() error {
 	return nil
 }
 
-// MTU returns the MTU the device was configured with.
-func (d *Device) MTU() int { return d.mtu }
+// MTU returns the MTU the device was configured with (Create, SetMTU).
+func (d *Device) MTU() int { return int(d.mtu.Load()) }
 
 // Name returns the interface name.
 func (d *Device) Name() string { return d.name }
