@@ -120,6 +120,8 @@ type Daemon struct {
 	ike atomic.Pointer[ikeHub] // the IKE hand-off, while it runs (ike.go)
 
 	pair *pair // the gateway pair's link, with Options.Pair (pair.go)
+
+	writes stateWrites // failed writes of the state directory's records
 }
 
 // New prepares a daemon; Run starts it.
@@ -163,6 +165,7 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d := &Daemon{opts: opts, log: log, db: db, dp: dp, closeSeq: closeSeq, ifaces: map[uint32]*ifaceDev{}, pair: pr}
+	d.opts.IO.holdFileError = func(err error) { d.stateWriteFailed(stateFileHolds, err) }
 	d.policyRoutes.noIPv6 = opts.IO.NoIPv6
 	d.policyRoutes.log = log.With("component", "routing")
 	d.routes = &d.policyRoutes
@@ -264,7 +267,10 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 			return nil
 		case <-reload:
 			d.notify(reloadingMessage())
-			if err := d.Reload(); err != nil {
+			var rerr *recordError
+			if err := d.Reload(); errors.As(err, &rerr) {
+				d.log.Error("configuration reloaded; the record for the next boot is not written", "err", err)
+			} else if err != nil {
 				d.log.Error("configuration refused; running state unchanged", "err", err)
 			} else {
 				states, policies := d.fileCounts()

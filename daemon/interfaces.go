@@ -3,6 +3,7 @@ package daemon
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,7 +14,9 @@ import (
 	"strings"
 
 	"github.com/espd/espd/config"
+	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/routing"
+	"github.com/espd/espd/statefile"
 	"github.com/espd/espd/tun"
 )
 
@@ -84,24 +87,70 @@ func (d *Daemon) checkInterfaces(want []config.Interface) error {
 	return nil
 }
 
-// interfacesChange returns the interfaces of want to add and the IDs of
-// those to remove (gone, or changed: another name or MTU).
-func (d *Daemon) interfacesChange(want []config.Interface) (add []config.Interface, remove []uint32) {
+// ifaceChanges is what a configuration changes in the route-based
+// interfaces.
+type ifaceChanges struct {
+	add    []config.Interface // interface IDs espd does not have
+	mtu    []config.Interface // same ID and name, another MTU: changed in place
+	remove []uint32           // interface IDs the configuration no longer has
+}
+
+// interfacesChange works out what want changes. It refuses a change of
+// name and an MTU the data plane cannot carry: a renamed interface would
+// lose the routes an administrator put on it, and its traffic would fall
+// through to other routes. It changes nothing.
+func (d *Daemon) interfacesChange(want []config.Interface) (ifaceChanges, error) {
+	var ch ifaceChanges
 	keep := map[uint32]bool{}
 	for _, ifc := range want {
-		if cur := d.ifaces[ifc.IfID]; cur != nil && cur.spec == ifc {
-			keep[ifc.IfID] = true
-			continue
+		if m := d.interfaceMTU(ifc); m > dataplane.BufferSize-dataplane.MaxFraming {
+			return ch, fmt.Errorf("%s: interface %s (if_id %d): mtu %d is above the %d the data plane carries",
+				d.opts.ConfigPath, ifc.Name, ifc.IfID, m, dataplane.BufferSize-dataplane.MaxFraming)
 		}
-		add = append(add, ifc)
+		cur := d.ifaces[ifc.IfID]
+		switch {
+		case cur == nil:
+			ch.add = append(ch.add, ifc)
+		case cur.spec.Name != ifc.Name:
+			return ch, fmt.Errorf("%s: interface if_id %d: renaming %s to %s is refused: the routes on %s cannot be carried over; "+
+				"remove the [[interface]] in one reload and add it in another, or restart espd", d.opts.ConfigPath, ifc.IfID, cur.spec.Name, ifc.Name, cur.spec.Name)
+		case cur.spec.MTU != ifc.MTU:
+			ch.mtu = append(ch.mtu, ifc)
+		}
+		keep[ifc.IfID] = true
 	}
 	for id := range d.ifaces {
 		if !keep[id] {
-			remove = append(remove, id)
+			ch.remove = append(ch.remove, id)
 		}
 	}
-	slices.Sort(remove)
-	return add, remove
+	slices.Sort(ch.remove)
+	return ch, nil
+}
+
+// interfaceMTU is the MTU of spec's device: its own, or espd's TUN's.
+func (d *Daemon) interfaceMTU(spec config.Interface) int {
+	if spec.MTU != 0 {
+		return spec.MTU
+	}
+	return cmp.Or(d.opts.IO.TUN.MTU, tun.DefaultMTU)
+}
+
+// setInterfaceMTULocked changes the MTU of the interface of spec.IfID to
+// spec's in place (tun.Device.SetMTU): the device and the routes into it
+// stay, and the data plane reads the new MTU from the device. d.mu is
+// held.
+func (d *Daemon) setInterfaceMTULocked(spec config.Interface) error {
+	ifc := d.ifaces[spec.IfID]
+	if ifc == nil {
+		return fmt.Errorf("interface if_id %d: not there", spec.IfID)
+	}
+	if err := ifc.dev.SetMTU(d.interfaceMTU(spec)); err != nil {
+		return fmt.Errorf("interface %s (if_id %d): %w", spec.Name, spec.IfID, err)
+	}
+	ifc.spec = spec
+	d.log.Info("route-based interface MTU changed in place", "interface", spec.Name, "if_id", spec.IfID, "mtu", ifc.dev.MTU())
+	return nil
 }
 
 // recordInterfacesLocked writes the interfaces to InterfacesFile, or
@@ -124,50 +173,54 @@ func (d *Daemon) recordInterfacesLocked() error {
 	return WriteInterfaces(path, specs)
 }
 
+// interfacesHeader is the record's first line.
+const interfacesHeader = "# espd's route-based interfaces (name if_id mtu), created at boot by espd --restore-holds"
+
 // WriteInterfaces records specs in path (InterfacesFile's format: a
-// comment, then one "name if_id mtu" line per interface), replacing it
-// atomically.
+// comment, one "name if_id mtu" line per interface, and statefile's
+// trailer), replacing it atomically and durably (statefile.Write).
 func WriteInterfaces(path string, specs []config.Interface) error {
 	specs = slices.Clone(specs)
-	slices.SortFunc(specs, func(a, b config.Interface) int { return int(int64(a.IfID) - int64(b.IfID)) })
+	slices.SortFunc(specs, func(a, b config.Interface) int { return cmp.Compare(a.IfID, b.IfID) })
 	var b bytes.Buffer
-	b.WriteString("# espd's route-based interfaces (name if_id mtu), created at boot by espd --restore-holds\n")
+	b.WriteString(interfacesHeader + "\n")
 	for _, s := range specs {
 		fmt.Fprintf(&b, "%s %d %d\n", s.Name, s.IfID, s.MTU)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
-		return err
+	if err := statefile.Write(path, b.Bytes()); err != nil {
+		return fmt.Errorf("record of route-based interfaces: %w", err)
 	}
-	return os.Rename(tmp, path)
+	return nil
 }
 
 // ReadInterfaces reads a record WriteInterfaces wrote; a missing file
-// holds none. A damaged one is refused as a whole.
+// holds none. A damaged one (empty, cut short, without its trailer, a
+// checksum or line that does not check out) is refused as a whole, with
+// an error wrapping statefile.ErrDamaged.
 func ReadInterfaces(path string) ([]config.Interface, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
+	data, found, err := statefile.Read(path)
+	if err != nil || !found {
 		return nil, err
 	}
 	var specs []config.Interface
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
+		if n == 1 {
+			if line != interfacesHeader {
+				return nil, fmt.Errorf("%s:1: %w: header %q", path, statefile.ErrDamaged, line)
+			}
 			continue
 		}
 		f := strings.Fields(line)
 		if len(f) != 3 {
-			return nil, fmt.Errorf("%s:%d: want \"name if_id mtu\", got %q", path, n, line)
+			return nil, fmt.Errorf("%s:%d: %w: want \"name if_id mtu\", got %q", path, n, statefile.ErrDamaged, line)
 		}
 		id, err1 := strconv.ParseUint(f[1], 10, 32)
 		mtu, err2 := strconv.Atoi(f[2])
 		if err := config.CheckInterfaceName(f[0]); err != nil || err1 != nil || err2 != nil || id == 0 ||
 			(mtu != 0 && (mtu < config.MinInterfaceMTU || mtu > config.MaxInterfaceMTU)) {
-			return nil, fmt.Errorf("%s:%d: not an interface record: %q", path, n, line)
+			return nil, fmt.Errorf("%s:%d: %w: not an interface record: %q", path, n, statefile.ErrDamaged, line)
 		}
 		specs = append(specs, config.Interface{Name: f[0], IfID: uint32(id), MTU: mtu})
 	}
@@ -181,7 +234,7 @@ func (d *Daemon) recordedInterfaces() []config.Interface {
 	}
 	old, err := ReadInterfaces(InterfacesFile(d.opts.StateDir))
 	if err != nil {
-		d.log.Warn("cannot read the record of route-based interfaces", "err", err)
+		d.log.Error("cannot read the record of route-based interfaces: an interface removed from the configuration while espd was stopped is not deleted; the record is written anew", "err", err)
 	}
 	return old
 }

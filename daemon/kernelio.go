@@ -49,6 +49,9 @@ type IOConfig struct {
 	XDPEncap bool
 	// XDPMode is afxdp.Config.Mode.
 	XDPMode string
+
+	// holdFileError is told a failed write of HoldFile (Daemon.stateWriteFailed).
+	holdFileError func(error)
 }
 
 func (c *IOConfig) setDefaults() {
@@ -96,10 +99,8 @@ func openIO(cfg *IOConfig, batch int, log *slog.Logger) (_ *kernelIO, err error)
 		LinkIndex: k.tun.Index(), LinkName: k.tun.Name(),
 		MTU: k.tun.MTU(), TransportMTU: dataplane.BufferSize - dataplane.MaxFraming,
 		Table: cfg.Table, Mark: cfg.Mark, Priority: cfg.RulePriority, NoIPv6: cfg.NoIPv6,
-		HoldFile: cfg.HoldFile,
-		HoldFileError: func(err error) {
-			log.Error("cannot record the held prefixes for the next boot; they stay held now", "err", err)
-		},
+		HoldFile:      cfg.HoldFile,
+		HoldFileError: cfg.holdFileError,
 	})
 	if err != nil {
 		return nil, err

@@ -59,6 +59,7 @@ const scrapeWait = 10 * time.Second
 func (d *Daemon) metricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	m := newMetrics(d.db, d.dp.Stats, d.opts.MetricsPerSA, d.log.With("component", "metrics"))
+	m.reg.MustRegister(&stateCollector{w: &d.writes})
 	if h := d.ike.Load(); h != nil { // Run starts the hand-off first
 		m.reg.MustRegister(&ikeCollector{hub: h})
 	}

@@ -99,20 +99,16 @@ func (d *Daemon) applyLocked(f *config.File) error {
 	if err := d.checkInterfaces(f.Interfaces); err != nil {
 		return err
 	}
+	ifch, err := d.interfacesChange(f.Interfaces)
+	if err != nil {
+		return err
+	}
+	// New interface IDs and MTU changes go in first, and are undone on a
+	// refusal; an MTU changes in place, so the routes into the interface
+	// stay and nothing routed there falls through to another route.
 	var installed []sa.Policy
-	addIfs, removeIfs := d.interfacesChange(f.Interfaces)
-	// An interface whose name or MTU changed is replaced only once the
-	// rest of the file is applied, so that a refused file leaves it as it
-	// was; new interface IDs go in first, and are undone on a refusal.
-	var changed []config.Interface
-	addIfs = slices.DeleteFunc(addIfs, func(c config.Interface) bool {
-		if d.ifaces[c.IfID] != nil {
-			changed = append(changed, c)
-			return true
-		}
-		return false
-	})
 	var added []uint32
+	var mtuWas []config.Interface
 	undo := func() {
 		for _, p := range slices.Backward(installed) {
 			if err := d.routes.RemovePolicyRoute(p); err != nil {
@@ -124,14 +120,29 @@ func (d *Daemon) applyLocked(f *config.File) error {
 				d.log.Error("undoing a route-based interface of a refused configuration", "if_id", id, "err", err)
 			}
 		}
-		d.recordInterfaces()
+		for _, old := range mtuWas {
+			if err := d.setInterfaceMTULocked(old); err != nil {
+				d.log.Error("undoing the MTU change of a refused configuration", "if_id", old.IfID, "err", err)
+			}
+		}
+		if err := d.recordInterfacesLocked(); err != nil {
+			d.stateWriteFailed(stateFileInterfaces, err)
+		}
 	}
-	for _, ifc := range addIfs {
+	for _, ifc := range ifch.add {
 		if err := d.addInterfaceLocked(ifc); err != nil {
 			undo()
 			return fmt.Errorf("%s: %w", d.opts.ConfigPath, err)
 		}
 		added = append(added, ifc.IfID)
+	}
+	for _, ifc := range ifch.mtu {
+		old := d.ifaces[ifc.IfID].spec
+		if err := d.setInterfaceMTULocked(ifc); err != nil {
+			undo()
+			return fmt.Errorf("%s: %w", d.opts.ConfigPath, err)
+		}
+		mtuWas = append(mtuWas, old)
 	}
 	for _, p := range pl.install {
 		if err := d.routes.InstallPolicyRoute(p); err != nil {
@@ -156,25 +167,34 @@ func (d *Daemon) applyLocked(f *config.File) error {
 			d.log.Warn("removing the route of a policy the configuration no longer has", "policy", p.String(), "err", err)
 		}
 	}
-	for _, id := range removeIfs {
+	for _, id := range ifch.remove {
 		if err := d.removeInterfaceLocked(id); err != nil {
 			d.log.Warn("removing a route-based interface the configuration no longer has", "if_id", id, "err", err)
 		}
 	}
-	for _, c := range changed {
-		if err := d.addInterfaceLocked(c); err != nil {
-			d.log.Error("the configuration changed a route-based interface and it cannot be created again: its traffic is dropped until a reload succeeds", "if_id", c.IfID, "interface", c.Name, "err", err)
-		}
+	if err := d.recordInterfacesLocked(); err != nil {
+		d.stateWriteFailed(stateFileInterfaces, err)
+		return &recordError{err: err}
 	}
-	d.recordInterfaces()
 	return nil
 }
 
-// recordInterfaces records the interfaces for the next boot, logging a
-// failure. d.mu is held.
+// recordError is Reload's error when the configuration is applied but the
+// record of the route-based interfaces for the next boot cannot be
+// written: the running state is the file's, the next boot may miss it.
+type recordError struct{ err error }
+
+func (e *recordError) Error() string {
+	return "configuration applied, but the route-based interfaces cannot be recorded for the next boot: " + e.err.Error()
+}
+
+func (e *recordError) Unwrap() error { return e.err }
+
+// recordInterfaces records the interfaces for the next boot; a failure is
+// logged at error level and counted (stateWriteFailed). d.mu is held.
 func (d *Daemon) recordInterfaces() {
 	if err := d.recordInterfacesLocked(); err != nil {
-		d.log.Error("cannot record the route-based interfaces for the next boot; they exist now", "err", err)
+		d.stateWriteFailed(stateFileInterfaces, err)
 	}
 }
 
