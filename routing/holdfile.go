@@ -284,6 +284,12 @@ func (r *Router) checkFamilies(held holdSet) error {
 // without a TUN and without a running espd: what a boot needs before its
 // network comes up (espd --restore-holds). Holds and rules already there
 // are kept. It returns what it added, one line each.
+//
+// A hold file that exists but cannot be trusted (damaged, unreadable, or
+// with IPv6 under NoIPv6) must not open what it would have held: then it
+// holds everything instead, 0.0.0.0/0 and ::/0 (HoldEverything), and
+// returns what it added with an error wrapping ErrHoldFile that says so.
+// Only a missing file means nothing is held.
 func RestoreHolds(cfg Config) ([]string, error) {
 	if cfg.HoldFile == "" {
 		return nil, errors.New("routing: no hold file")
@@ -292,43 +298,78 @@ func RestoreHolds(cfg Config) ([]string, error) {
 		return nil, err
 	}
 	held, err := readHoldFile(cfg.HoldFile)
-	if err != nil || len(held.sources)+len(held.prefixes) == 0 {
-		return nil, err
+	if err == nil {
+		err = (&Router{cfg: cfg}).checkFamilies(held)
 	}
+	var damaged error
+	if err != nil {
+		if !errors.Is(err, ErrHoldFile) {
+			err = fmt.Errorf("%w: %w", ErrHoldFile, err)
+		}
+		damaged = fmt.Errorf("%w; holding every destination of every unmarked packet instead (blackhole %s in table %d, a rule "+
+			"for any source) until the file is repaired or removed (docs/safety.md, Boot)", err, joinPrefixes(everything(&cfg)), cfg.Table)
+		held = holdSet{sources: everything(&cfg), prefixes: everything(&cfg)}
+	}
+	if len(held.sources)+len(held.prefixes) == 0 {
+		return nil, nil
+	}
+	done, err := restoreHeld(cfg, held)
+	return done, errors.Join(damaged, err)
+}
+
+// everything is the /0 prefix of each of cfg's families.
+func everything(cfg *Config) []netip.Prefix {
+	var out []netip.Prefix
+	for _, fam := range cfg.families() {
+		out = append(out, anySource(fam))
+	}
+	return out
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, " and ")
+}
+
+// restoreHeld is RestoreHolds with what to hold. A hold or rule that
+// cannot be added does not stop the others: it returns every failure.
+func restoreHeld(cfg Config, held holdSet) ([]string, error) {
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("routing: netlink: %w", err)
 	}
 	defer h.Close()
 	r := newRouter(cfg, h)
-	if err := r.checkFamilies(held); err != nil {
-		return nil, err
-	}
 	var done []string
+	var errs []error
 	for _, p := range held.prefixes {
 		rt := r.holdRoute(p)
 		if err := h.RouteReplace(rt); err != nil {
-			return done, fmt.Errorf("routing: hold %s with a blackhole route in table %d: %w", p, cfg.Table, err)
+			errs = append(errs, fmt.Errorf("routing: hold %s with a blackhole route in table %d: %w", p, cfg.Table, err))
+			continue
 		}
 		done = append(done, "route "+describeRoute(rt))
 	}
 	if err := r.adoptRules(); err != nil {
-		return done, err
+		errs = append(errs, err)
 	}
 	r.added = &done
 	for _, src := range held.sources {
 		s := r.source(src)
 		s.refs = 1 // wanted whatever else is held
 		if err := r.syncSource(src, s); err != nil {
-			return done, err
+			errs = append(errs, err)
 		}
 	}
 	for _, fam := range cfg.families() {
 		if r.narrow[fam] > 0 {
 			if err := r.ensureGuard(fam); err != nil {
-				return done, err
+				errs = append(errs, err)
 			}
 		}
 	}
-	return done, nil
+	return done, errors.Join(errs...)
 }

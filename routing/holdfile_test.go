@@ -122,8 +122,10 @@ func TestHoldReleasedByPolicy(t *testing.T) {
 	}
 }
 
-// TestHoldFileDamaged: a hold file that cannot be trusted is refused by New
-// and RestoreHolds, naming the file, and changes nothing.
+// TestHoldFileDamaged: a hold file that cannot be trusted is refused by
+// New, naming the file, which changes nothing; RestoreHolds (the boot)
+// does not open what it may have held: it holds everything, every
+// unmarked packet to any destination, and says so with ErrHoldFile.
 func TestHoldFileDamaged(t *testing.T) {
 	e := newEnv(t)
 	for name, body := range map[string]string{
@@ -154,15 +156,28 @@ func TestHoldFileDamaged(t *testing.T) {
 		if !errors.Is(err, routing.ErrHoldFile) || !strings.Contains(err.Error(), path) {
 			t.Errorf("%s: New: %v, want ErrHoldFile naming the file", name, err)
 		}
-		err = e.ns.Do(func() error { _, err := routing.RestoreHolds(cfg); return err })
-		if !errors.Is(err, routing.ErrHoldFile) {
-			t.Errorf("%s: RestoreHolds: %v, want ErrHoldFile", name, err)
-		}
 		if out := e.ns.MustIP(t, "route", "show", "table", "all", "proto", "229"); strings.TrimSpace(out) != "" {
-			t.Errorf("%s: routes after a refused file:\n%s", name, out)
+			t.Errorf("%s: routes after New refused the file:\n%s", name, out)
 		}
 		if out := e.ns.MustIP(t, "rule", "show"); strings.Contains(out, strconv.Itoa(routing.DefaultPriority)+":") {
-			t.Errorf("%s: rules after a refused file:\n%s", name, out)
+			t.Errorf("%s: rules after New refused the file:\n%s", name, out)
+		}
+		var done []string
+		err = e.ns.Do(func() (err error) { done, err = routing.RestoreHolds(cfg); return err })
+		if !errors.Is(err, routing.ErrHoldFile) || !strings.Contains(err.Error(), "holding every destination") {
+			t.Errorf("%s: RestoreHolds: %v, want ErrHoldFile saying it holds everything", name, err)
+		}
+		t.Logf("%s: RestoreHolds added %q", name, done)
+		for _, dst := range []string{"198.18.70.1", "198.19.1.1", "2001:db8:70::1"} {
+			if got := e.dev(t, dst, 0); got != "blackhole" {
+				t.Errorf("%s: after RestoreHolds an unmarked packet to %s goes %s, want blackhole", name, dst, got)
+			}
+			if got := e.dev(t, dst, routing.DefaultMark); got == "blackhole" {
+				t.Errorf("%s: espd's own (marked) packets to %s are held too", name, dst)
+			}
+		}
+		if err := e.ns.Do(func() error { _, err := routing.Cleanup(routing.Config{Table: table}); return err }); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/espd/espd/daemon"
 	"github.com/espd/espd/routing"
 	"github.com/espd/espd/tun"
@@ -85,24 +87,37 @@ func routingConfig(opts daemon.Options) routing.Config {
 // is up, it puts back the holds of the prefixes espd held when it last ran
 // and the rules of their policies' sources (recorded in --state-dir), so
 // that they stay closed until espd runs and their policies are installed
-// again. It prints what
-// it added. A hold file that does not check out is an error (the unit
-// fails, visibly) and nothing is opened.
+// again, and then creates the route-based interfaces espd recorded. It
+// prints what it added.
+//
+// It fails closed: the holds come first, and no failure stops the rest. A
+// hold file that does not check out holds everything instead
+// (routing.RestoreHolds); a damaged record of interfaces, or an interface
+// that cannot be created, leaves the holds in place and the other
+// interfaces created. Then it returns an error naming every failure (the
+// unit fails, visibly).
 func runRestoreHolds(opts daemon.Options, w io.Writer) error {
 	cfg := routingConfig(opts)
 	if cfg.HoldFile == "" {
 		return errors.New("--restore-holds: --state-dir is empty")
 	}
-	created, err := restoreInterfaces(opts, w)
-	if err != nil {
-		return fmt.Errorf("--restore-holds: %w", err)
-	}
+	var errs []error
 	added, err := routing.RestoreHolds(cfg)
 	for _, line := range added {
 		fmt.Fprintln(w, "added", line)
 	}
 	if err != nil {
-		return fmt.Errorf("--restore-holds: %w", err)
+		if errors.Is(err, routing.ErrHoldFile) {
+			fmt.Fprintf(w, "HOLDING EVERYTHING: %s cannot be trusted, so every unmarked packet that is not for this host is dropped\n", cfg.HoldFile)
+		}
+		errs = append(errs, fmt.Errorf("holds: %w", err))
+	}
+	created, err := restoreInterfaces(opts, w)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("--restore-holds: %d failed (everything else is restored): %w", len(errs), errors.Join(errs...))
 	}
 	if len(added) == 0 && created == 0 {
 		fmt.Fprintf(w, "nothing to restore: %s lists no held prefix, or they are held already\n", cfg.HoldFile)
@@ -142,36 +157,54 @@ func espdRunning(sock, tunName string, cfg routing.Config) error {
 
 // restoreInterfaces creates the route-based interfaces recorded in
 // --state-dir as persistent TUN devices, so that the routes into them can
-// be configured at boot and drop their traffic until espd runs. It
-// returns how many it created.
+// be configured at boot and drop their traffic until espd runs. One that
+// cannot be created (or whose name another kind of device has) does not
+// stop the others. It returns how many it created and every failure.
 func restoreInterfaces(opts daemon.Options, w io.Writer) (int, error) {
 	path := daemon.InterfacesFile(opts.StateDir)
 	specs, err := daemon.ReadInterfaces(path)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("route-based interfaces: none created: %w", err)
 	}
 	n := 0
+	var errs []error
 	for _, s := range specs {
-		if _, err := net.InterfaceByName(s.Name); err == nil {
-			continue // there already: an espd or an earlier run made it
-		}
-		cfg := opts.IO.TUN
-		cfg.Name, cfg.Persist, cfg.NoURing = s.Name, true, true // it only creates it
-		if s.MTU != 0 {
-			cfg.MTU = s.MTU
-		}
-		dev, err := tun.Create(cfg)
+		made, err := restoreInterface(opts, s.Name, s.MTU)
 		if err != nil {
-			return n, fmt.Errorf("route-based interface %s (if_id %d): %w", s.Name, s.IfID, err)
+			errs = append(errs, fmt.Errorf("route-based interface %s (if_id %d): %w", s.Name, s.IfID, err))
+			continue
 		}
-		dev.Close() // persistent: it stays, and drops what is routed into it
-		if _, err := routing.LooseRPFilter(s.Name); err != nil {
-			fmt.Fprintf(w, "warning: rp_filter of %s: %v\n", s.Name, err)
+		if made {
+			fmt.Fprintf(w, "added route-based interface %s (if_id %d), dropping until espd runs\n", s.Name, s.IfID)
+			n++
 		}
-		fmt.Fprintf(w, "added route-based interface %s (if_id %d), dropping until espd runs\n", s.Name, s.IfID)
-		n++
 	}
-	return n, nil
+	return n, errors.Join(errs...)
+}
+
+// restoreInterface creates the persistent TUN name with mtu (0: --mtu)
+// unless it is there.
+func restoreInterface(opts daemon.Options, name string, mtu int) (made bool, err error) {
+	if link, err := netlink.LinkByName(name); err == nil {
+		if t, ok := link.(*netlink.Tuntap); !ok || t.Mode != netlink.TUNTAP_MODE_TUN {
+			return false, fmt.Errorf("the device of that name (type %s) is %w", link.Type(), tun.ErrNotTUN)
+		}
+		return false, nil // there already: an espd or an earlier run made it
+	}
+	cfg := opts.IO.TUN
+	cfg.Name, cfg.Persist, cfg.NoURing = name, true, true // it only creates it
+	if mtu != 0 {
+		cfg.MTU = mtu
+	}
+	dev, err := tun.Create(cfg)
+	if err != nil {
+		return false, err
+	}
+	dev.Close() // persistent: it stays, and drops what is routed into it
+	if _, err := routing.LooseRPFilter(name); err != nil {
+		return true, fmt.Errorf("created, but rp_filter: %w", err)
+	}
+	return true, nil
 }
 
 // removeInterfaces deletes the route-based interfaces recorded in
