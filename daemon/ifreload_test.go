@@ -3,11 +3,13 @@ package daemon
 import (
 	"context"
 	"errors"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/espd/espd/statefile"
 )
@@ -101,6 +103,22 @@ func TestReloadInterfaceInPlace(t *testing.T) {
 	}
 	os.Remove(InterfacesFile(state) + ".new")
 	r.reloadWith(t, rbConf("rb1", 1360, ""))
+	// Nor the hold file: a policy that holds a prefix changes it.
+	if err := os.Mkdir(HoldFile(state)+".new", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r.reloadWith(t, rbConf("rb1", 1360, "\n"+reloadPolicy("198.18.67.0/24", 5)))
+	if !pollFor(10*time.Second, func() bool { return r.d.writes.failed[stateFileHolds].Load() > 0 }) {
+		t.Error("the failed write of the hold file was not counted")
+	}
+	rec := httptest.NewRecorder()
+	r.d.metricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, file := range []string{"holds", "interfaces"} {
+		name := `espd_state_write_errors_total{file="` + file + `"} `
+		if i := strings.Index(rec.Body.String(), name); i < 0 || strings.HasPrefix(rec.Body.String()[i+len(name):], "0\n") {
+			t.Errorf("the scrape has no %s above 0", name)
+		}
+	}
 	if _, found, err := statefile.Read(filepath.Join(state, "interfaces")); err != nil || !found {
 		t.Errorf("record after the directory was fixed: %v %v", found, err)
 	}

@@ -51,6 +51,8 @@ var movedElsewhere = map[string]struct {
 		"dataplane/interfaces_test.go", "TestInterfaces", "NoInterface"},
 	"espd_cpu_aes": {"daemon/metrics.go collector.Collect, from crypto.AESAccelerated when the daemon started",
 		"daemon/cpu_test.go", "TestSlowAESWarning", "GetGauge"},
+	"espd_state_write_errors_total": {"daemon/statefiles.go Daemon.stateWriteFailed, when a write of the hold file or the interfaces record fails",
+		"daemon/ifreload_test.go", "TestReloadInterfaceInPlace", "writes"},
 	"espd_ike_read_errors_total": {"conn/ike_linux.go ikeRelay.read, when a read of an IKE-port socket fails",
 		"conn/ike_linux_test.go", "TestIKEReadErrorsCounted", "ReadErrors"},
 

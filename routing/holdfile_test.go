@@ -206,3 +206,25 @@ func TestCleanupRemovesHoldFile(t *testing.T) {
 		t.Errorf("Cleanup did not say it removed the hold file: %q", done)
 	}
 }
+
+// TestHoldFileUnwritableAtStart: New records what is held before it
+// returns; a hold file it cannot write is New's error (the service fails
+// visibly), naming the file.
+func TestHoldFileUnwritableAtStart(t *testing.T) {
+	e := newEnv(t)
+	path := filepath.Join(t.TempDir(), "holds")
+	if err := os.Mkdir(path+".new", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cfg := routing.Config{LinkIndex: e.index, LinkName: "tun0", Table: table, HoldFile: path}
+	err := e.ns.Do(func() error {
+		r, err := routing.New(cfg)
+		if err == nil {
+			r.Close()
+		}
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("New with an unwritable hold file: %v, want an error naming it", err)
+	}
+}
