@@ -117,7 +117,7 @@ func runRestoreHolds(opts daemon.Options, w io.Writer) error {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("--restore-holds: %d failed (everything else is restored): %w", len(errs), errors.Join(errs...))
+		return fmt.Errorf("--restore-holds: everything else is restored, but: %w", errors.Join(errs...))
 	}
 	if len(added) == 0 && created == 0 {
 		fmt.Fprintf(w, "nothing to restore: %s lists no held prefix, or they are held already\n", cfg.HoldFile)
