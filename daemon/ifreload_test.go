@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/espd/espd/statefile"
+	"github.com/espd/espd/tun"
 )
 
 // rbConf is a configuration of route-based interfaces: rb1 with mtu (0:
@@ -82,8 +83,27 @@ func TestReloadInterfaceInPlace(t *testing.T) {
 	refused(rbConf("rb1", 20000, ""), "above")
 	same("mtu above the data plane's refused", 1380)
 	// The MTU changes before "lo" (no TUN) fails: undone.
-	refused(rbConf("rb1", 1300, "[[interface]]\nname = \"lo\"\nif_id = 9\n"), "lo")
+	refused(rbConf("rb1", 1300, "[[interface]]\nname = \"lo\"\nif_id = 9\n"), "interface lo (if_id 9)")
 	same("refused reload with an MTU change", 1380)
+
+	// A refused reload leaves an interface it attached to (made before,
+	// as --restore-holds does at boot, with a route on it) in place.
+	err := r.ns.Do(func() error {
+		dev, err := tun.Create(tun.Config{Name: "rb5", Persist: true, NoURing: true})
+		if err == nil {
+			dev.Close()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ns.MustIP(t, "route", "add", "198.18.65.0/24", "dev", "rb5")
+	refused(rbConf("rb1", 1380, "[[interface]]\nname = \"rb5\"\nif_id = 5\n\n[[interface]]\nname = \"lo\"\nif_id = 9\n"), "interface lo (if_id 9)")
+	if rt := r.ns.MustIP(t, "route", "show", "198.18.65.0/24"); !strings.Contains(rt, "dev rb5") {
+		t.Errorf("a refused reload deleted rb5, which it had attached to: route %q", rt)
+	}
+	same("refused reload attaching rb5", 1380)
 
 	// The record cannot be written: the reload says so, the change stays.
 	if err := os.Mkdir(InterfacesFile(state)+".new", 0o700); err != nil {
@@ -92,7 +112,7 @@ func TestReloadInterfaceInPlace(t *testing.T) {
 	if err := os.WriteFile(r.cfg, []byte(rbConf("rb1", 1360, "")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err := r.d.Reload()
+	err = r.d.Reload()
 	var rerr *recordError
 	if !errors.As(err, &rerr) {
 		t.Errorf("reload with the record unwritable: %v, want a recordError", err)

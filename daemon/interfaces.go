@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,6 +32,9 @@ func InterfacesFile(stateDir string) string { return filepath.Join(stateDir, "in
 type ifaceDev struct {
 	spec config.Interface
 	dev  *tun.Device
+	// attached: the device was there before this espd took it (made by
+	// --restore-holds or a previous espd, maybe with routes on it).
+	attached bool
 }
 
 // addInterfaceLocked creates (or attaches to) the persistent TUN of spec
@@ -41,6 +45,8 @@ func (d *Daemon) addInterfaceLocked(spec config.Interface) error {
 	if spec.MTU != 0 {
 		cfg.MTU = spec.MTU
 	}
+	_, err := net.InterfaceByName(spec.Name)
+	attached := err == nil
 	dev, err := tun.Create(cfg)
 	if err != nil {
 		return fmt.Errorf("interface %s (if_id %d): %w", spec.Name, spec.IfID, err)
@@ -54,7 +60,7 @@ func (d *Daemon) addInterfaceLocked(spec config.Interface) error {
 		dev.Close()
 		return fmt.Errorf("interface %s (if_id %d): %w", spec.Name, spec.IfID, err)
 	}
-	d.ifaces[spec.IfID] = &ifaceDev{spec: spec, dev: dev}
+	d.ifaces[spec.IfID] = &ifaceDev{spec: spec, dev: dev, attached: attached}
 	d.log.Info("route-based interface up", "interface", spec.Name, "if_id", spec.IfID, "mtu", dev.MTU())
 	return nil
 }
@@ -75,6 +81,19 @@ func (d *Daemon) removeInterfaceLocked(id uint32) error {
 	}
 	d.log.Info("route-based interface removed", "interface", ifc.spec.Name, "if_id", id)
 	return err
+}
+
+// undoInterfaceLocked undoes addInterfaceLocked for a refused
+// configuration: a device it created goes (removeInterfaceLocked); one it
+// attached to stays, persistent, with the routes on it, dropping what is
+// routed there as before. d.mu is held.
+func (d *Daemon) undoInterfaceLocked(id uint32) error {
+	ifc := d.ifaces[id]
+	if ifc == nil || !ifc.attached {
+		return d.removeInterfaceLocked(id)
+	}
+	delete(d.ifaces, id)
+	return d.dp.RemoveInterface(id)
 }
 
 // checkInterfaces refuses interfaces the daemon cannot create.
@@ -234,7 +253,7 @@ func (d *Daemon) recordedInterfaces() []config.Interface {
 	}
 	old, err := ReadInterfaces(InterfacesFile(d.opts.StateDir))
 	if err != nil {
-		d.log.Error("cannot read the record of route-based interfaces: an interface removed from the configuration while espd was stopped is not deleted; the record is written anew", "err", err)
+		d.log.Error("cannot read the record of route-based interfaces: one removed from the configuration while espd was stopped stays; the record is written anew", "err", err)
 	}
 	return old
 }

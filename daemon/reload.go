@@ -116,7 +116,7 @@ func (d *Daemon) applyLocked(f *config.File) error {
 			}
 		}
 		for _, id := range added {
-			if err := d.removeInterfaceLocked(id); err != nil {
+			if err := d.undoInterfaceLocked(id); err != nil {
 				d.log.Error("undoing a route-based interface of a refused configuration", "if_id", id, "err", err)
 			}
 		}
