@@ -104,9 +104,9 @@ type Bind interface {
 	// Receivers returns the receiving sockets, each read by one
 	// goroutine.
 	Receivers() []Receiver
-	// Send sends pkts in order. It is called by one goroutine at a time
-	// per Bind (the in-order sender, or each reader that runs to
-	// completion, serialised inside). It returns how many outer packets
+	// Send sends pkts in order. Several goroutines may call it at once
+	// (the shards' in-order senders, the readers that run to completion);
+	// none waits for another. It returns how many outer packets
 	// left (a fragmented Packet counts each fragment) and the first
 	// error met; a packet that fails is skipped.
 	Send(pkts []Packet) (int, error)

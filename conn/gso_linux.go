@@ -3,6 +3,7 @@ package conn
 import (
 	"encoding/binary"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -39,14 +40,24 @@ const (
 	gsoFailLimit = 8
 )
 
+// gsoSock is the encapsulation port's UDP socket as the senders share it,
+// with what they learn about UDP_SEGMENT.
+type gsoSock struct {
+	rc     syscall.RawConn
+	fam    int
+	port   uint16
+	counts *ioCounts
+
+	fails atomic.Int32 // consecutive failed messages
+	off   atomic.Bool  // given up on UDP_SEGMENT: everything goes raw
+}
+
 // gsoConn sends UDP-encapsulated ESP from the encapsulation port's socket,
 // grouping consecutive datagrams of one size to one peer, with the same
-// source, TOS and TTL, into UDP_SEGMENT messages. It is driven by the
-// rawSender, under its mutex.
+// source, TOS and TTL, into UDP_SEGMENT messages. It is one Send call's
+// scratch (sendScratch); the socket is shared.
 type gsoConn struct {
-	rc   syscall.RawConn
-	fam  int
-	port uint16
+	*gsoSock
 
 	hdrs  []mmsghdr
 	iovs  []unix.Iovec // one per datagram
@@ -58,35 +69,44 @@ type gsoConn struct {
 
 	nmsg   int
 	closed bool // the last message takes no more datagrams
-	fails  int  // consecutive failed messages
-	off    bool // given up on UDP_SEGMENT: everything goes raw
 
-	// the sendmmsg call in progress, read by writeFn
+	// the sendmmsg call in progress, read by writeFn and tryFn
 	callOff, callN int
 	count          int
 	errno          syscall.Errno
+	tried          bool // tryFn had an answer other than EAGAIN
 	writeFn        func(uintptr) bool
-
-	counts *ioCounts
+	tryFn          func(uintptr)
 }
 
 // gsoOOB is the control-message room per message: source address, TOS or
 // traffic class, TTL or hop limit, segment size.
 const gsoOOB = 128
 
-func newGSOConn(rc syscall.RawConn, fam int, port uint16, batch int, counts *ioCounts) *gsoConn {
+func newGSOConn(sock *gsoSock, batch int) *gsoConn {
 	g := &gsoConn{
-		rc: rc, fam: fam, port: port, counts: counts,
-		hdrs:  make([]mmsghdr, batch),
-		iovs:  make([]unix.Iovec, 2*batch),
-		names: make([]unix.RawSockaddrInet6, batch),
-		oob:   make([]byte, batch*gsoOOB),
-		pkts:  make([]*Packet, 2*batch),
-		first: make([]int, batch),
-		segs:  make([]int, batch),
+		gsoSock: sock,
+		hdrs:    make([]mmsghdr, batch),
+		iovs:    make([]unix.Iovec, 2*batch),
+		names:   make([]unix.RawSockaddrInet6, batch),
+		oob:     make([]byte, batch*gsoOOB),
+		pkts:    make([]*Packet, 2*batch),
+		first:   make([]int, batch),
+		segs:    make([]int, batch),
 	}
 	g.writeFn = g.sendmmsg
+	g.tryFn = func(fd uintptr) { g.tried = g.sendmmsg(fd) }
 	return g
+}
+
+// send runs sendmmsg on messages callOff to callOff+callN, directly and,
+// if the socket's buffer is full, waiting in the poller (sendVec.sendFrom).
+func (g *gsoConn) send() error {
+	g.tried = false
+	if err := g.rc.Control(g.tryFn); err != nil || g.tried {
+		return err
+	}
+	return g.rc.Write(g.writeFn)
 }
 
 func (g *gsoConn) sendmmsg(fd uintptr) bool {
@@ -104,7 +124,7 @@ func (g *gsoConn) sendmmsg(fd uintptr) bool {
 // with DF set (what the socket sets on a datagram that fits the path),
 // and whole (no outer fragmentation asked for).
 func (g *gsoConn) eligible(p *Packet) bool {
-	if g == nil || g.off || p.DstPort == 0 || p.SrcPort != g.port || p.End-p.Start > gsoMaxBytes {
+	if g == nil || g.off.Load() || p.DstPort == 0 || p.SrcPort != g.port || p.End-p.Start > gsoMaxBytes {
 		return false
 	}
 	if g.fam == unix.AF_INET {
@@ -251,7 +271,7 @@ func (g *gsoConn) flush(fallback func(pkts []*Packet)) (sent int) {
 		}
 		for off < end {
 			g.callOff, g.callN = off, end-off
-			err := g.rc.Write(g.writeFn)
+			err := g.send()
 			k := 0
 			if err == nil && g.errno == 0 {
 				k = g.count
@@ -260,16 +280,16 @@ func (g *gsoConn) flush(fallback func(pkts []*Packet)) (sent int) {
 			for m := off; m < off+k; m++ {
 				sent += int(g.hdrs[m].hdr.Iovlen)
 			}
-			if k > 0 {
-				g.fails = 0
+			if k > 0 && g.fails.Load() != 0 {
+				g.fails.Store(0)
 			}
 			off += k
 			if off < end && (err != nil || g.errno != 0 || k == 0) {
 				// message off failed: send its datagrams the raw way
 				f := g.first[off]
 				fallback(g.pkts[f : f+int(g.hdrs[off].hdr.Iovlen)])
-				if g.fails++; g.fails >= gsoFailLimit {
-					g.off = true
+				if g.fails.Add(1) >= gsoFailLimit {
+					g.off.Store(true)
 				}
 				off++
 			}

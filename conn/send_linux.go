@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -15,16 +16,32 @@ import (
 // (raw ESP, outer fragments, ESP-in-UDP the UDP socket cannot send as is)
 // through IPPROTO_RAW sockets, which imply IP_HDRINCL (IPv4) and
 // IPV6_HDRINCL (IPv6), with the outer header written into the packet's
-// headroom (outer.go). Packets leave in the order given.
+// headroom (outer.go). Packets of one Send leave in the order given.
+//
+// Send may be called from several goroutines at once (the shards'
+// in-order stages) and none waits for another: only the sockets are
+// shared. Each call takes its own scratch (message vectors, GSO groups,
+// fragment buffers) from a pool, as wireguard-go's StdNetBind does, and
+// runs sendmmsg on the shared descriptor directly (sendScratch.sendFrom);
+// only a call that finds a socket's buffer full waits, in the runtime
+// poller, and only behind others that found the same socket full.
 type rawSender struct {
-	mu     sync.Mutex
-	v4, v6 *mmsgConn
-	g4, g6 *gsoConn // nil: no UDP socket of the family, or GSO off
+	v4, v6 *mmsgConn // the raw sockets; their vectors are the scratches'
+	g4, g6 *gsoSock  // nil: no UDP socket of the family, or GSO off
+	batch  int
 
-	frags  [][]byte // fragment buffers, reused
-	fragID uint32   // the last IPv6 fragment identification used
+	fragID  atomic.Uint32 // the last IPv6 fragment identification used
+	scratch sync.Pool     // of *sendScratch
+}
 
-	// the Send call in progress
+// sendScratch is the state of one Send call.
+type sendScratch struct {
+	s      *rawSender
+	v4, v6 *sendVec
+	g4, g6 *gsoConn
+
+	frags [][]byte // fragment buffers, reused
+
 	n4, n6   int
 	nfrag    int
 	sent     int
@@ -32,14 +49,55 @@ type rawSender struct {
 	fallback func(pkts []*Packet)
 }
 
+// sendVec is a scratch's message vectors for one raw socket.
+type sendVec struct {
+	*mmsgConn // vectors and call state; file and rc are the socket's
+	tryFn     func(uintptr)
+	tried     bool // tryFn ran sendmmsg to an answer other than EAGAIN
+}
+
+func newSendVec(base *mmsgConn, batch int) *sendVec {
+	c := &mmsgConn{
+		file: base.file, rc: base.rc, counts: base.counts,
+		hdrs:  make([]mmsghdr, batch),
+		iovs:  make([]unix.Iovec, batch),
+		names: make([]unix.RawSockaddrInet6, batch),
+	}
+	c.writeFn = c.sendmmsg
+	v := &sendVec{mmsgConn: c}
+	v.tryFn = func(fd uintptr) { v.tried = c.sendmmsg(fd) }
+	return v
+}
+
+// sendFrom runs sendmmsg on the n prepared headers from off on. It calls
+// the socket directly, outside the descriptor's write lock (which the
+// runtime holds while a writer waits in the poller); only when the buffer
+// is full does it wait in the poller. It returns how many were sent; an
+// error concerns the first message not sent.
+func (v *sendVec) sendFrom(off, n int) (int, error) {
+	v.off, v.n, v.flags, v.tried = off, n, unix.MSG_DONTWAIT, false
+	if err := v.rc.Control(v.tryFn); err != nil {
+		return 0, err
+	}
+	if !v.tried {
+		return v.mmsgConn.sendFrom(off, n)
+	}
+	if v.errno != 0 {
+		return 0, v.errno
+	}
+	v.counts.send(v.count)
+	return v.count, nil
+}
+
 func openRawSender(cfg SocketConfig, counts *ioCounts) (*rawSender, error) {
-	s := &rawSender{fragID: uint32(time.Now().UnixNano())}
-	s.fallback = s.sendRaw
+	s := &rawSender{batch: cfg.Batch}
+	s.fragID.Store(uint32(time.Now().UnixNano()))
+	s.scratch.New = s.newScratch
 	fd, err := socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW, cfg, "raw send")
 	if err != nil {
 		return nil, err
 	}
-	if s.v4, err = newMmsgConn(fd, "esp-send-IPv4", cfg.Batch); err != nil {
+	if s.v4, err = newMmsgConn(fd, "esp-send-IPv4", 0); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
@@ -52,7 +110,7 @@ func openRawSender(cfg SocketConfig, counts *ioCounts) (*rawSender, error) {
 		s.Close()
 		return nil, err
 	}
-	if s.v6, err = newMmsgConn(fd, "esp-send-IPv6", cfg.Batch); err != nil {
+	if s.v6, err = newMmsgConn(fd, "esp-send-IPv6", 0); err != nil {
 		unix.Close(fd)
 		s.Close()
 		return nil, err
@@ -61,10 +119,26 @@ func openRawSender(cfg SocketConfig, counts *ioCounts) (*rawSender, error) {
 	return s, nil
 }
 
+func (s *rawSender) newScratch() any {
+	x := &sendScratch{s: s, v4: newSendVec(s.v4, s.batch)}
+	if s.v6 != nil {
+		x.v6 = newSendVec(s.v6, s.batch)
+	}
+	if s.g4 != nil {
+		x.g4 = newGSOConn(s.g4, s.batch)
+	}
+	if s.g6 != nil {
+		x.g6 = newGSOConn(s.g6, s.batch)
+	}
+	x.fallback = x.sendRaw
+	return x
+}
+
 // useGSO sends the ESP-in-UDP that allows it from u's socket (it owns the
-// encapsulation port).
-func (s *rawSender) useGSO(u *receiver, batch int) {
-	g := newGSOConn(u.c.rc, u.fam, u.port, batch, u.c.counts)
+// encapsulation port). Before the first Send; the scratches' vectors take
+// the sender's batch size.
+func (s *rawSender) useGSO(u *receiver, _ int) {
+	g := &gsoSock{rc: u.c.rc, fam: u.fam, port: u.port, counts: u.c.counts}
 	if u.fam == unix.AF_INET {
 		s.g4 = g
 	} else {
@@ -74,8 +148,13 @@ func (s *rawSender) useGSO(u *receiver, batch int) {
 
 // Send implements Bind.Send.
 func (s *rawSender) Send(pkts []Packet) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	x := s.scratch.Get().(*sendScratch)
+	n, err := x.send(pkts)
+	s.scratch.Put(x)
+	return n, err
+}
+
+func (s *sendScratch) send(pkts []Packet) (int, error) {
 	s.sent, s.firstErr, s.nfrag = 0, nil, 0
 	for i := range pkts {
 		p := &pkts[i]
@@ -96,10 +175,12 @@ func (s *rawSender) Send(pkts []Packet) (int, error) {
 	}
 	s.flushGSO()
 	s.flushRaw()
-	return s.sent, s.firstErr
+	err := s.firstErr
+	s.firstErr = nil
+	return s.sent, err
 }
 
-func (s *rawSender) fail(err error) {
+func (s *sendScratch) fail(err error) {
 	if err != nil && s.firstErr == nil {
 		s.firstErr = err
 	}
@@ -108,7 +189,7 @@ func (s *rawSender) fail(err error) {
 // queueRaw writes p's outer header, fragments it if it must, and queues
 // the result for the raw sockets, sending what is queued when a vector is
 // full.
-func (s *rawSender) queueRaw(p *Packet) {
+func (s *sendScratch) queueRaw(p *Packet) {
 	full, err := PutOuter(p)
 	if err != nil {
 		s.fail(err)
@@ -130,7 +211,7 @@ func (s *rawSender) queueRaw(p *Packet) {
 
 // queueIP queues the complete IP packet ip (or fragment of one) to dst,
 // the packet's destination, IPv4 or IPv6 as PutOuter built its header.
-func (s *rawSender) queueIP(ip []byte, dst netip.Addr) {
+func (s *sendScratch) queueIP(ip []byte, dst netip.Addr) {
 	if dst.Is4() {
 		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&s.v4.names[s.n4]))
 		*sa = unix.RawSockaddrInet4{Family: unix.AF_INET, Addr: dst.As4()}
@@ -155,7 +236,7 @@ func (s *rawSender) queueIP(ip []byte, dst netip.Addr) {
 // mtu bytes in the sender's fragment buffers; each buffer serves one
 // fragment per Send call, so none is rewritten before the raw vectors
 // that point at it are sent.
-func (s *rawSender) fragment(ip []byte, mtu int) ([][]byte, error) {
+func (s *sendScratch) fragment(ip []byte, mtu int) ([][]byte, error) {
 	k, err := fragmentCount(len(ip), ip[0]>>4 == 6, mtu)
 	if err != nil {
 		return nil, err
@@ -170,8 +251,7 @@ func (s *rawSender) fragment(ip []byte, mtu int) ([][]byte, error) {
 		}
 		frags[i] = frags[i][:cap(frags[i])]
 	}
-	s.fragID++
-	n, err := fragmentIP(frags, ip, mtu, s.fragID)
+	n, err := fragmentIP(frags, ip, mtu, s.s.fragID.Add(1))
 	if err != nil {
 		return nil, err
 	}
@@ -180,14 +260,14 @@ func (s *rawSender) fragment(ip []byte, mtu int) ([][]byte, error) {
 }
 
 // sendRaw sends pkts through the raw sockets at once (the GSO fallback).
-func (s *rawSender) sendRaw(pkts []*Packet) {
+func (s *sendScratch) sendRaw(pkts []*Packet) {
 	for _, p := range pkts {
 		s.queueRaw(p)
 	}
 	s.flushRaw()
 }
 
-func (s *rawSender) flushRaw() {
+func (s *sendScratch) flushRaw() {
 	if s.n4 > 0 {
 		ok, err := flush(s.v4, s.n4)
 		s.sent += ok
@@ -202,7 +282,7 @@ func (s *rawSender) flushRaw() {
 	}
 }
 
-func (s *rawSender) flushGSO() {
+func (s *sendScratch) flushGSO() {
 	for _, g := range [2]*gsoConn{s.g4, s.g6} {
 		if g.pending() {
 			s.sent += g.flush(s.fallback)
@@ -211,7 +291,7 @@ func (s *rawSender) flushGSO() {
 }
 
 // flush sends the n prepared messages of c, skipping any that fails.
-func flush(c *mmsgConn, n int) (int, error) {
+func flush(c *sendVec, n int) (int, error) {
 	var firstErr error
 	sent := 0
 	for off := 0; off < n; {
