@@ -40,7 +40,7 @@ type group struct {
 	psh     bool
 }
 
-// coalescer is Write's state, reused between calls under Device.wmu.
+// coalescer is a Write's plan, part of its writer's scratch (write.go).
 type coalescer struct {
 	udp    bool    // the device has USO: UDP may be coalesced
 	groups []group // open and closed, in order of their first packet

@@ -98,24 +98,12 @@ type Device struct {
 	readFn    func(uintptr) bool
 	tryReadFn func(uintptr) bool
 
+	// io_uring (uring.go, writeURing): the Write holding wmu uses ring;
+	// ring is nil where Write uses writev(2) only, and ringErr says why.
+	// A Write's other state is its own (write.go).
 	wmu     sync.Mutex
-	co      coalescer
-	iovs    []unix.Iovec
-	iov1    [1]unix.Iovec
-	wiov    []unix.Iovec   // what write writes: iovs or iov1, or a part
-	saved   [savedLen]byte // the head of a super-packet, to undo
-	werr    error
-	writeFn func(uintptr) bool
-
-	// io_uring (uring.go, writeURing), under wmu; ring is nil where Write
-	// uses writev(2) only, and ringErr says why.
-	ring     *ring
-	ringErr  atomic.Pointer[error]
-	ops      []writeOp
-	res      []int32          // each op's result, from its completion
-	heads    [][savedLen]byte // the heads of the ops' super-packets, to undo
-	enterErr error            // io_uring_enter's failure, in submitURing
-	uringFn  func(uintptr) bool
+	ring    *ring
+	ringErr atomic.Pointer[error]
 
 	stats stats
 
@@ -250,9 +238,7 @@ func (d *Device) initOffloads() error {
 	}
 	d.rc, d.vnet = rc, true
 	d.rbuf = make([]byte, vnetHdrLen+65535)
-	d.iovs = make([]unix.Iovec, 0, 256)
-	d.co.udp = d.uso
-	d.readFn, d.tryReadFn, d.writeFn = d.read, d.tryRead, d.write
+	d.readFn, d.tryReadFn = d.read, d.tryRead
 	return nil
 }
 

@@ -103,7 +103,7 @@ var (
 const resPending = -1 << 31
 
 // ring is one io_uring instance, used by one goroutine at a time (the
-// Device's writer, under wmu): the program is the only producer of the
+// Write holding the Device's wmu): the program is the only producer of the
 // submission ring and the only consumer of the completion ring, and each
 // submit waits for all its completions, so both rings are empty between
 // submits.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -22,6 +23,11 @@ var ErrURingOff = errors.New("tun: io_uring turned off (NoURing)")
 // and the kernel has io_uring, they are submitted together with one
 // io_uring_enter (writeURing); else each is one writev(2). Either way
 // Write returns once the kernel has taken or refused every packet.
+//
+// Writes from several goroutines (the shards) never wait for each other:
+// each takes its own scratch (the write plan and vectors) from a pool and
+// writes the shared descriptor directly (writer.writev). The one ring goes
+// to a Write that finds it free; a Write that finds it taken uses writev.
 func (d *Device) Write(bufs [][]byte, offset int) error {
 	if offset < MinWriteOffset {
 		return fmt.Errorf("tun: write offset %d below %d", offset, MinWriteOffset)
@@ -30,12 +36,57 @@ func (d *Device) Write(bufs [][]byte, offset int) error {
 		_, err := d.dev.Write(bufs, offset)
 		return d.closedErr(err)
 	}
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
-	c := &d.co
+	w := writers.Get().(*writer)
+	w.d = d
+	err := w.write(bufs, offset)
+	w.d = nil
+	writers.Put(w)
+	return err
+}
+
+// writer is the scratch state of one Write.
+type writer struct {
+	d       *Device
+	co      coalescer
+	iovs    []unix.Iovec
+	iov1    [1]unix.Iovec
+	wiov    []unix.Iovec   // what writev writes: iovs or iov1, or a part
+	saved   [savedLen]byte // the head of a super-packet, to undo
+	werr    error
+	tried   bool // tryFn had an answer other than EAGAIN
+	writeFn func(uintptr) bool
+	tryFn   func(uintptr)
+
+	// io_uring (writeURing), while the writer holds the Device's ring
+	ring     *ring
+	ops      []writeOp
+	res      []int32          // each op's result, from its completion
+	heads    [][savedLen]byte // the heads of the ops' super-packets, to undo
+	enterErr error            // io_uring_enter's failure, in submitURing
+	uringFn  func(uintptr)
+}
+
+var writers = sync.Pool{New: func() any { return newWriter() }}
+
+func newWriter() *writer {
+	w := &writer{iovs: make([]unix.Iovec, 0, 256)}
+	w.writeFn = w.writevFd
+	w.tryFn = func(fd uintptr) { w.tried = w.writevFd(fd) }
+	w.uringFn = w.submitURing
+	return w
+}
+
+func (w *writer) write(bufs [][]byte, offset int) error {
+	d := w.d
+	c := &w.co
+	c.udp = d.uso
 	c.plan(bufs, offset)
-	if d.ring != nil && c.writes(2) >= 2 {
-		return d.writeURing(bufs, offset)
+	if d.ring != nil && c.writes(2) >= 2 && d.wmu.TryLock() {
+		defer d.wmu.Unlock()
+		if w.ring = d.ring; w.ring != nil {
+			defer func() { w.ring = nil }()
+			return w.writeURing(bufs, offset)
+		}
 	}
 	var errs []error
 	for i := range bufs {
@@ -45,9 +96,9 @@ func (d *Device) Write(bufs [][]byte, offset int) error {
 		}
 		var err error
 		if m < 0 || c.groups[m].count == 1 {
-			err = d.writeOne(bufs[i][offset-vnetHdrLen:])
+			err = w.writeOne(bufs[i][offset-vnetHdrLen:])
 		} else {
-			err = d.writeGroup(bufs, offset, &c.groups[m])
+			err = w.writeGroup(bufs, offset, &c.groups[m])
 		}
 		if err != nil {
 			if err == os.ErrClosed {
@@ -61,40 +112,40 @@ func (d *Device) Write(bufs [][]byte, offset int) error {
 
 // writeOne writes one packet, b being its virtio header room and the
 // packet.
-func (d *Device) writeOne(b []byte) error {
+func (w *writer) writeOne(b []byte) error {
 	clear(b[:vnetHdrLen])
-	setIov(&d.iov1[0], b)
-	d.wiov = d.iov1[:]
-	d.stats.writePackets.Add(1)
-	return d.writev()
+	setIov(&w.iov1[0], b)
+	w.wiov = w.iov1[:]
+	w.d.stats.writePackets.Add(1)
+	return w.writev()
 }
 
 // writeGroup writes g as one super-packet; if the kernel refuses it, it
 // restores the first packet and writes the packets one by one.
-func (d *Device) writeGroup(bufs [][]byte, offset int, g *group) error {
+func (w *writer) writeGroup(bufs [][]byte, offset int, g *group) error {
 	b := bufs[g.first][offset-vnetHdrLen:]
-	copy(d.saved[:], b[:vnetHdrLen+g.hl])
+	copy(w.saved[:], b[:vnetHdrLen+g.hl])
 	superHeader(b, g)
-	d.iovs = d.groupIovs(d.iovs[:0], bufs, offset, g)
-	d.wiov = d.iovs
-	err := d.writev()
+	w.iovs = w.groupIovs(w.iovs[:0], bufs, offset, g)
+	w.wiov = w.iovs
+	err := w.writev()
 	if err == nil {
-		d.stats.writePackets.Add(uint64(g.count))
-		d.stats.superWrites.Add(1)
+		w.d.stats.writePackets.Add(uint64(g.count))
+		w.d.stats.superWrites.Add(1)
 		return nil
 	}
 	if err == os.ErrClosed {
 		return err
 	}
-	return d.ungroup(bufs, offset, g, d.saved[:])
+	return w.ungroup(bufs, offset, g, w.saved[:])
 }
 
 // groupIovs appends to iovs the vectors of g's super-packet: the first
 // packet, with the super-packet's headers, and the payloads of the others.
-func (d *Device) groupIovs(iovs []unix.Iovec, bufs [][]byte, offset int, g *group) []unix.Iovec {
+func (w *writer) groupIovs(iovs []unix.Iovec, bufs [][]byte, offset int, g *group) []unix.Iovec {
 	iovs = append(iovs, unix.Iovec{})
 	setIov(&iovs[len(iovs)-1], bufs[g.first][offset-vnetHdrLen:])
-	for j := d.co.next[g.first]; j >= 0; j = d.co.next[j] {
+	for j := w.co.next[g.first]; j >= 0; j = w.co.next[j] {
 		iovs = append(iovs, unix.Iovec{})
 		setIov(&iovs[len(iovs)-1], bufs[j][offset+g.hl:])
 	}
@@ -103,12 +154,12 @@ func (d *Device) groupIovs(iovs []unix.Iovec, bufs [][]byte, offset int, g *grou
 
 // ungroup restores the first packet of g, whose super-packet the kernel
 // refused, from saved, and writes g's packets one by one.
-func (d *Device) ungroup(bufs [][]byte, offset int, g *group, saved []byte) error {
+func (w *writer) ungroup(bufs [][]byte, offset int, g *group, saved []byte) error {
 	b := bufs[g.first][offset-vnetHdrLen:]
 	copy(b[:vnetHdrLen+g.hl], saved)
 	var errs []error
-	for j := g.first; j >= 0; j = d.co.next[j] {
-		if err := d.writeOne(bufs[j][offset-vnetHdrLen:]); err != nil {
+	for j := g.first; j >= 0; j = w.co.next[j] {
+		if err := w.writeOne(bufs[j][offset-vnetHdrLen:]); err != nil {
 			if err == os.ErrClosed {
 				return err
 			}
@@ -118,24 +169,33 @@ func (d *Device) ungroup(bufs [][]byte, offset int, g *group, saved []byte) erro
 	return errors.Join(errs...)
 }
 
-// writev writes d.wiov as one packet.
-func (d *Device) writev() error {
-	if err := d.rc.Write(d.writeFn); err != nil {
+// writev writes w.wiov as one packet. It calls writev(2) on the
+// descriptor directly, outside the descriptor's write lock, which the
+// runtime would hold for one writer at a time; only if the kernel answers
+// EAGAIN (which a TUN does not) does it wait in the poller.
+func (w *writer) writev() error {
+	d := w.d
+	w.tried = false
+	err := d.rc.Control(w.tryFn)
+	if err == nil && !w.tried {
+		err = d.rc.Write(w.writeFn)
+	}
+	if err != nil {
 		return d.closedErr(err)
 	}
 	d.stats.writes.Add(1)
-	return d.closedErr(d.werr)
+	return d.closedErr(w.werr)
 }
 
-func (d *Device) write(fd uintptr) bool {
+func (w *writer) writevFd(fd uintptr) bool {
 	// Raw: non-blocking, see rawRead.
-	_, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&d.wiov[0])), uintptr(len(d.wiov)))
+	_, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&w.wiov[0])), uintptr(len(w.wiov)))
 	if e == unix.EAGAIN || e == unix.EINTR {
 		return false
 	}
-	d.werr = nil
+	w.werr = nil
 	if e != 0 {
-		d.werr = e
+		w.werr = e
 	}
 	return true
 }
@@ -150,7 +210,7 @@ type writeOp struct {
 	pkt  int // index in bufs of the (first) packet
 	grp  int // index in the coalescer's groups, or -1: a packet alone
 	head int // with grp: index in Device.heads of its saved head
-	iov  int // its vectors: Device.iovs[iov : iov+niov]
+	iov  int // its vectors: writer.iovs[iov : iov+niov]
 	niov int
 }
 
@@ -162,64 +222,64 @@ type writeOp struct {
 // not answer: its send buffer is unlimited), is written with writev(2)
 // after the others. A super-packet the kernel refused is
 // written again as its packets, one by one with writev(2), as writeGroup
-// does.
-func (d *Device) writeURing(bufs [][]byte, offset int) error {
-	c := &d.co
-	if cap(d.iovs) < len(bufs) {
-		d.iovs = make([]unix.Iovec, 0, len(bufs))
+// does. The writer holds the Device's ring (w.ring, under Device.wmu).
+func (w *writer) writeURing(bufs [][]byte, offset int) error {
+	d, c := w.d, &w.co
+	if cap(w.iovs) < len(bufs) {
+		w.iovs = make([]unix.Iovec, 0, len(bufs))
 	}
-	d.iovs, d.ops = d.iovs[:0], d.ops[:0]
+	w.iovs, w.ops = w.iovs[:0], w.ops[:0]
 	nheads := 0
 	for i := range bufs {
 		m := c.member[i]
 		if m >= 0 && c.groups[m].first != i {
 			continue // written with its group
 		}
-		op := writeOp{pkt: i, grp: -1, iov: len(d.iovs)}
+		op := writeOp{pkt: i, grp: -1, iov: len(w.iovs)}
 		b := bufs[i][offset-vnetHdrLen:]
 		if m < 0 || c.groups[m].count == 1 {
 			clear(b[:vnetHdrLen])
-			d.iovs = append(d.iovs, unix.Iovec{})
-			setIov(&d.iovs[op.iov], b)
+			w.iovs = append(w.iovs, unix.Iovec{})
+			setIov(&w.iovs[op.iov], b)
 		} else {
 			g := &c.groups[m]
-			if nheads == len(d.heads) {
-				d.heads = append(d.heads, [savedLen]byte{})
+			if nheads == len(w.heads) {
+				w.heads = append(w.heads, [savedLen]byte{})
 			}
 			op.grp, op.head = m, nheads
 			nheads++
-			copy(d.heads[op.head][:], b[:vnetHdrLen+g.hl])
+			copy(w.heads[op.head][:], b[:vnetHdrLen+g.hl])
 			superHeader(b, g)
-			d.iovs = d.groupIovs(d.iovs, bufs, offset, g)
+			w.iovs = w.groupIovs(w.iovs, bufs, offset, g)
 		}
-		op.niov = len(d.iovs) - op.iov
-		d.ops = append(d.ops, op)
+		op.niov = len(w.iovs) - op.iov
+		w.ops = append(w.ops, op)
 	}
-	if cap(d.res) < len(d.ops) {
-		d.res = make([]int32, len(d.ops))
+	if cap(w.res) < len(w.ops) {
+		w.res = make([]int32, len(w.ops))
 	}
-	d.res = d.res[:len(d.ops)]
-	// Inside the RawConn's Write, which holds a reference to the
+	w.res = w.res[:len(w.ops)]
+	// Inside the RawConn's Control, which holds a reference to the
 	// descriptor, so that Close cannot release its number to another file
 	// while the kernel writes: submitURing returns only when every
 	// submission has completed.
-	d.enterErr = nil
-	if err := d.rc.Write(d.uringFn); err != nil {
+	w.enterErr = nil
+	if err := d.rc.Control(w.uringFn); err != nil {
 		return d.closedErr(err)
 	}
-	if d.enterErr != nil {
+	if w.enterErr != nil {
 		// io_uring_enter refused (a seccomp filter that allows
 		// io_uring_setup only, say): writev(2) from now on.
-		d.dropRing(d.enterErr)
+		d.dropRing(w.enterErr)
 	}
 	var errs []error
-	for k := range d.ops {
-		op := &d.ops[k]
+	for k := range w.ops {
+		op := &w.ops[k]
 		var err error
-		switch r := d.res[k]; {
+		switch r := w.res[k]; {
 		case r == resPending || r == -int32(unix.EAGAIN) || r == -int32(unix.EINTR):
-			d.wiov = d.iovs[op.iov : op.iov+op.niov]
-			err = d.writev()
+			w.wiov = w.iovs[op.iov : op.iov+op.niov]
+			err = w.writev()
 		case r < 0:
 			d.stats.writes.Add(1)
 			err = d.closedErr(unix.Errno(-r))
@@ -232,7 +292,7 @@ func (d *Device) writeURing(bufs [][]byte, offset int) error {
 			d.stats.writePackets.Add(uint64(g.count))
 			d.stats.superWrites.Add(1)
 		} else if err != os.ErrClosed {
-			err = d.ungroup(bufs, offset, g, d.heads[op.head][:vnetHdrLen+g.hl])
+			err = w.ungroup(bufs, offset, g, w.heads[op.head][:vnetHdrLen+g.hl])
 		}
 		if err != nil {
 			if err == os.ErrClosed {
@@ -244,26 +304,25 @@ func (d *Device) writeURing(bufs [][]byte, offset int) error {
 	return errors.Join(errs...)
 }
 
-// submitURing queues d.ops on the ring and submits them, in runs of the
+// submitURing queues w.ops on the ring and submits them, in runs of the
 // ring's entries, each run waiting for its completions.
-func (d *Device) submitURing(fd uintptr) bool {
-	r := d.ring
-	for k := 0; k < len(d.ops); {
-		end := min(k+r.entries(), len(d.ops))
+func (w *writer) submitURing(fd uintptr) {
+	r := w.ring
+	for k := 0; k < len(w.ops); {
+		end := min(k+r.entries(), len(w.ops))
 		for ; k < end; k++ {
-			op := &d.ops[k]
-			r.queueWritev(int(fd), &d.iovs[op.iov], op.niov, k)
+			op := &w.ops[k]
+			r.queueWritev(int(fd), &w.iovs[op.iov], op.niov, k)
 		}
-		enters, err := r.submit(d.res)
-		d.stats.uringEnters.Add(uint64(enters))
+		enters, err := r.submit(w.res)
+		w.d.stats.uringEnters.Add(uint64(enters))
 		if err != nil {
-			d.enterErr = err
-			for ; k < len(d.ops); k++ {
-				d.res[k] = resPending
+			w.enterErr = err
+			for ; k < len(w.ops); k++ {
+				w.res[k] = resPending
 			}
 		}
 	}
-	return true
 }
 
 // initURing sets up the ring through which Write submits its writes,
@@ -282,7 +341,6 @@ func (d *Device) initURing(off bool) {
 			return
 		}
 		d.ring = r
-		d.uringFn = d.submitURing
 	}
 }
 
