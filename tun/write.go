@@ -81,12 +81,15 @@ func (w *writer) write(bufs [][]byte, offset int) error {
 	c := &w.co
 	c.udp = d.uso
 	c.plan(bufs, offset)
-	if d.ring != nil && c.writes(2) >= 2 && d.wmu.TryLock() {
-		defer d.wmu.Unlock()
+	// ringErr nil: the ring is there (read without wmu, as a hint).
+	if d.ringErr.Load() == nil && c.writes(2) >= 2 && d.wmu.TryLock() {
 		if w.ring = d.ring; w.ring != nil {
-			defer func() { w.ring = nil }()
-			return w.writeURing(bufs, offset)
+			err := w.writeURing(bufs, offset)
+			w.ring = nil
+			d.wmu.Unlock()
+			return err
 		}
+		d.wmu.Unlock()
 	}
 	var errs []error
 	for i := range bufs {
