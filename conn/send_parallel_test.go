@@ -39,6 +39,12 @@ func holdWrite(t *testing.T, rc syscall.RawConn, release <-chan struct{}, wg *sy
 // (raw ESP and ESP-in-UDP with UDP_SEGMENT, IPv4 and IPv6).
 func TestSendParallel(t *testing.T) {
 	a, b := twoNS(t)
+	// Static neighbours: a packet sent while the kernel resolves one waits
+	// in the neighbour's queue, and those sent as it resolves can pass it.
+	const mac = "02:00:5e:00:53:02"
+	b.MustIP(t, "link", "set", "vb", "address", mac)
+	a.MustIP(t, "neigh", "replace", "198.18.1.2", "lladdr", mac, "dev", "va", "nud", "permanent")
+	a.MustIP(t, "-6", "neigh", "replace", "2001:db8:1::2", "lladdr", mac, "dev", "va", "nud", "permanent")
 	sa := openIn(t, a, SocketConfig{Mark: testMark, EncapPort: 4505})
 	sb := openIn(t, b, SocketConfig{Mark: testMark, EncapPort: 4505, RecvBuffer: 8 << 20})
 	rb := sb.Receivers() // raw4, udp4, raw6, udp6
