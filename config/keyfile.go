@@ -125,11 +125,14 @@ func CheckKeyFileMode(fi os.FileInfo) error {
 // packaged units' espd reads it too), else the reader's group.
 func fix(path string) string {
 	g := groupName(os.Getegid())
-	if _, err := user.LookupGroup("espd"); err == nil && os.Getegid() == 0 {
+	if _, err := lookupGroup("espd"); err == nil && os.Getegid() == 0 {
 		g = "espd"
 	}
 	return fmt.Sprintf("chown root:%s %s; chmod 0640 %s", g, path, path)
 }
+
+// lookupGroup is user.LookupGroup; a test replaces it to see both fixes.
+var lookupGroup = user.LookupGroup
 
 // fileType names a mode's file type.
 func fileType(m fs.FileMode) string {
