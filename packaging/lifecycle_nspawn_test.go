@@ -37,7 +37,7 @@ import (
 // running charon.
 //
 // After each event but the removal, traffic must pass both ways again
-// within 5 s (the longest time without a reply in any of the four
+// within maxEventGap (the longest time without a reply in any of the four
 // directions, from the event, or from the power-on for a reboot or the
 // reinstall of the plugin, to the next event); a rekey may cost each
 // direction one request at most. After a boot, espd-holds.service must
@@ -48,6 +48,12 @@ import (
 // crosses the transit link; after the purge, which opens the holds on
 // purpose, the capture must see cleartext (it would have seen a leak
 // before).
+// maxEventGap bounds the outage an event may cause. It catches a tunnel
+// that does not come back by itself, not a slow one: the gaps measured
+// (about 0.3-1.6 s on an idle machine) are logged in the events' table,
+// and an apt-get on a loaded CI machine has come within 0.2 s of 5 s.
+const maxEventGap = 20 * time.Second
+
 func TestPackagesLifecycle(t *testing.T) {
 	for _, rel := range debianReleases {
 		t.Run("debian"+rel, func(t *testing.T) { packagesLifecycle(t, rel) })
@@ -176,8 +182,8 @@ func packagesLifecycle(t *testing.T, release string) {
 			}
 		}
 		fmt.Fprintf(&table, "\n  %-30s command %6v  gap %6v (%s)", ev.name, ev.done.Sub(ev.start).Round(10*time.Millisecond), gap.Round(10*time.Millisecond), who)
-		if gap > 5*time.Second {
-			t.Errorf("%s: traffic stopped for %v (%s), want at most 5 s", ev.name, gap.Round(10*time.Millisecond), who)
+		if gap > maxEventGap {
+			t.Errorf("%s: traffic stopped for %v (%s), want at most %v", ev.name, gap.Round(10*time.Millisecond), who, maxEventGap)
 		}
 	}
 	t.Logf("the events, and the longest time without a reply after each:%s", table.String())
