@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -380,5 +381,27 @@ func TestClientDeadline(t *testing.T) {
 	list, err := c.ListSAs(testCtx(t))
 	if err != nil || len(list) != 1 || list[0].Config.SPI != 0x300 {
 		t.Fatalf("after the late reply: %v %v", list, err)
+	}
+}
+
+// TestClientZeroKeyRefused: a state whose encryption or integrity key is
+// all zeros is refused over the control socket (EINVAL, not installed), as
+// espctl's key files and the configuration file refuse it.
+func TestClientZeroKeyRefused(t *testing.T) {
+	ts := startServer(t, ServerConfig{})
+	c := dial(t, ts.path)
+	ctx := testCtx(t)
+	gcm := gcmConfig(t, 0x2100)
+	clear(gcm.EncKey)
+	err := c.AddSA(ctx, gcm)
+	wantCode(t, err, wire.EINVAL)
+	if err == nil || !strings.Contains(err.Error(), "all zeros") {
+		t.Errorf("zero encryption key: %v, want it named", err)
+	}
+	cbc := fullConfig(t)
+	clear(cbc.IntegKey)
+	wantCode(t, c.AddSA(ctx, cbc), wire.EINVAL)
+	if states, err := c.ListSAs(ctx); err != nil || len(states) != 0 {
+		t.Errorf("after the refusals: %d states, %v; want none", len(states), err)
 	}
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"net/http/httptest"
 	"net/netip"
@@ -139,7 +140,7 @@ func TestReloadAppliesDifference(t *testing.T) {
 	defer c.Close()
 	suite, _ := crypto.ParseSuite("aes128gcm16")
 	ctlSA := sa.Config{SPI: 0x3001, Dir: sa.DirIn, Src: dst, Dst: netip.MustParseAddr("198.18.0.1"), Suite: suite,
-		EncKey: make([]byte, 20), ReplayWindow: 32, ReqID: 1}
+		EncKey: bytes.Repeat([]byte{0x5a}, 20), ReplayWindow: 32, ReqID: 1}
 	if err := c.AddSA(context.Background(), ctlSA); err != nil {
 		t.Fatal(err)
 	}

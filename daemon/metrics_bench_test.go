@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -118,7 +119,7 @@ func churn(db *sa.DB) (stop func() (p99, worst time.Duration)) {
 	suite, _ := crypto.ParseSuite("aes128gcm16")
 	dst := netip.MustParseAddr("198.18.0.9")
 	c := sa.Config{SPI: 0xfff00000, Suite: suite, ReqID: 7, Dir: sa.DirOut, Src: netip.MustParseAddr("198.18.0.1"), Dst: dst,
-		EncKey: make([]byte, suite.EncKeyLen())}
+		EncKey: bytes.Repeat([]byte{0x5a}, suite.EncKeyLen())}
 	// A key no state of fillDB has (they differ in their first three
 	// bytes, the rest zero): AddSA refuses a key another state uses.
 	for i := range c.EncKey {

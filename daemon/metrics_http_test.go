@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -122,8 +123,8 @@ func addStates(t *testing.T, d *Daemon, n int) {
 		if i%2 == 1 {
 			c.Dir, c.Src, c.Dst, c.ReplayWindow = sa.DirIn, c.Dst, c.Src, 64
 		}
-		c.EncKey = make([]byte, suite.EncKeyLen())
-		c.EncKey[0] = byte(i)
+		c.EncKey = bytes.Repeat([]byte{0x5a}, suite.EncKeyLen())
+		c.EncKey[0] ^= byte(i)
 		s, err := d.DB().AddSA(c)
 		if err != nil {
 			t.Fatal(err)

@@ -49,7 +49,7 @@ func fillDB(n int) (*sa.DB, error) {
 	}
 	db := sa.NewDB(sa.Options{})
 	local, remote := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
-	key := make([]byte, suite.EncKeyLen())
+	key := bytes.Repeat([]byte{0x5a}, suite.EncKeyLen())
 	for i := range n {
 		c := sa.Config{SPI: uint32(0x10000 + i), Suite: suite, ReqID: uint32(1000 + i), Dir: sa.DirOut, Src: local, Dst: remote}
 		if i%2 == 1 {

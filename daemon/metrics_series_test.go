@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -211,7 +212,7 @@ func TestMetricsSeries(t *testing.T) {
 	}
 	state := func(spi uint32, dir sa.Direction, reqid uint32, src, dst netip.Addr, encap uint16) sa.Config {
 		c := sa.Config{SPI: spi, Dir: dir, ReqID: reqid, Src: src, Dst: dst, Suite: suite,
-			EncapSrcPort: encap, EncapDstPort: encap, EncKey: make([]byte, suite.EncKeyLen())}
+			EncapSrcPort: encap, EncapDstPort: encap, EncKey: bytes.Repeat([]byte{0x5a}, suite.EncKeyLen())}
 		for i := range c.EncKey {
 			c.EncKey[i] = byte(i)
 		}

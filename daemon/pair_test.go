@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -178,7 +179,7 @@ func pairState(t testing.TB, spi uint32, dir sa.Direction) sa.Config {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := sa.Config{SPI: spi, Dir: dir, ReqID: 1, Src: pairLocal, Dst: pairRemote, Suite: suite, EncKey: make([]byte, suite.EncKeyLen())}
+	c := sa.Config{SPI: spi, Dir: dir, ReqID: 1, Src: pairLocal, Dst: pairRemote, Suite: suite, EncKey: bytes.Repeat([]byte{0x5a}, suite.EncKeyLen())}
 	for i := range c.EncKey {
 		c.EncKey[i] = byte(i)
 	}

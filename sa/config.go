@@ -201,6 +201,16 @@ func (c *Config) validateSeq() error {
 	return nil
 }
 
+// allZero reports whether k is non-empty and all zero bytes: a key no
+// keying path accepts (a suite without a separate integrity key has none).
+func allZero(k []byte) bool {
+	var or byte
+	for _, b := range k {
+		or |= b
+	}
+	return len(k) > 0 && or == 0
+}
+
 // maxTFCPadTo bounds TFCPadTo: no inner packet is longer.
 const maxTFCPadTo = 65535
 
@@ -243,6 +253,9 @@ func (c *Config) check(update bool) error {
 		}
 		if len(c.IntegKey) != c.Suite.IntegKeyLen() {
 			return fmt.Errorf("sa: state spi 0x%08x: %v needs %d bytes of integrity key, got %d", c.SPI, c.Suite, c.Suite.IntegKeyLen(), len(c.IntegKey))
+		}
+		if allZero(c.EncKey) || allZero(c.IntegKey) {
+			return fmt.Errorf("sa: state spi 0x%08x: a key of all zeros is not a secret; generate one (head -c N /dev/urandom | od -An -tx1)", c.SPI)
 		}
 	}
 	if (c.EncapSrcPort == 0) != (c.EncapDstPort == 0) {

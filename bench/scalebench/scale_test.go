@@ -82,7 +82,11 @@ func key(s crypto.Suite, spi uint32) (enc, integ []byte) {
 	for i := range enc {
 		enc[i] = byte(spi>>uint(8*(i%4))) ^ byte(i)
 	}
-	return enc, make([]byte, s.IntegKeyLen())
+	integ = make([]byte, s.IntegKeyLen())
+	for i := range integ {
+		integ[i] = byte(spi) ^ 0xa5 ^ byte(i)
+	}
+	return enc, integ
 }
 
 // tunnel installs one side of the measured tunnel between the LANs.
