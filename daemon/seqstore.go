@@ -30,7 +30,7 @@ func openSeqStore(dir string, log *slog.Logger) (sa.SeqStore, func() error, erro
 	}
 	st, err := seqstore.Open(dir, seqstore.Options{Logger: log})
 	if errors.Is(err, seqstore.ErrCorrupt) {
-		log.Error("REFUSING EVERY OUTBOUND SA: the record of sequence numbers already sent is damaged, so any outbound key could repeat a nonce; inbound SAs work. Move seq.log and seq.head aside and install fresh keys (docs/safety.md)", "err", err)
+		log.Error("REFUSING EVERY OUTBOUND SA: the record of sequence numbers sent is damaged (docs/safety.md)", "fix", "move seq.log and seq.head aside, install fresh keys", "inbound", "works", "err", err)
 		return seqstore.Refuse{Err: err}, none, nil
 	}
 	if err != nil {

@@ -87,9 +87,9 @@ func newSAFlags(name string, which ...string) *saFlags {
 		fs.BoolVar(&f.ecn, "ecn", sa.DefaultECN, "RFC 6040 normal-mode ECN (--ecn=false: off)")
 		fs.StringVar(&f.df, "df", "", "outer IPv4 DF bit: copy, set or clear (default copy)")
 		fs.StringVar(&f.tfc, "tfc", "", "TFC: pad inner packets shorter than this many bytes")
-		fs.StringVar(&f.oseq, "oseq", "", "outbound: last sequence number taken as sent, 64-bit with ESN; the state sends above it (and above what its key already used); update: raises only")
-		fs.StringVar(&f.replaySeq, "replay-seq", "", "inbound: highest sequence number taken as received (64-bit with ESN); everything up to it is refused except what --replay-bitmap marks unseen; update: merged")
-		fs.StringVar(&f.replayBitmap, "replay-bitmap", "", "inbound, with --replay-seq: hex bytes, bit i (byte i/8, value 1<<(i%8)) set when replay-seq minus i was received; at most the replay window in bits")
+		fs.StringVar(&f.oseq, "oseq", "", "outbound: the last sequence number taken as sent (64-bit with ESN); sending starts above it; update: raises only")
+		fs.StringVar(&f.replaySeq, "replay-seq", "", "inbound: the highest sequence number taken as received; all up to it refused but --replay-bitmap's; update: merged")
+		fs.StringVar(&f.replayBitmap, "replay-bitmap", "", "inbound, with --replay-seq: hex bytes; bit i (byte i/8, 1<<(i%8)) set: replay-seq minus i was received")
 	}
 	if has("update") {
 		fs.StringVar(&f.newSrc, "new-src", "", "new outer source address")

@@ -98,7 +98,7 @@ func run(args []string) error {
 	fs.StringVar(&opts.Pair.Listen, "pair-listen", "", "with --pair-node, this node's UDP address on the pair link (host:port)")
 	fs.StringVar(&opts.Pair.Peer, "pair-peer", "", "with --pair-node, the other node's UDP address on the pair link (host:port)")
 	fs.StringVar(&opts.Pair.KeyFile, "pair-key-file", "", "with --pair-node, the file of the pair link's key: 64 hex digits, root:espd 0640, not a link (docs/ha.md)")
-	fs.Func("pair-local-addr", "with --pair-node, an `address` of this node alone (the sync link's; repeatable): its states, such as the ha plugin's tunnel, are not the pair's", func(v string) error {
+	fs.Func("pair-local-addr", "with --pair-node, an `address` of this node alone, whose states are not the pair's (repeatable; docs/ha.md)", func(v string) error {
 		a, err := netip.ParseAddr(v)
 		if err != nil {
 			return err
