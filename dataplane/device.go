@@ -233,6 +233,7 @@ func (d *Device) Stats() Stats {
 	return st
 }
 
+// logLimit is a kind of warning logf limits to one a second.
 type logLimit int
 
 const (

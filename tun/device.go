@@ -51,10 +51,9 @@ const (
 // virtio-net header into the bytes in front of each packet.
 const MinWriteOffset = 16
 
-// ErrTooManySegments was returned by Read when a super-packet had more
-// segments than the buffers given and the rest were lost. Read no longer
-// loses them (they come with the next calls) and returns it only on a
-// device without offloads, through the driver.
+// ErrTooManySegments is returned by Read only on a device without
+// offloads, from the driver; with offloads a super-packet's segments
+// beyond the buffers given come with the next calls.
 var ErrTooManySegments = wgtun.ErrTooManySegments
 
 // Config says which TUN device to open.
