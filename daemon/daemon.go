@@ -10,14 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"net/netip"
 	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/crypto"
@@ -59,7 +56,7 @@ type Options struct {
 	MetricsListen string
 	// MetricsPerSA exports per-state series (espd_sa_*) for at most this
 	// many states, the oldest first; 0, the default, exports only totals
-	// over all states (daemon/metrics.go).
+	// over all states (package metrics).
 	MetricsPerSA int
 	// Logger receives the daemon's logs; nil discards them.
 	Logger *slog.Logger
@@ -360,16 +357,4 @@ func (d *Daemon) logEvents(ctx context.Context) {
 			d.log.Info("event", "event", ev.String())
 		}
 	}
-}
-
-// serveMetrics starts the Prometheus endpoint.
-func (d *Daemon) serveMetrics() (*http.Server, error) {
-	ln, err := net.Listen("tcp", d.opts.MetricsListen)
-	if err != nil {
-		return nil, err
-	}
-	srv := &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	d.log.Info("metrics listening", "addr", ln.Addr().String())
-	return srv, nil
 }

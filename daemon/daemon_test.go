@@ -218,6 +218,6 @@ func TestMetricsAndShutdown(t *testing.T) {
 		t.Error("metrics contain key material")
 	}
 	if strings.Contains(body, "espd_sa_") {
-		t.Error("per-state series without --metrics-per-sa (metrics_scale_test.go tests them)")
+		t.Error("per-state series without --metrics-per-sa (package metrics' TestMetricsScale tests them)")
 	}
 }

@@ -14,8 +14,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/crypto"
@@ -23,12 +21,6 @@ import (
 	"github.com/espd/espd/sa"
 	"github.com/espd/espd/testbed"
 )
-
-// parseText parses the Prometheus text format as Prometheus does.
-func parseText(body string) (map[string]*dto.MetricFamily, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	return p.TextToMetricFamilies(strings.NewReader(body))
-}
 
 // metricsAddr is where the endpoint listens, inside the test's own
 // namespace.

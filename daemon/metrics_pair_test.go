@@ -181,7 +181,9 @@ func TestMetricsPair(t *testing.T) {
 		"espd_pair_ack_waits_total{}":      func(s pairsync.Stats) uint64 { return s.AckWaits },
 		"espd_pair_record_errors_total{}":  func(s pairsync.Stats) uint64 { return s.RecordErrors },
 	}
-	for _, ty := range pairSentTypes {
+	// The types a node sends (the "other" index of pairsync.Stats' arrays
+	// is not exported).
+	for _, ty := range []pairsync.Type{pairsync.TypeReserve, pairsync.TypeAck, pairsync.TypeWindows, pairsync.TypeHello, pairsync.TypeOwn} {
 		counters[fmt.Sprintf("espd_pair_messages_sent_total{type=%q}", ty)] = func(s pairsync.Stats) uint64 { return s.Sent[ty] }
 		counters[fmt.Sprintf("espd_pair_messages_received_total{type=%q}", ty)] = func(s pairsync.Stats) uint64 { return s.Received[ty] }
 	}

@@ -50,8 +50,8 @@ var movedElsewhere = map[string]struct {
 		"tun/offload_test.go", "TestCoalesceAndSplit", "SuperWrites"},
 	"espd_dataplane_no_interface_total": {"dataplane/inbound.go classifyIn, for a packet of a state whose if_id no route-based interface has",
 		"dataplane/interfaces_test.go", "TestInterfaces", "NoInterface"},
-	"espd_cpu_aes": {"daemon/metrics.go collector.Collect, from crypto.AESAccelerated when the daemon started",
-		"daemon/cpu_test.go", "TestSlowAESWarning", "GetGauge"},
+	"espd_cpu_aes": {"metrics/collector.go collector.Collect, from crypto.AESAccelerated when the daemon started",
+		"metrics/cpu_test.go", "TestCPUAES", "GetGauge"},
 	"espd_state_write_errors_total": {"daemon/statefiles.go Daemon.stateWriteFailed, when a write of the hold file or the interfaces record fails",
 		"daemon/ifreload_test.go", "TestReloadInterfaceInPlace", "writes"},
 	"espd_ike_read_errors_total": {"conn/ike_linux.go ikeRelay.read, when a read of an IKE-port socket fails",
@@ -109,9 +109,6 @@ var withOption = map[string]string{"espd_pair_": "TestMetricsPair"}
 // TestMetricsSeries logs them. Keep it empty: a series belongs here only
 // until a test causes what it counts.
 var unproven = map[string]string{}
-
-// series is a scrape: the value of each series, by name and sorted labels.
-type series map[string]float64
 
 // TestMetricsSeries scrapes a running daemon, causes every event it counts
 // (traffic through its TUN and sockets in its namespace, control calls,

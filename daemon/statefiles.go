@@ -3,7 +3,7 @@ package daemon
 import (
 	"sync/atomic"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/espd/espd/metrics"
 )
 
 // The records espd keeps in its state directory for the next boot whose
@@ -18,11 +18,14 @@ const (
 	numStateFiles
 )
 
-var stateFileNames = [numStateFiles]string{"holds", "interfaces"}
-
 // stateWrites counts the failed writes of each record.
 type stateWrites struct {
 	failed [numStateFiles]atomic.Uint64
+}
+
+// snapshot returns the counts for the metrics.
+func (w *stateWrites) snapshot() metrics.StateWrites {
+	return metrics.StateWrites{Holds: w.failed[stateFileHolds].Load(), Interfaces: w.failed[stateFileInterfaces].Load()}
 }
 
 // stateWriteFailed logs and counts a failed write of a record.
@@ -33,22 +36,5 @@ func (d *Daemon) stateWriteFailed(file int, err error) {
 		d.log.Error("cannot record the held prefixes for the next boot; they stay held now", "err", err)
 	default:
 		d.log.Error("cannot record the route-based interfaces for the next boot; they exist now", "err", err)
-	}
-}
-
-var descStateWriteErrors = prometheus.NewDesc("espd_state_write_errors_total",
-	"Failed writes of a record espd keeps in its state directory for the next boot (file: holds, the held prefixes; interfaces, the route-based interfaces): the next boot may restore an older record.",
-	[]string{"file"}, nil)
-
-// stateCollector exports espd_state_write_errors_total.
-type stateCollector struct{ w *stateWrites }
-
-// Describe implements prometheus.Collector.
-func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descStateWriteErrors }
-
-// Collect implements prometheus.Collector.
-func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	for i, name := range stateFileNames {
-		ch <- prometheus.MustNewConstMetric(descStateWriteErrors, prometheus.CounterValue, float64(c.w.failed[i].Load()), name)
 	}
 }

@@ -1,4 +1,4 @@
-package daemon
+package metrics
 
 import (
 	"compress/gzip"
@@ -396,7 +396,7 @@ func (tb *tunnelBench) row(i int, r tunnelRow) (res tunnelResult, err error) {
 // back-to-back scrapes (VmHWM after clear_refs, less VmRSS before) and
 // the echo's p50/p99 RTT in the three phases.
 //
-//	go test ./daemon -run XXX -bench MetricsTunnel -benchtime 1x -args -metrics-espd-before /tmp/espd-before
+//	go test ./metrics -run XXX -bench MetricsTunnel -benchtime 1x -args -metrics-espd-before /tmp/espd-before
 func BenchmarkMetricsTunnel(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root")

@@ -1,6 +1,8 @@
-package daemon
+package metrics
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/espd/espd/pairsync"
@@ -53,6 +55,19 @@ var (
 		"Inbound states the last takeover found without a fresh replay window report: soft-expired so that charon rekeys them (docs/ha.md); 0 while standing by.", nil, nil)
 )
 
+// Pair is what the gateway pair's series read.
+type Pair struct {
+	Role pairsync.Role
+	// Heard is how long ago an authentic message of the other node last
+	// arrived, if HeardOK: one has.
+	Heard   time.Duration
+	HeardOK bool
+	Link    pairsync.Stats // the pair link's counters
+	// What the last takeover did: outbound states released and left
+	// silent, inbound states without a fresh replay window.
+	Released, Silent, Stale int
+}
+
 // pairSentTypes are the types a node sends; index 0 of pairsync.Stats'
 // arrays (other types) is not exported: Decode refuses an unknown type,
 // which counts in espd_pair_rejected_total instead.
@@ -60,7 +75,7 @@ var pairSentTypes = []pairsync.Type{pairsync.TypeReserve, pairsync.TypeAck, pair
 
 // pairCollector exports the gateway pair's series.
 type pairCollector struct {
-	p *pair
+	get func() Pair
 }
 
 // Describe implements prometheus.Collector.
@@ -75,12 +90,12 @@ func (c *pairCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *pairCollector) Collect(ch chan<- prometheus.Metric) {
 	counter, gauge := prometheus.CounterValue, prometheus.GaugeValue
-	n := c.p.node
-	ch <- prometheus.MustNewConstMetric(descPairRole, gauge, float64(n.Role()))
-	if ago, ok := n.PeerHeard(); ok {
-		ch <- prometheus.MustNewConstMetric(descPairPeerHeard, gauge, ago.Seconds())
+	p := c.get()
+	ch <- prometheus.MustNewConstMetric(descPairRole, gauge, float64(p.Role))
+	if p.HeardOK {
+		ch <- prometheus.MustNewConstMetric(descPairPeerHeard, gauge, p.Heard.Seconds())
 	}
-	st := n.Stats()
+	st := p.Link
 	for _, t := range pairSentTypes {
 		ch <- prometheus.MustNewConstMetric(descPairSent, counter, float64(st.Sent[t]), t.String())
 		ch <- prometheus.MustNewConstMetric(descPairReceived, counter, float64(st.Received[t]), t.String())
@@ -97,8 +112,7 @@ func (c *pairCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPairLeaseWaits, counter, float64(st.LeaseWaits))
 	ch <- prometheus.MustNewConstMetric(descPairAckWaits, counter, float64(st.AckWaits))
 	ch <- prometheus.MustNewConstMetric(descPairRecordErrors, counter, float64(st.RecordErrors))
-	released, silent, stale := c.p.counts()
-	ch <- prometheus.MustNewConstMetric(descPairReleased, gauge, float64(released))
-	ch <- prometheus.MustNewConstMetric(descPairSilent, gauge, float64(silent))
-	ch <- prometheus.MustNewConstMetric(descPairStale, gauge, float64(stale))
+	ch <- prometheus.MustNewConstMetric(descPairReleased, gauge, float64(p.Released))
+	ch <- prometheus.MustNewConstMetric(descPairSilent, gauge, float64(p.Silent))
+	ch <- prometheus.MustNewConstMetric(descPairStale, gauge, float64(p.Stale))
 }

@@ -1,4 +1,4 @@
-package daemon
+package metrics
 
 import (
 	"reflect"
@@ -22,16 +22,22 @@ var ikeHelp = map[string]string{
 	"ReadErrors": "Reads of the IKE port's sockets that failed.",
 }
 
-// descIKEUndelivered is the hub's count (ikeHub.undelivered).
+// IKE is what the IKE hand-off's series read.
+type IKE struct {
+	Relay       conn.IKEStats // the relay's counters, kept by the sockets after the hand-off stops
+	Undelivered uint64        // datagrams the hub dropped (espd_ike_undelivered_total)
+}
+
+// descIKEUndelivered is the hub's count.
 var descIKEUndelivered = prometheus.NewDesc("espd_ike_undelivered_total",
 	"IKE datagrams of espd_ike_received_total dropped because they were longer than an IKE_PACKET message carries (65,492 bytes over IPv4, 65,468 over IPv6), no IKE daemon was registered for the hand-off or its queue was full.", nil, nil)
 
 var ikeFields = counterFields[conn.IKEStats]("espd_ike_", ikeHelp)
 
-// ikeCollector exports the hand-off's counters: the relay's, read from
-// the sockets (which keep them after StopIKE), and the hub's.
+// ikeCollector exports the hand-off's counters: the relay's and the
+// hub's.
 type ikeCollector struct {
-	hub *ikeHub
+	get func() IKE
 }
 
 // Describe implements prometheus.Collector.
@@ -44,9 +50,10 @@ func (c *ikeCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *ikeCollector) Collect(ch chan<- prometheus.Metric) {
-	v := reflect.ValueOf(c.hub.ike.IKEStats())
+	st := c.get()
+	v := reflect.ValueOf(st.Relay)
 	for _, f := range ikeFields {
 		ch <- prometheus.MustNewConstMetric(f.desc, prometheus.CounterValue, float64(v.Field(f.field).Uint()))
 	}
-	ch <- prometheus.MustNewConstMetric(descIKEUndelivered, prometheus.CounterValue, float64(c.hub.undelivered.Load()))
+	ch <- prometheus.MustNewConstMetric(descIKEUndelivered, prometheus.CounterValue, float64(st.Undelivered))
 }

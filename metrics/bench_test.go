@@ -1,4 +1,4 @@
-package daemon
+package metrics
 
 import (
 	"bytes"
@@ -204,7 +204,7 @@ func wakeups() (stop func() (p99, worst time.Duration)) {
 // how long AddSA/DeleteSA wait for the state lock while the scrape runs.
 // db-stats is sa.DB.Stats alone, which the default scrape calls once.
 //
-//	go test ./daemon -run XXX -bench MetricsScrape -benchmem
+//	go test ./metrics -run XXX -bench MetricsScrape -benchmem
 func BenchmarkMetricsScrape(b *testing.B) {
 	db := scaleTestDB(b)
 	noDP := func() dataplane.Stats { return dataplane.Stats{} }

@@ -1,7 +1,6 @@
-package daemon
+package metrics
 
 import (
-	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -9,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -70,47 +68,6 @@ func fillDB(n int) (*sa.DB, error) {
 		}
 	}
 	return db, nil
-}
-
-// scrape serves one GET /metrics of m and returns the body.
-func scrape(t testing.TB, m http.Handler) string {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	m.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("scrape: status %d: %s", rec.Code, rec.Body)
-	}
-	if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
-		t.Errorf("Content-Type %q, want the text format 0.0.4", ct)
-	}
-	return rec.Body.String()
-}
-
-// countPrefix counts the lines of body that start with prefix.
-func countPrefix(body, prefix string) int {
-	n := 0
-	for line := range strings.Lines(body) {
-		if strings.HasPrefix(line, prefix) {
-			n++
-		}
-	}
-	return n
-}
-
-// sampleValue returns the value of the sample line "series value" in body.
-func sampleValue(t testing.TB, body, series string) uint64 {
-	t.Helper()
-	for line := range strings.Lines(body) {
-		if v, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), series+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: value %q: %v", series, v, err)
-			}
-			return uint64(f)
-		}
-	}
-	t.Fatalf("no sample %s", series)
-	return 0
 }
 
 // TestMetricsScale: with 100,000 states the default scrape is small, has
@@ -303,68 +260,6 @@ func TestMetricsGzip(t *testing.T) {
 			t.Errorf("acceptsGzip(%q) = true", ae)
 		}
 	}
-}
-
-// perSAFamilies are the families written outside the registry.
-var perSAFamilies = []string{"espd_sa_packets_total", "espd_sa_bytes_total", "espd_sa_drops_total", "espd_metrics_states_omitted"}
-
-// checkExposition parses body as the Prometheus text format and fails the
-// test on a parse error, a duplicate series, a family split in two, or a
-// sample without its TYPE line. It returns the number of series.
-func checkExposition(t testing.TB, body string) int {
-	t.Helper()
-	if _, err := parseText(body); err != nil {
-		t.Fatalf("the body does not parse: %v", err)
-	}
-	typed := map[string]bool{}
-	seen := map[string]bool{}
-	done := map[string]bool{} // families whose group has ended
-	cur := ""
-	sc := bufio.NewScanner(strings.NewReader(body))
-	sc.Buffer(nil, 1<<20)
-	n := 0
-	for sc.Scan() {
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, "# TYPE "); ok {
-			typed[strings.Fields(rest)[0]] = true
-			continue
-		}
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		series, _, _ := strings.Cut(line, " ")
-		name, labels, _ := strings.Cut(series, "{")
-		if !typed[name] {
-			t.Errorf("sample without a TYPE line: %s", line)
-		}
-		if name != cur {
-			if done[name] {
-				t.Errorf("family %s split in two groups", name)
-			}
-			done[cur], cur = true, name
-		}
-		key := name + "{" + sortLabels(strings.TrimSuffix(labels, "}")) + "}"
-		if seen[key] {
-			t.Errorf("duplicate series %s", key)
-		}
-		seen[key] = true
-		n++
-	}
-	return n
-}
-
-// sortLabels sorts a label list `a="x",b="y"` (values without commas).
-func sortLabels(l string) string {
-	if l == "" {
-		return ""
-	}
-	parts := strings.Split(l, ",")
-	for i := 1; i < len(parts); i++ {
-		for j := i; j > 0 && parts[j] < parts[j-1]; j-- {
-			parts[j], parts[j-1] = parts[j-1], parts[j]
-		}
-	}
-	return strings.Join(parts, ",")
 }
 
 // gunzip decompresses b.
