@@ -19,6 +19,7 @@ import (
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
+	"github.com/espd/espd/ikehub"
 	"github.com/espd/espd/pairsync"
 	"github.com/espd/espd/sa"
 
@@ -114,7 +115,7 @@ type Daemon struct {
 	warnedIfIDs map[uint32]bool
 	slow        slowSuites // the AES suites warnSlowAES has logged (cpu.go)
 
-	ike atomic.Pointer[ikeHub] // the IKE hand-off, while it runs (ike.go)
+	ike atomic.Pointer[ikehub.Hub] // the IKE hand-off, while it runs (ike.go)
 
 	pair *pair // the gateway pair's link, with Options.Pair (pair.go)
 

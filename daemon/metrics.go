@@ -22,7 +22,10 @@ func (d *Daemon) metricsHandler() http.Handler {
 		Log:         d.log.With("component", "metrics"),
 	}
 	if h := d.ike.Load(); h != nil { // Run starts the hand-off first
-		src.IKE = func() metrics.IKE { return metrics.IKE{Relay: h.ike.IKEStats(), Undelivered: h.undelivered.Load()} }
+		src.IKE = func() metrics.IKE {
+			relay, undelivered := h.Stats()
+			return metrics.IKE{Relay: relay, Undelivered: undelivered}
+		}
 	}
 	if p := d.pair; p != nil {
 		src.Pair = func() metrics.Pair { return pairMetrics(p) }

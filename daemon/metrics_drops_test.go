@@ -273,7 +273,7 @@ func handOff(t *testing.T, d *Daemon, ns *testbed.Node, local, peer netip.Addr) 
 	if hub == nil {
 		t.Fatal("the IKE hand-off is not running")
 	}
-	before := hub.ike.IKEStats()
+	before, _ := hub.Stats()
 	sess, err := d.RegisterIKE(8)
 	if err != nil {
 		t.Fatal(err)
@@ -300,7 +300,7 @@ func handOff(t *testing.T, d *Daemon, ns *testbed.Node, local, peer netip.Addr) 
 	if err := sess.Send(conn.IKEPacket{Src: netip.AddrPortFrom(local, 4501), Dst: netip.AddrPortFrom(peer, conn.DefaultIKEPort), Data: ike}); err == nil {
 		t.Error("IKE from port 4501 was not refused")
 	}
-	after := hub.ike.IKEStats()
+	after, _ := hub.Stats()
 	if after.Received != before.Received+1 || after.Sent != before.Sent+1 || after.SendErrors != before.SendErrors+1 || after.Refused != before.Refused+1 {
 		t.Errorf("IKE hand-off counters %+v after %+v: want one more received, sent, send error and refusal", after, before)
 	}
