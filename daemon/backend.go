@@ -129,4 +129,9 @@ func (d *Daemon) Subscribe(buffer int) (control.Subscription, error) {
 }
 
 // PairRole sets (role != 0) and reports this node's gateway-pair role.
-func (d *Daemon) PairRole(role wire.PairRole) (wire.PairStatus, error) { return d.pairRole(role) }
+func (d *Daemon) PairRole(role wire.PairRole) (wire.PairStatus, error) {
+	if d.pair == nil {
+		return wire.PairStatus{}, wire.Errorf(wire.EOPNOTSUPP, "espd runs without --pair-node: it is not one of a gateway pair")
+	}
+	return d.pair.Role(role)
+}

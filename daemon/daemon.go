@@ -19,6 +19,7 @@ import (
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
+	"github.com/espd/espd/gwpair"
 	"github.com/espd/espd/ikehub"
 	"github.com/espd/espd/pairsync"
 	"github.com/espd/espd/sa"
@@ -63,7 +64,7 @@ type Options struct {
 	Logger *slog.Logger
 	// IKEHandoff makes espd own the IKE port (IKEPort, 0: 500) next to the
 	// encapsulation port and hand IKE datagrams to the IKE daemon
-	// registered on the control socket (daemon/ike.go).
+	// registered on the control socket (package ikehub).
 	IKEHandoff bool
 	IKEPort    uint16
 	// Notify, if set, is told the daemon's state changes as sd_notify(3)
@@ -76,9 +77,12 @@ type Options struct {
 	// goroutine, which waits for it.
 	Notify func(state string)
 	// Pair makes espd one node of an active/standby gateway pair
-	// (pair.go, docs/ha.md); it starts standing by.
+	// (package gwpair, docs/ha.md); it starts standing by.
 	Pair PairOptions
 }
+
+// PairOptions make espd one node of a gateway pair (gwpair.Options).
+type PairOptions = gwpair.Options
 
 // The state strings Options.Notify receives (sd_notify(3)).
 const (
@@ -117,7 +121,7 @@ type Daemon struct {
 
 	ike atomic.Pointer[ikehub.Hub] // the IKE hand-off, while it runs (ike.go)
 
-	pair *pair // the gateway pair's link, with Options.Pair (pair.go)
+	pair *gwpair.Pair // the gateway pair's part, with Options.Pair
 
 	writes stateWrites // failed writes of the state directory's records
 }
@@ -137,27 +141,27 @@ func New(opts Options) (*Daemon, error) {
 	}
 	opts.IO.setDefaults()
 	dbOpts := sa.Options{Seq: seq, SeqError: seqErrorLogger(log)}
-	var db *sa.DB
-	var pr *pair
+	var pr *gwpair.Pair
 	if opts.Pair.Node != 0 {
 		opts.Pair.Mark = opts.IO.Mark
-		if pr, err = newPair(opts.Pair, seq, &db, log); err != nil {
+		if pr, err = gwpair.New(opts.Pair, seq, log); err != nil {
 			closeSeq()
 			return nil, err
 		}
-		dbOpts.Seq, dbOpts.PairNode, dbOpts.LocalSeq = pr.node, opts.Pair.Node, pr.store
+		dbOpts.Seq, dbOpts.PairNode, dbOpts.LocalSeq = pr.Node(), opts.Pair.Node, pr.Store()
 		if local := opts.Pair.LocalAddrs; len(local) > 0 {
 			dbOpts.PairLocal = func(a netip.Addr) bool { return slices.Contains(local, a.Unmap()) }
 		}
 	}
-	db = sa.NewDB(dbOpts)
+	db := sa.NewDB(dbOpts)
 	if pr != nil {
+		pr.SetDB(db)
 		db.SetStandby(true) // until told otherwise (PAIR_ROLE)
 	}
 	dp, err := dataplane.New(opts.Dataplane, db, log.With("component", "dataplane"))
 	if err != nil {
 		if pr != nil {
-			pr.node.Close()
+			pr.Node().Close()
 		}
 		closeSeq()
 		return nil, err
@@ -208,10 +212,13 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 	go func() { defer wg.Done(); d.logEvents(ctx) }()
 	if d.pair != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); d.pair.node.Run(ctx) }()
+		go func() { defer wg.Done(); d.pair.Node().Run(ctx) }()
 		wg.Add(1)
-		go func() { defer wg.Done(); d.retryRelease(ctx, cmp.Or(d.opts.Pair.Interval, pairsync.DefaultInterval)) }()
-		d.log.Info("gateway pair: standing by until told the role", "node", d.pair.num, "listen", d.opts.Pair.Listen, "peer", d.opts.Pair.Peer)
+		go func() {
+			defer wg.Done()
+			d.pair.RetryRelease(ctx, cmp.Or(d.opts.Pair.Interval, pairsync.DefaultInterval))
+		}()
+		d.log.Info("gateway pair: standing by until told the role", "node", d.pair.Num(), "listen", d.opts.Pair.Listen, "peer", d.opts.Pair.Peer)
 	}
 	if d.kio.xdp != nil {
 		wg.Add(1)
@@ -227,7 +234,9 @@ func (d *Daemon) Run(ctx context.Context, reload <-chan struct{}) (err error) {
 		d.log.Info("configuration loaded", "path", d.opts.ConfigPath, "states", states, "policies", policies)
 	}
 	d.dropStaleInterfaces(recorded)
-	d.applyRoleFile(ctx)
+	if d.pair != nil {
+		d.pair.ApplyRoleFile(ctx, d.opts.Pair.RoleFile, d.opts.Pair.Lease)
+	}
 
 	ccfg := d.opts.Control
 	if ccfg.Logf == nil {

@@ -28,7 +28,7 @@ func (d *Daemon) metricsHandler() http.Handler {
 		}
 	}
 	if p := d.pair; p != nil {
-		src.Pair = func() metrics.Pair { return pairMetrics(p) }
+		src.Pair = p.Metrics
 	}
 	if len(d.opts.IO.XDP) > 0 && d.kio != nil {
 		src.XDP, src.XDPPath = true, d.kio.xdp
@@ -36,14 +36,6 @@ func (d *Daemon) metricsHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.New(src))
 	return mux
-}
-
-// pairMetrics reads what the pair's series export.
-func pairMetrics(p *pair) metrics.Pair {
-	heard, ok := p.node.PeerHeard()
-	m := metrics.Pair{Role: p.node.Role(), Heard: heard, HeardOK: ok, Link: p.node.Stats()}
-	m.Released, m.Silent, m.Stale = p.counts()
-	return m
 }
 
 // serveMetrics starts the Prometheus endpoint.

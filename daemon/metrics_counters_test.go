@@ -10,6 +10,8 @@ import (
 
 	"github.com/espd/espd/control"
 	"github.com/espd/espd/dataplane"
+	"github.com/espd/espd/metrics"
+	"github.com/espd/espd/sa"
 	"github.com/espd/espd/testbed"
 )
 
@@ -97,4 +99,33 @@ func startPeer(t *testing.T, ns *testbed.Node) *Daemon {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return d
+}
+
+// TestMetricsPairListed holds the gateway pair's series, which
+// TestMetricsSeries's daemon (without a pair) does not export, to
+// movedElsewhere: each is there under gwpair's TestMetricsPair, which
+// moves them all, and each entry there for a pair's series is exported.
+func TestMetricsPairListed(t *testing.T) {
+	m := metrics.New(metrics.Sources{DB: sa.NewDB(sa.Options{}), Dataplane: func() dataplane.Stats { return dataplane.Stats{} },
+		Pair: func() metrics.Pair { return metrics.Pair{HeardOK: true} }})
+	exported := map[string]bool{}
+	for key := range scrapeBody(t, func(t *testing.T) string { return scrape(t, m) }) {
+		if name, _, _ := strings.Cut(key, "{"); strings.HasPrefix(name, "espd_pair_") {
+			exported[name] = true
+		}
+	}
+	if len(exported) == 0 {
+		t.Fatal("no espd_pair_* series with a pair")
+	}
+	for name := range exported {
+		if e := movedElsewhere[name]; e.test != "TestMetricsPair" || e.file != pairTestFile {
+			t.Errorf("%s: movedElsewhere names %q in %q, want TestMetricsPair", name, e.test, e.file)
+		}
+		checkMovedEntry(t, name)
+	}
+	for name := range movedElsewhere {
+		if optionTest(name) == "TestMetricsPair" && !exported[name] {
+			t.Errorf("movedElsewhere lists %s, which a pair does not export", name)
+		}
+	}
 }

@@ -11,6 +11,3 @@ var (
 	scrapeBody      = metricstest.ScrapeBody
 	perSAFamilies   = metricstest.PerSAFamilies
 )
-
-// series is a scrape: the value of each series, by name and sorted labels.
-type series = metricstest.Series

@@ -58,7 +58,7 @@ var movedElsewhere = map[string]struct {
 		"conn/ike_linux_test.go", "TestIKEReadErrorsCounted", "ReadErrors"},
 
 	// A gateway pair's (withOption).
-	"espd_pair_role": {"daemon/pair.go Daemon.pairRole (PAIR_ROLE), through pairsync.Node.SetRole",
+	"espd_pair_role": {"gwpair/role.go Pair.Role (PAIR_ROLE), through pairsync.Node.SetRole",
 		pairTestFile, "TestMetricsPair", "Role"},
 	"espd_pair_peer_heard_seconds": {"pairsync/channel.go Node.receive, for every authentic message (Node.PeerHeard)",
 		pairTestFile, "TestMetricsPair", "PeerHeard"},
@@ -90,19 +90,19 @@ var movedElsewhere = map[string]struct {
 		pairTestFile, "TestMetricsPair", "AckWaits"},
 	"espd_pair_record_errors_total": {"pairsync/channel.go Node.record, for each reservation the store refuses",
 		pairTestFile, "TestMetricsPair", "RecordErrors"},
-	"espd_pair_takeover_released": {"daemon/pair.go Daemon.activate, for each state sa.DB.Activate released",
+	"espd_pair_takeover_released": {"gwpair/role.go Pair.activate, for each state sa.DB.Activate released",
 		pairTestFile, "TestMetricsPair", "released"},
-	"espd_pair_takeover_stale_windows": {"daemon/pair.go Daemon.activate, for each inbound state without a fresh window report",
+	"espd_pair_takeover_stale_windows": {"gwpair/role.go Pair.activate, for each inbound state without a fresh window report",
 		pairTestFile, "TestMetricsPair", "stale"},
-	"espd_pair_takeover_silent": {"daemon/pair.go Daemon.activate, for each state sa.DB.Activate left silent",
+	"espd_pair_takeover_silent": {"gwpair/role.go Pair.activate, for each state sa.DB.Activate left silent",
 		pairTestFile, "TestMetricsPair", "silent"},
 }
 
-const pairTestFile = "daemon/metrics_pair_test.go"
+const pairTestFile = "gwpair/metrics_test.go"
 
 // withOption maps the name prefix of the series a daemon exports only
-// with an option TestMetricsSeries's daemon runs without to the test
-// that checks them against movedElsewhere instead.
+// with an option TestMetricsSeries's daemon runs without to the test that
+// moves them (TestMetricsPairListed holds them to movedElsewhere).
 var withOption = map[string]string{"espd_pair_": "TestMetricsPair"}
 
 // unproven lists the series that nothing in the tests moves yet, with why;

@@ -267,7 +267,7 @@ func (n *Node) PeerHeard() (time.Duration, bool) {
 // Conflict reports whether a message of a misconfigured other node
 // (Stats.Misconfigured) arrived within the last two leases: the other
 // node is alive but cannot be trusted, so this node must not act on its
-// own record alone (daemon's applyRoleFile). It never gets a fresh
+// own record alone (gwpair's Pair.ApplyRoleFile). It never gets a fresh
 // report from such a node either: a takeover leaves every key silent.
 func (n *Node) Conflict() bool {
 	n.mu.Lock()

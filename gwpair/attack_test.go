@@ -1,4 +1,4 @@
-package daemon
+package gwpair
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 
 	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
-	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/pairsync"
 	"github.com/espd/espd/sa"
 	"github.com/espd/espd/seqstore"
@@ -86,7 +85,7 @@ func TestPairTakeoverUnderAttack(t *testing.T) {
 			}
 			pairWait(t, "the state released", func() bool {
 				if sb1.Silent() {
-					b.d.release(b.d.pair, b.node.Report, "test", true)
+					b.p.release(b.node.Report, "test", true)
 				}
 				return !sb1.Silent()
 			})
@@ -123,7 +122,7 @@ func TestPairSameNodeNumber(t *testing.T) {
 		if st := n.setRole(t, wire.PairRoleActive); st.Released != 0 || st.Silent != 1 {
 			t.Fatalf("takeover: %+v", st)
 		}
-		n.d.releaseOwn(context.Background(), 0) // as espd restarted active would, after the lease
+		n.p.releaseOwn(context.Background(), 0) // as espd restarted active would, after the lease
 	}
 	for i, s := range []*sa.SA{sa1, sb1} {
 		if _, g := s.ReserveSeq(1); g != 0 || !s.Silent() {
@@ -150,7 +149,7 @@ func TestPairRetryRelease(t *testing.T) {
 	start()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go b.d.retryRelease(ctx, pairTestInterval)
+	go b.p.RetryRelease(ctx, pairTestInterval)
 	pairWait(t, "the state released above the other node's own reservation", func() bool { return !sb.Silent() })
 	own, _ := b.node.Ledger().Reserved(sb.Fingerprint())
 	if first, g := sb.ReserveSeq(1); g != 1 || first <= own || own == 0 {
@@ -175,7 +174,7 @@ func TestPairStaleWindow(t *testing.T) {
 	acceptAll(sa1, 200)
 	pairWait(t, "the window report stale", func() bool { _, fresh := b.node.FreshWindow(sb1.Fingerprint()); return !fresh })
 	b.setRole(t, wire.PairRoleActive)
-	if _, _, stale := b.d.pair.counts(); stale != 1 || sb1.State() != sa.StateSoftExpired {
+	if _, _, stale := b.p.counts(); stale != 1 || sb1.State() != sa.StateSoftExpired {
 		t.Fatalf("takeover with a stale window: %d stale, state %v", stale, sb1.State())
 	}
 	if sb1.ReplayTop() != 100 {
@@ -207,14 +206,14 @@ func TestPairStatusDuringTakeover(t *testing.T) {
 	block := make(chan struct{})
 	b.store.block.Store(&block)
 	done := make(chan wire.PairStatus, 1)
-	go func() { st, _ := b.d.pairRole(wire.PairRoleActive); done <- st }()
+	go func() { st, _ := b.p.Role(wire.PairRoleActive); done <- st }()
 	pairWait(t, "the takeover waiting on the store", b.store.waiting.Load)
 	answered := make(chan string, 2)
 	go func() {
-		st, err := b.d.pairRole(wire.PairRoleNone)
+		st, err := b.p.Role(wire.PairRoleNone)
 		answered <- fmt.Sprintf("status %v %v", st.Role, err)
 	}()
-	go func() { answered <- scrape(t, b.d.metricsHandler()) }()
+	go func() { answered <- scrape(t, b.handler()) }()
 	for range 2 {
 		select {
 		case got := <-answered:
@@ -272,11 +271,7 @@ func benchTakeover(bm *testing.B, batched bool) {
 	}
 	db := sa.NewDB(sa.Options{PairNode: 2, Seq: seq})
 	db.SetStandby(true)
-	dp, err := dataplane.New(dataplane.Config{}, db, log)
-	if err != nil {
-		bm.Fatal(err)
-	}
-	d := &Daemon{log: log, db: db, dp: dp, pair: &pair{node: node, num: 2, log: log}}
+	p := &Pair{node: node, num: 2, log: log, db: db}
 	for i := range 10000 {
 		cfg := pairState(bm, 0x10000+uint32(i), sa.DirOut)
 		cfg.EncKey[3], cfg.EncKey[4] = byte(i>>8), byte(i)
@@ -294,8 +289,8 @@ func benchTakeover(bm *testing.B, batched bool) {
 		node.SetRole(pairsync.RoleActive)
 		floor = uint64(4*i+2) * sa.DefaultSeqBlock
 		bm.StartTimer()
-		d.release(d.pair, report, "takeover", true)
-		if _, silent, _ := d.pair.counts(); silent != 0 {
+		p.release(report, "takeover", true)
+		if _, silent, _ := p.counts(); silent != 0 {
 			bm.Fatalf("%d states left silent", silent)
 		}
 	}

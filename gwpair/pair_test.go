@@ -1,4 +1,4 @@
-package daemon
+package gwpair
 
 import (
 	"bytes"
@@ -20,7 +20,6 @@ import (
 
 	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
-	"github.com/espd/espd/dataplane"
 	"github.com/espd/espd/esp"
 	"github.com/espd/espd/pairsync"
 	"github.com/espd/espd/sa"
@@ -66,10 +65,10 @@ func (s *pairStore) Reserve(fp crypto.Fingerprint, limit uint64) error {
 	return s.MemSeqStore.Reserve(fp, limit)
 }
 
-// pairNode is one node of a test pair: a daemon with its DB and pair
-// only, wired as New and newPair wire them.
+// pairNode is one node of a test pair: its DB and Pair, wired as the
+// daemon and New wire them.
 type pairNode struct {
-	d     *Daemon
+	p     *Pair
 	db    *sa.DB
 	node  *pairsync.Node
 	conn  *pairConn
@@ -117,11 +116,7 @@ func newPairNodesNum(t *testing.T, n1, n2 int) (a, b *pairNode, start func()) {
 		n.node = node
 		n.db = sa.NewDB(sa.Options{PairNode: num, Seq: node})
 		n.db.SetStandby(true)
-		dp, err := dataplane.New(dataplane.Config{}, n.db, log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n.d = &Daemon{log: log, db: n.db, dp: dp, pair: &pair{node: node, num: num, log: log}}
+		n.p = &Pair{node: node, num: num, log: log, db: n.db}
 		return n
 	}
 	a, b = mk(n1, ca, cb), mk(n2, cb, ca)
@@ -145,7 +140,7 @@ func newPairNodesNum(t *testing.T, n1, n2 int) (a, b *pairNode, start func()) {
 // setRole is PAIR_ROLE on n; the reply must say role.
 func (n *pairNode) setRole(t *testing.T, role wire.PairRole) wire.PairStatus {
 	t.Helper()
-	st, err := n.d.pairRole(role)
+	st, err := n.p.Role(role)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package daemon
+package gwpair
 
 import (
 	"context"
@@ -109,13 +109,11 @@ func TestApplyRoleFile(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	b.d.opts.Pair.RoleFile = link
-	b.d.applyRoleFile(ctx)
+	b.p.ApplyRoleFile(ctx, link, 0)
 	if r := b.node.Role(); r != pairsync.RoleStandby {
 		t.Errorf("role file behind a symbolic link: role %v, want standby", r)
 	}
-	a.d.opts.Pair.RoleFile = rolePath
-	a.d.applyRoleFile(ctx)
+	a.p.ApplyRoleFile(ctx, rolePath, 0)
 	if r := a.node.Role(); r != pairsync.RoleActive {
 		t.Errorf("role file says active: role %v", r)
 	}

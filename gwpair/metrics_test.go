@@ -1,11 +1,11 @@
-package daemon
+package gwpair
 
 import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"fmt"
-	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +13,8 @@ import (
 	"github.com/espd/espd/control/wire"
 	"github.com/espd/espd/crypto"
 	"github.com/espd/espd/dataplane"
+	"github.com/espd/espd/metrics"
+	"github.com/espd/espd/metrics/metricstest"
 	"github.com/espd/espd/pairsync"
 	"github.com/espd/espd/sa"
 )
@@ -34,17 +36,12 @@ func reserveWithin(t *testing.T, n *pairsync.Node, fp crypto.Fingerprint, limit 
 
 // TestMetricsPair drives a gateway pair's two nodes (loopback UDP, the
 // daemon's own wiring) through every event the espd_pair_* series count,
-// scraping each node's /metrics before and after: every series must have
-// moved on one node at least, carry its counter, and be in movedElsewhere
-// under this test. A daemon without a pair exports none.
+// scraping each node's /metrics (Pair.Metrics as the daemon exports it)
+// before and after: every series must have moved on one node at least
+// and carry its counter (daemon's TestMetricsPairListed holds them to its
+// movedElsewhere). An endpoint without a pair exports none.
 func TestMetricsPair(t *testing.T) {
-	log := slog.New(slog.DiscardHandler)
-	db := sa.NewDB(sa.Options{})
-	dp, err := dataplane.New(dataplane.Config{}, db, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body := scrape(t, (&Daemon{log: log, db: db, dp: dp}).metricsHandler()); strings.Contains(body, "espd_pair_") {
+	if body := scrape(t, metrics.New(metrics.Sources{DB: sa.NewDB(sa.Options{}), Dataplane: noDP})); strings.Contains(body, "espd_pair_") {
 		t.Errorf("espd_pair_* series without a pair:\n%s", body)
 	}
 
@@ -53,7 +50,7 @@ func TestMetricsPair(t *testing.T) {
 	scrapeAll := func() []series {
 		var out []series
 		for _, n := range nodes {
-			out = append(out, scrapeBody(t, func(t *testing.T) string { return scrape(t, n.d.metricsHandler()) }))
+			out = append(out, scrapeBody(t, func(t *testing.T) string { return scrape(t, n.handler()) }))
 		}
 		return out
 	}
@@ -190,7 +187,7 @@ func TestMetricsPair(t *testing.T) {
 	var after []series
 	for i, n := range nodes {
 		lo := n.node.Stats()
-		s := scrapeBody(t, func(t *testing.T) string { return scrape(t, n.d.metricsHandler()) })
+		s := scrapeBody(t, func(t *testing.T) string { return scrape(t, n.handler()) })
 		hi := n.node.Stats()
 		after = append(after, s)
 		for key, f := range counters {
@@ -198,7 +195,7 @@ func TestMetricsPair(t *testing.T) {
 				t.Errorf("node %d: %s = %v (exported %v), want %d to %d", i+1, key, v, ok, f(lo), f(hi))
 			}
 		}
-		p := n.d.pair
+		p := n.p
 		p.mu.Lock()
 		released, silent, stale := p.released, p.silent, p.stale
 		p.mu.Unlock()
@@ -215,16 +212,14 @@ func TestMetricsPair(t *testing.T) {
 		}
 	}
 
-	// Every series moved on a node; every one is in movedElsewhere under
-	// this test, and every entry of it for a pair's series is exported.
-	moved, exported := map[string]bool{}, map[string]bool{}
+	// Every series moved on a node.
+	moved := map[string]bool{}
 	for i := range nodes {
 		for key, v := range after[i] {
 			name, _, _ := strings.Cut(key, "{")
 			if !strings.HasPrefix(name, "espd_pair_") {
 				continue
 			}
-			exported[name] = true
 			old, ok := before[i][key]
 			moved[key] = moved[key] || (ok && old != v) || (!ok && v != 0)
 		}
@@ -237,18 +232,7 @@ func TestMetricsPair(t *testing.T) {
 			t.Errorf("%s: no message of another type is ever received", key)
 		}
 	}
-	for name := range exported {
-		if e := movedElsewhere[name]; e.test != "TestMetricsPair" || e.file != pairTestFile {
-			t.Errorf("%s: movedElsewhere names %q in %q, want TestMetricsPair", name, e.test, e.file)
-		}
-		checkMovedEntry(t, name)
-	}
-	for name := range movedElsewhere {
-		if optionTest(name) == "TestMetricsPair" && !exported[name] {
-			t.Errorf("movedElsewhere lists %s, which a pair does not export", name)
-		}
-	}
-	fams, err := parseText(scrape(t, a.d.metricsHandler()))
+	fams, err := parseText(scrape(t, a.handler()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,3 +242,20 @@ func TestMetricsPair(t *testing.T) {
 		}
 	}
 }
+
+// noDP is a data plane that counted nothing.
+func noDP() dataplane.Stats { return dataplane.Stats{} }
+
+// handler is the /metrics endpoint of n as the daemon wires a pair's.
+func (n *pairNode) handler() http.Handler {
+	return metrics.New(metrics.Sources{DB: n.db, Dataplane: noDP, Pair: n.p.Metrics})
+}
+
+// The scrape checks shared with metrics' and daemon's tests.
+var (
+	scrape     = metricstest.Scrape
+	parseText  = metricstest.ParseText
+	scrapeBody = metricstest.ScrapeBody
+)
+
+type series = metricstest.Series
