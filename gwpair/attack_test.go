@@ -203,6 +203,14 @@ func TestPairStatusDuringTakeover(t *testing.T) {
 		return true
 	})
 	a.conn.cut.Store(true)
+	// Only the takeover's reservations, above every report, wait: a
+	// report of the active's still in flight is recorded at or below.
+	var top uint64
+	for _, s := range outs {
+		r, _ := b.node.Report(s.Fingerprint())
+		top = max(top, r)
+	}
+	b.store.above.Store(top)
 	block := make(chan struct{})
 	b.store.block.Store(&block)
 	done := make(chan wire.PairStatus, 1)

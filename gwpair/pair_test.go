@@ -51,11 +51,12 @@ type pairStore struct {
 	*sa.MemSeqStore
 	fail    atomic.Bool
 	block   atomic.Pointer[chan struct{}] // Reserve waits until it is closed
+	above   atomic.Uint64                 // only a Reserve beyond this limit waits
 	waiting atomic.Bool                   // a Reserve waits on block
 }
 
 func (s *pairStore) Reserve(fp crypto.Fingerprint, limit uint64) error {
-	if ch := s.block.Load(); ch != nil {
+	if ch := s.block.Load(); ch != nil && limit > s.above.Load() {
 		s.waiting.Store(true)
 		<-*ch
 	}
