@@ -34,10 +34,12 @@ declare -A release=([6.1]=bookworm [6.12]=trixie)
 for series in "$@"; do
   [ -n "${release[$series]:-}" ] || { echo "usage: build.sh [6.1] [6.12]" >&2; exit 2; }
 done
-host=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-# This script's own hash is part of every cache key: a change to it builds
-# new images.
-self=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-12)
+# The private apt configurations (guest_apt), shared with armguest/build.sh.
+lib="$(dirname "${BASH_SOURCE[0]}")/../internal/qemuguest/apt.sh"
+. "$lib"
+# This script's own hash and its library's are part of every cache key: a
+# change to either builds new images.
+self=$(cat "${BASH_SOURCE[0]}" "$lib" | sha256sum | cut -c1-12)
 
 # One build at a time (flock, util-linux); a second waits and finds the cache.
 mkdir -p "$cache"
@@ -47,55 +49,6 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # apt-get download fetches as _apt when that user can write the directory.
 chown _apt "$work" 2>/dev/null || true
-
-# mirror SUITE prints the URI this machine's apt fetches SUITE/main from.
-mirror() {
-  apt-cache policy | awk -v d="$1/main" '$3 == d && !n++ {print $2}'
-}
-
-# apt_for RELEASE sets aptc to the apt-get/apt-cache options that reach
-# RELEASE's packages: none for this machine's release, else a private
-# configuration under the cache, whose lists it refreshes, and which keeps
-# apt's package cache (which a Docker image's apt configuration may turn
-# off) so that a second run reads it instead of the lists.
-apt_for() {
-  local rel=$1 dir main sec keyring=/usr/share/keyrings/debian-archive-keyring.gpg
-  aptc=()
-  [ "$rel" != "$host" ] || return 0
-  dir="$cache/apt-$rel"
-  mkdir -p "$dir/state/lists/partial" "$dir/cache/archives/partial" "$dir/sources.list.d" "$dir/preferences.d"
-  : >>"$dir/status"
-  cat >"$dir/apt.conf" <<CONF
-Dir::Etc::sourcelist "$dir/sources.list";
-Dir::Etc::sourceparts "$dir/sources.list.d";
-Dir::Etc::preferences "$dir/preferences";
-Dir::Etc::preferencesparts "$dir/preferences.d";
-Dir::State "$dir/state";
-Dir::State::status "$dir/status";
-Dir::Cache "$dir/cache";
-Dir::Cache::pkgcache "pkgcache.bin";
-Dir::Cache::srcpkgcache "";
-Acquire::Languages "none";
-CONF
-  aptc=(-c "$dir/apt.conf")
-  # Lists refreshed in the last hour serve as they are.
-  if [ -n "$(find "$dir/updated" -mmin -60 2>/dev/null)" ]; then
-    return 0
-  fi
-  main=$(mirror "$host")
-  sec=$(mirror "$host-security")
-  printf 'deb [signed-by=%s target=Packages] %s %s main\n' \
-    "$keyring" "${main:-http://deb.debian.org/debian}" "$rel" \
-    "$keyring" "${sec:-http://deb.debian.org/debian-security}" "$rel-security" >"$dir/sources.list"
-  if apt-get "${aptc[@]}" -q --error-on=any update >&2; then
-    touch "$dir/updated"
-  elif compgen -G "$dir/state/lists/*_Packages*" >/dev/null; then
-    echo "build.sh: apt-get update for $rel failed; using the lists of an earlier run" >&2
-  else
-    echo "build.sh: apt-get update for $rel failed" >&2
-    exit 1
-  fi
-}
 
 # The user space, from this machine's release.
 bbver=$(apt-cache policy busybox-static | awk '/Candidate:/ {print $2}')
@@ -129,7 +82,7 @@ mods="virtio_pci virtio_net xfrm_user esp4 esp6 xfrm4_tunnel xfrm6_tunnel
 # its directory.
 build() {
   local series=$1 rel=${release[$1]} kpkg kver_pkg key out w kver
-  apt_for "$rel"
+  guest_apt "$cache" "$rel"
   # The kernel package that linux-image-amd64 currently points at, and its version.
   kpkg=$(apt-cache "${aptc[@]}" depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ && !n++ {print $2}')
   [ -n "$kpkg" ] || { echo "build.sh: apt knows no linux-image-amd64 of $rel (apt-get update?)" >&2; exit 1; }

@@ -33,6 +33,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/espd/espd/internal/qemuguest"
 	"github.com/espd/espd/testbed"
 )
 
@@ -177,7 +178,7 @@ func Boot(ctx context.Context, img Image, o Options) (*Guest, error) {
 	initrd := img.Initrd
 	if len(o.Files) > 0 {
 		var err error
-		if initrd, err = appendFiles(ctx, img.Initrd, o.Files, o.WorkDir); err != nil {
+		if initrd, err = qemuguest.AppendFiles(ctx, img.Initrd, o.Files, o.WorkDir); err != nil {
 			return nil, err
 		}
 	}

@@ -1,4 +1,8 @@
-package xfrmguest
+// Package qemuguest holds what the qemu guest harnesses (xfrmguest, armguest)
+// share: the initramfs a test adds its own files to, and, in apt.sh, the
+// shell functions their build scripts use to reach Debian's packages of
+// another release or architecture.
+package qemuguest
 
 import (
 	"context"
@@ -11,11 +15,11 @@ import (
 	"strings"
 )
 
-// appendFiles writes, in dir, the image's initramfs followed by a second
+// AppendFiles writes, in dir, the image's initramfs followed by a second
 // gzip-compressed newc archive holding files (guest path -> file here,
 // each made executable), and returns its path. The kernel unpacks
 // concatenated archives in order, so the second adds to the first.
-func appendFiles(ctx context.Context, initrd string, files map[string]string, dir string) (string, error) {
+func AppendFiles(ctx context.Context, initrd string, files map[string]string, dir string) (string, error) {
 	stage, err := os.MkdirTemp(dir, "files-")
 	if err != nil {
 		return "", err
@@ -24,7 +28,7 @@ func appendFiles(ctx context.Context, initrd string, files map[string]string, di
 	var names []string
 	for guest, host := range files {
 		if !filepath.IsAbs(guest) {
-			return "", fmt.Errorf("xfrmguest: guest path %q is not absolute", guest)
+			return "", fmt.Errorf("qemuguest: guest path %q is not absolute", guest)
 		}
 		rel := strings.TrimPrefix(filepath.Clean(guest), "/")
 		dst := filepath.Join(stage, rel)
@@ -32,7 +36,7 @@ func appendFiles(ctx context.Context, initrd string, files map[string]string, di
 			return "", err
 		}
 		if err := copyFile(dst, host); err != nil {
-			return "", fmt.Errorf("xfrmguest: %s for the guest: %w", host, err)
+			return "", fmt.Errorf("qemuguest: %s for the guest: %w", host, err)
 		}
 		// cpio wants every directory on the way listed before its files.
 		for d := filepath.Dir(rel); d != "."; d = filepath.Dir(d) {
@@ -63,7 +67,7 @@ func appendFiles(ctx context.Context, initrd string, files map[string]string, di
 	cmd.Stdin = strings.NewReader(strings.Join(names, "\n") + "\n")
 	cmd.Stdout, cmd.Stderr = f, &stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("xfrmguest: cpio of the extra files: %w: %s", err, stderr.String())
+		return "", fmt.Errorf("qemuguest: cpio of the extra files: %w: %s", err, stderr.String())
 	}
 	return out, f.Close()
 }
