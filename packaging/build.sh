@@ -10,12 +10,13 @@
 #                                     /usr/sbin/espd, /usr/bin/espctl, the systemd units of
 #                                     packaging/systemd/, an example configuration and the docs;
 #                                     static, the same for every Debian release
-#   strongswan-espd_VERSION+debREL_NATIVE.deb
-#                                     for each Debian release REL (default 12 and 13):
-#                                     charon's espd plugin, built by strongswan/build.sh against
-#                                     that release's strongSwan (12: 5.9.8, 13: 6.0.1) and pinned
-#                                     to that exact version (NATIVE: this machine's
-#                                     architecture, amd64 in CI). The release this machine runs
+#   strongswan-espd_VERSION+debREL_ARCH.deb
+#                                     for each Debian release REL (default 12 and 13) and
+#                                     ARCH: charon's espd plugin, built against that release's
+#                                     strongSwan (12: 5.9.8, 13: 6.0.1) of that architecture
+#                                     and pinned to that exact version: by strongswan/build.sh
+#                                     for this machine's architecture, by strongswan/cross.sh
+#                                     (a cross compiler) for another. The release this machine runs
 #                                     is built here; another one in a build chroot,
 #                                     /var/cache/espd-strongswan-REL/chroot, a copy of the root
 #                                     file system packaging/nspawn-rootfs.sh makes for it
@@ -167,26 +168,37 @@ for arch in $arches; do
 	(cd "$s" && "$nfpm" package --config "$here/espd.yaml" --packager deb --target "$out/") >&2
 done
 
-# build_plugin REL: strongswan-espd_VERSION+debREL_ARCH.deb, charon's plugin for
-# Debian REL's strongSwan. On this machine's own release strongswan/build.sh runs
-# here; for another it runs in that release's build chroot (chroot_for), through
-# systemd-nspawn, and stages the plugin into this run's directory.
+# build_plugin REL ARCH: strongswan-espd_VERSION+debREL_ARCH.deb, charon's plugin for
+# Debian REL's strongSwan on ARCH. On this machine's own release strongswan/build.sh
+# (this machine's architecture) or strongswan/cross.sh (another) runs here; for another
+# release it runs in that release's build chroot (chroot_for), through systemd-nspawn,
+# and stages the plugin into this run's directory.
 build_plugin() {
-	local rel=$1 s=$work/strongswan-espd-$rel root ss_version arch
+	local rel=$1 want=$2 s=$work/strongswan-espd-$rel-$2 root ss_version arch script args
 	mkdir -p "$s/root"
+	script=build.sh args=()
+	if [ "$want" != "$(dpkg --print-architecture)" ]; then
+		script=cross.sh args=("$want")
+	fi
 	if [ "$rel" = "$host_rel" ]; then
-		log "building the charon plugin for Debian $rel here (strongswan/build.sh)"
-		ESPD_SS_DESTDIR=$s/root ESPD_SS_CONF=1 bash "$repo/strongswan/build.sh"
+		log "building the charon plugin for Debian $rel on $want here (strongswan/$script)"
+		ESPD_SS_DESTDIR=$s/root ESPD_SS_CONF=1 bash "$repo/strongswan/$script" "${args[@]}"
 		ss_version=$(dpkg-query -W -f='${Version}' strongswan-libcharon)
-		arch=$(dpkg --print-architecture)
 	else
 		root=$(chroot_for "$rel")
-		log "building the charon plugin for Debian $rel in $root (strongswan/build.sh)"
-		in_chroot "$root" --bind-ro="$repo/strongswan:/espd/strongswan" --bind="$s/root:/espd/stage" \
+		log "building the charon plugin for Debian $rel on $want in $root (strongswan/$script)"
+		in_chroot "$root" --bind-ro="$repo/strongswan:/espd/strongswan" \
+			--bind-ro="$repo/internal/qemuguest:/espd/internal/qemuguest" --bind="$s/root:/espd/stage" \
 			--setenv=ESPD_SS_DESTDIR=/espd/stage --setenv=ESPD_SS_CONF=1 \
-			bash /espd/strongswan/build.sh
+			bash "/espd/strongswan/$script" "${args[@]}"
 		ss_version=$(chroot "$root" dpkg-query -W -f='${Version}' strongswan-libcharon)
-		arch=$(chroot "$root" dpkg --print-architecture)
+	fi
+	arch=$want
+	if [ "$script" = cross.sh ]; then
+		# cross.sh links against ARCH's packages of the version installed where it ran.
+		[ "$(cat "$s/root/strongswan-version")" = "$ss_version" ] ||
+			die "the $want plugin for Debian $rel was built against $(cat "$s/root/strongswan-version"), not $ss_version"
+		rm "$s/root/strongswan-version"
 	fi
 	# The plugin is bound to the ABI of the strongSwan it was compiled against.
 	SS_VERSION=$ss_version ARCH=$arch PLUGIN_VERSION=$VERSION+deb$rel
@@ -237,7 +249,9 @@ rootfs_for() {
 
 if [ "$plugin" = 1 ]; then
 	for rel in $releases; do
-		build_plugin "$rel"
+		for arch in $arches; do
+			build_plugin "$rel" "$arch"
+		done
 	done
 fi
 
