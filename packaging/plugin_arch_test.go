@@ -46,7 +46,7 @@ func TestPluginArches(t *testing.T) {
 				t.Errorf("Debian %s, %s: packages %q, want one", rel, a.name, m)
 				continue
 			}
-			pin := checkPluginDeb(t, m[0], a.name, a.machine, a.class)
+			pin := checkPluginDeb(t, m[0], rel, a.name, a.machine, a.class)
 			if p, ok := pins[rel]; ok && p != pin {
 				t.Errorf("Debian %s: %s is pinned to %q, the other architecture to %q", rel, a.name, pin, p)
 			}
@@ -58,9 +58,12 @@ func TestPluginArches(t *testing.T) {
 	}
 }
 
-// checkPluginDeb checks one strongswan-espd package for arch and returns
-// the strongSwan version it is pinned to.
-func checkPluginDeb(t *testing.T, deb, arch string, machine elf.Machine, class elf.Class) string {
+// checkPluginDeb checks one strongswan-espd package of Debian rel for arch
+// and returns the strongSwan version it is pinned to. Every symbol the
+// plugin imports must be exported by the libcharon and libstrongswan of
+// that version and architecture (those strongswan/cross.sh linked
+// against, in its sysroot) or be libc's.
+func checkPluginDeb(t *testing.T, deb, rel, arch string, machine elf.Machine, class elf.Class) string {
 	t.Helper()
 	field := func(name string) string {
 		out, err := exec.Command("dpkg-deb", "-f", deb, name).Output()
@@ -125,8 +128,68 @@ func checkPluginDeb(t *testing.T, deb, arch string, machine elf.Machine, class e
 	}) {
 		t.Errorf("%s: the plugin does not export espd_plugin_create", filepath.Base(deb))
 	}
+	checkImports(t, filepath.Base(deb), f, sysroot(rel, arch, pin))
 	if _, err := os.Stat(filepath.Join(root, "etc/strongswan.d/charon/espd.conf")); err != nil {
 		t.Errorf("%s: %v", filepath.Base(deb), err)
 	}
 	return pin
+}
+
+// sysroot is where strongswan/cross.sh unpacked arch's libcharon and
+// libstrongswan of version pin for Debian rel: its cache on this machine
+// (rel 12) or in the release's build chroot.
+func sysroot(rel, arch, pin string) string {
+	cache := "/var/cache/espd-strongswan"
+	if rel != "12" {
+		chroots := os.Getenv("ESPD_BUILD_CHROOT_CACHE")
+		if chroots == "" {
+			chroots = cache
+		}
+		cache = filepath.Join(chroots+"-"+rel, "chroot", cache)
+	} else if c := os.Getenv("ESPD_SS_CACHE"); c != "" {
+		cache = c
+	}
+	return filepath.Join(cache, "cross-"+arch, "sysroot-"+pin)
+}
+
+// checkImports fails the test when a symbol the plugin f imports is
+// exported by neither libcharon nor libstrongswan in sysroot and has no
+// glibc version (libc's symbols carry one).
+func checkImports(t *testing.T, name string, f *elf.File, sysroot string) {
+	t.Helper()
+	exported := map[string]bool{}
+	for _, lib := range []string{"libcharon.so.0", "libstrongswan.so.0"} {
+		l, err := elf.Open(filepath.Join(sysroot, "usr/lib/ipsec", lib))
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			return
+		}
+		syms, err := l.DynamicSymbols()
+		l.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range syms {
+			if s.Section != elf.SHN_UNDEF {
+				exported[s.Name] = true
+			}
+		}
+	}
+	imports, err := f.ImportedSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, s := range imports {
+		if strings.HasPrefix(s.Version, "GLIBC_") {
+			continue
+		}
+		n++
+		if !exported[s.Name] {
+			t.Errorf("%s: the plugin imports %s, which %s's libcharon and libstrongswan do not export", name, s.Name, sysroot)
+		}
+	}
+	if n == 0 {
+		t.Errorf("%s: the plugin imports nothing from libcharon or libstrongswan", name)
+	}
 }
