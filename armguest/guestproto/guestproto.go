@@ -4,7 +4,9 @@
 package guestproto
 
 const (
-	// ReadyLine is the console line the init writes once espd's TUN is up.
+	// ReadyLine is the console line the init writes once espd is ready:
+	// its control socket, opened after its outer sockets and its
+	// configuration's states, accepts a connection, and its TUN is up.
 	ReadyLine = "ARMGUEST-READY"
 	// DoneLine starts the console line the init writes when it ends (espd
 	// exited, or the init failed), followed by why.

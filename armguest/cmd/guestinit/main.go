@@ -5,7 +5,8 @@
 // command line's armguest.addr and lo the one of armguest.inner, serves
 // TCP echo on armguest.inner's guestproto.EchoPort, and runs espd with the
 // configuration the test put at /etc/espd/espd.conf, its log on the
-// console. It writes guestproto.ReadyLine on the console once espd's TUN is up, and
+// console. It writes guestproto.ReadyLine on the console once espd is ready
+// (its control socket accepts connections and its TUN is up), and
 // guestproto.DoneLine (with espd's exit status) when espd has exited; then it powers
 // the guest off.
 package main
@@ -28,8 +29,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// tunName is espd's TUN in the guest.
-const tunName = "espd0"
+// espd's TUN and control socket in the guest.
+const (
+	tunName       = "espd0"
+	controlSocket = "/run/espd.sock"
+)
 
 func main() {
 	err := run()
@@ -76,25 +80,27 @@ func run() error {
 	go echo(ln)
 
 	cmd := exec.Command("/bin/espd", "--config", "/etc/espd/espd.conf", "--tun", tunName,
-		"--state-dir", "/var/lib/espd", "--socket", "/run/espd.sock", "--no-ipv6")
+		"--state-dir", "/var/lib/espd", "--socket", controlSocket, "--no-ipv6")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
 	if err := cmd.Start(); err != nil {
 		return err
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	// espd's TUN up within 120 s (emulated, the first start is slow).
+	// espd ready within 120 s (emulated, the first start is slow): its
+	// control socket, which it opens last, after its outer sockets and the
+	// configuration's states, accepts a connection, and its TUN is up.
 	deadline := time.After(120 * time.Second)
 	for {
-		if l, err := netlink.LinkByName(tunName); err == nil && l.Attrs().Flags&net.FlagUp != 0 {
+		if ready() {
 			break
 		}
 		select {
 		case err := <-exited:
-			return fmt.Errorf("espd exited before its TUN was up: %v", err)
+			return fmt.Errorf("espd exited before it was ready: %v", err)
 		case <-deadline:
 			_ = cmd.Process.Kill()
-			return errors.New("espd's TUN not up after 120 s")
+			return errors.New("espd not ready (control socket, TUN) after 120 s")
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -103,6 +109,18 @@ func run() error {
 		return fmt.Errorf("espd: %w", err)
 	}
 	return nil
+}
+
+// ready reports whether espd's control socket accepts a connection and its
+// TUN is up.
+func ready() bool {
+	c, err := net.DialTimeout("unix", controlSocket, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	l, err := netlink.LinkByName(tunName)
+	return err == nil && l.Attrs().Flags&net.FlagUp != 0
 }
 
 // loadModules loads the modules listed in dir/modules.order, in order; one
