@@ -36,7 +36,8 @@ type Hub struct {
 	// pendingMax datagrams, none older than pendingAge. Before the first
 	// registration nothing is kept.
 	pending    []pendingIKE
-	registered bool // a registration has existed
+	registered bool    // a registration has existed
+	absent     absence // the time without a registration (absent.go)
 
 	// undelivered counts the datagrams dropped because they were too
 	// long for an IKE_PACKET message, no IKE daemon was registered or its
@@ -83,6 +84,7 @@ func Start(ike conn.IKE, port uint16, log *slog.Logger) (*Hub, error) {
 
 // Stop ends the registration and closes the IKE port.
 func (h *Hub) Stop() error {
+	h.stopAbsent()
 	h.mu.Lock()
 	cur := h.cur
 	h.mu.Unlock()
@@ -120,6 +122,7 @@ func (h *Hub) RegisterIKE(queue int) (control.IKESession, error) {
 	old := h.cur
 	h.cur = s
 	h.registered = true
+	h.back()
 	pending := h.pending
 	h.pending = nil
 	// Under h.mu, so that nothing deliver queues overtakes them.
@@ -242,6 +245,7 @@ func (s *session) Close() {
 	switch now := time.Now(); {
 	case h.cur == s:
 		h.cur = nil
+		h.ended(now)
 		for p := range s.ch {
 			h.keep(p, now)
 		}
