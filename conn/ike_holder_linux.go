@@ -182,13 +182,13 @@ func holderHint(port int, holders []portHolder) string {
 		case h.unit == "strongswan-starter.service" || h.unit == "ipsec.service" || h.comm == "starter":
 			unit := cmp.Or(h.unit, "strongswan-starter.service")
 			return "that is strongswan-starter's charon (ipsec.conf), a second IKE daemon: " +
-				"systemctl disable --now " + unit + " (docs/strongswan.md, \"Install\")"
+				"systemctl disable --now " + unit + ", then move its ipsec.conf to swanctl.conf (docs/migrate.md)"
 		case h.comm == "charon-systemd" || h.unit == "strongswan.service":
 			return "that is strongswan.service's charon, started before espd or with socket-default: " +
 				"systemctl stop strongswan, start espd, then systemctl start strongswan (ike_handoff = yes, socket-default not loaded)"
 		case h.comm == "charon":
 			return "that is a charon outside espd's setup (strongswan-starter's?): stop it, " +
-				"e.g. systemctl disable --now strongswan-starter.service (docs/strongswan.md, \"Install\")"
+				"e.g. systemctl disable --now strongswan-starter.service (docs/migrate.md)"
 		}
 		charon = false // a process that is not charon
 	}

@@ -102,7 +102,7 @@ func TestHolderHint(t *testing.T) {
 		want    []string // substrings; nil: no hint
 	}{
 		{"starter's charon", 4500, []portHolder{{pid: 7, comm: "charon", unit: "strongswan-starter.service"}},
-			[]string{"pid 7 (charon) of strongswan-starter.service", "strongswan-starter's charon", "systemctl disable --now strongswan-starter.service"}},
+			[]string{"pid 7 (charon) of strongswan-starter.service", "strongswan-starter's charon", "systemctl disable --now strongswan-starter.service", "docs/migrate.md"}},
 		{"charon-systemd first", 500, []portHolder{{pid: 8, comm: "charon-systemd", unit: "strongswan.service"}},
 			[]string{"pid 8 (charon-systemd)", "systemctl stop strongswan", "socket-default"}},
 		{"a charon outside systemd", 500, []portHolder{{pid: 9, comm: "charon"}},
