@@ -193,12 +193,12 @@ func securityUpdate(t *testing.T, mirror, dir, from, to string) {
 }
 
 // rebuildPackages runs packaging/build.sh again as docs/upgrade.md's step
-// 2 does, ESPD_VERSION the installed one's with "+1", for this
+// 2 does, ESPD_VERSION the installed one's with ".1", for this
 // architecture and the release, into dir, and points the plugin's
 // strongSwan Depends from the version from to to.
 func rebuildPackages(t *testing.T, bed *packageBed, release, dir, from, to string) {
 	t.Helper()
-	version := strings.Split(bed.espdDeb, "_")[1] + "+1"
+	version := strings.Split(bed.espdDeb, "_")[1] + ".1"
 	tmp := t.TempDir()
 	build := exec.Command("bash", "build.sh", "--release", release, "--arch", runtime.GOARCH, "-o", tmp)
 	build.Env = append(os.Environ(), "ESPD_VERSION="+version)
