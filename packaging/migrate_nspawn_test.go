@@ -19,10 +19,12 @@ import (
 
 // TestMigrateFromStarter runs docs/migrate.md as written on two booted
 // containers (Debian 12, then 13) in the gateway namespaces of a test bed.
-// Before: each runs Debian's `strongswan` package (the ipsec starter and
-// its charon) with the page's ipsec.conf connection (gateway B's mirrored:
+// Before: each runs the ipsec starter and its charon (Debian 12's
+// `strongswan` package, Debian 13's `strongswan-starter`) with the page's ipsec.conf connection (gateway B's mirrored:
 // addresses swapped, auto=route) and a random pre-shared key in
-// ipsec.secrets, loaded by the starter's charon. Then the page's blocks,
+// ipsec.secrets, loaded by the starter's charon; on A espd-ike, started
+// beside it, fails to bind and names the starter's charon, its unit and
+// the command. Then the page's blocks,
 // on both (B's swanctl.conf mirrored the same way, start_action = trap),
 // with a pinger from LAN A to LAN B from the first block on. After: the
 // starter and its charon are removed (ipsec.conf kept, ipsec.secrets
@@ -32,7 +34,7 @@ import (
 // and the transit link carried no cleartext of the LANs.
 //
 // The packages come from a local mirror as in TestPackagesUnderSystemd,
-// with Debian's `strongswan` and what it needs added to it.
+// with the starter's packages added to it.
 func TestMigrateFromStarter(t *testing.T) {
 	for _, rel := range debianReleases {
 		t.Run("debian"+rel, func(t *testing.T) { migrateFromStarter(t, rel) })
@@ -62,7 +64,12 @@ func migrateFromStarter(t *testing.T, release string) {
 	}
 	mirror := filepath.Join(debs, "mirror")
 	aptMirror(t, rootfs, mirror, release, onePackage(t, debs, "espd"), onePackage(t, debs, "strongswan-espd"))
-	mirrorAdd(t, rootfs, mirror, release, "strongswan")
+	// The ipsec starter the box runs: Debian 12's strongswan package
+	// brings it; Debian 13's brings charon-systemd instead, and a box
+	// upgraded from 12 keeps strongswan-starter (with the charon it
+	// recommends).
+	starter := map[string]string{"12": "strongswan", "13": "strongswan-starter"}[release]
+	mirrorAdd(t, rootfs, mirror, release, starter)
 
 	top := testbed.NewT(t, testbed.Options{Prefix: "nspawnmig" + release})
 	gw := map[string]*container{"A": bootContainer(t, rootfs, debs, top.GwA), "B": bootContainer(t, rootfs, debs, top.GwB)}
@@ -85,7 +92,7 @@ func migrateFromStarter(t *testing.T, release string) {
 echo 'deb [trusted=yes] file:/mnt/espd/mirror ./' > /etc/apt/sources.list
 echo 'APT::Get::Assume-Yes "true";' > /etc/apt/apt.conf.d/90espd-test
 apt-get update -qq`)
-		aptGet(t, c, "/", "apt-get install strongswan")
+		aptGet(t, c, "/", "apt-get install "+starter)
 		cf := conf
 		if name == "B" {
 			cf = mirrorIPsec.Replace(conf)
@@ -105,6 +112,28 @@ apt-get update -qq`)
 			t.Fatalf("gateway %s: the starter's charon did not load the page's conn:\n%s", name, status)
 		}
 	}
+
+	// espd installed beside the starter, as an administrator might try
+	// first: espd-ike cannot bind the IKE ports and names who holds them,
+	// the likely cause and the command. The test then stops it and
+	// forgets the failure (the page starts from a box without espd).
+	aptGet(t, gw["A"], "/mnt/espd", "apt-get install ./"+onePackage(t, debs, "espd"))
+	gw["A"].run(nil, "systemctl", "start", "espd-ike")
+	var clash string
+	if !testbed.Poll(30*time.Second, 500*time.Millisecond, func() bool {
+		clash, _ = gw["A"].run(nil, "journalctl", "--no-pager", "-o", "cat", "-u", "espd-ike")
+		return strings.Contains(clash, "held by")
+	}) {
+		t.Errorf("gateway A: espd-ike beside the starter's charon does not say who holds the port:\n%s", testbed.Tail(clash, 10))
+	} else {
+		for _, want := range []string{"address already in use", "(charon) of strongswan-starter.service", "systemctl disable --now strongswan-starter.service", "docs/migrate.md"} {
+			if !strings.Contains(clash, want) {
+				t.Errorf("gateway A: espd-ike's bind error beside the starter does not say %q:\n%s", want, testbed.Tail(clash, 10))
+			}
+		}
+	}
+	gw["A"].run(nil, "systemctl", "stop", "espd-ike")
+	gw["A"].must(t, "systemctl", "reset-failed", "espd-ike")
 
 	run := func(name, dir, marker string) string {
 		t.Helper()
