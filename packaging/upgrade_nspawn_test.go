@@ -30,8 +30,9 @@ import (
 // and names it, and the page's full-upgrade check shows the plugin's
 // removal; on gateway B, `apt-get full-upgrade` removes strongswan-espd,
 // upgrades strongSwan and leaves charon stopped (it cannot start without
-// the plugin), espd-ike running, and espd-ike's journal says within 90 s
-// that no IKE daemon is there, with the advice; the page's install of the
+// the plugin, and its journal says so as docs/upgrade.md quotes it),
+// espd-ike running, and espd-ike's journal says within 90 s that no IKE
+// daemon is there, with the advice; the page's install of the
 // rebuilt packages brings B back (charon active with the plugin, traffic
 // both ways within 60 s), and the same install on A, the procedure as
 // meant, too; then `apt-get upgrade` keeps nothing back. Not one cleartext
@@ -109,6 +110,11 @@ func strongSwanUpdate(t *testing.T, release string) {
 		t.Errorf("gateway B: espd-ike's warning has no advice:\n%s", testbed.Tail(espdLog, 5))
 	}
 	charonLog, _ := gw["B"].run(nil, "journalctl", "--no-pager", "-o", "cat", "-u", "strongswan", "-n", "25")
+	for _, want := range []string{"plugin 'espd': failed to load", "has unmet dependency: CUSTOM:socket"} {
+		if !strings.Contains(charonLog, want) {
+			t.Errorf("gateway B: charon's journal does not say %q, as docs/upgrade.md quotes it", want)
+		}
+	}
 	replies := 0
 	for _, p := range pingers {
 		p.update()
