@@ -165,18 +165,52 @@ func describeHolders(port int, socks []udpSocket, holders []portHolder) string {
 	default:
 		fmt.Fprintf(&b, "`ss -ulpn sport = :%d` names its holder", port)
 	}
-	if hint := holderHint(port, holders); hint != "" {
+	var units []string
+	if len(holders) == 0 {
+		units = runningIKEUnits()
+	}
+	if hint := holderHint(port, holders, units); hint != "" {
 		b.WriteString("; ")
 		b.WriteString(hint)
 	}
 	return b.String()
 }
 
+// ikeUnits are the units of the IKE daemons that clash with espd's ports,
+// strongswan-starter's first; unitsDir is where systemd marks the units it
+// runs (an "invocation:UNIT" link each), readable by any user.
+var (
+	ikeUnits = []string{"strongswan-starter.service", "ipsec.service", "strongswan.service"}
+	unitsDir = "/run/systemd/units"
+)
+
+// runningIKEUnits returns those of ikeUnits that systemd runs. It is how
+// espd names a holder that it cannot see itself: the packaged units run
+// it as its own user with ProtectProc=invisible, so root's charon is
+// hidden from it.
+func runningIKEUnits() []string {
+	var out []string
+	for _, u := range ikeUnits {
+		if _, err := os.Lstat(filepath.Join(unitsDir, "invocation:"+u)); err == nil {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
 // holderHint names the likely cause of a clash on port and what to do: a
 // second charon, strongswan-starter's (ipsec.conf) or a charon-systemd
-// that started before espd or with its own sockets.
-func holderHint(port int, holders []portHolder) string {
+// that started before espd or with its own sockets. units are the IKE
+// daemons' units that run (runningIKEUnits), for a holder espd cannot see.
+func holderHint(port int, holders []portHolder, units []string) string {
 	charon := port == DefaultIKEPort || port == DefaultEncapPort
+	if charon && len(holders) == 0 && len(units) > 0 {
+		h := portHolder{comm: "charon", unit: units[0]}
+		if h.unit == "strongswan.service" {
+			h.comm = "charon-systemd"
+		}
+		return h.unit + " runs, likely the holder; " + holderHint(port, []portHolder{h}, nil)
+	}
 	for _, h := range holders {
 		switch {
 		case h.unit == "strongswan-starter.service" || h.unit == "ipsec.service" || h.comm == "starter":

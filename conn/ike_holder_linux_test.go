@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -95,6 +96,8 @@ func TestServiceInCgroup(t *testing.T) {
 
 // TestHolderHint: the likely cause named for each kind of holder.
 func TestHolderHint(t *testing.T) {
+	defer func(d string) { unitsDir = d }(unitsDir)
+	unitsDir = t.TempDir() // no IKE daemon's unit runs
 	for _, c := range []struct {
 		name    string
 		port    int
@@ -125,5 +128,39 @@ func TestHolderHint(t *testing.T) {
 				t.Errorf("%s: %q does not say %q", c.name, got, w)
 			}
 		}
+	}
+}
+
+// TestHolderHintFromUnits: a holder espd cannot see (the packaged units
+// hide root's processes from it) is named by the IKE daemon's unit that
+// systemd runs, for IKE's ports only.
+func TestHolderHintFromUnits(t *testing.T) {
+	defer func(d string) { unitsDir = d }(unitsDir)
+	unitsDir = t.TempDir()
+	run := func(unit string) {
+		t.Helper()
+		if err := os.Symlink("0123456789abcdef0123456789abcdef", filepath.Join(unitsDir, "invocation:"+unit)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	socks := []udpSocket{{uid: 0, inode: 1}}
+	run("strongswan.service")
+	if got := describeHolders(4500, socks, nil); !strings.Contains(got, "strongswan.service runs, likely the holder") || !strings.Contains(got, "systemctl stop strongswan") {
+		t.Errorf("with strongswan.service running: %q", got)
+	}
+	run("strongswan-starter.service")
+	for _, port := range []int{500, 4500} {
+		got := describeHolders(port, socks, nil)
+		for _, w := range []string{"process espd cannot see", "strongswan-starter.service runs, likely the holder", "systemctl disable --now strongswan-starter.service", "docs/migrate.md"} {
+			if !strings.Contains(got, w) {
+				t.Errorf("port %d with strongswan-starter.service running: %q does not say %q", port, got, w)
+			}
+		}
+	}
+	if got := describeHolders(4501, socks, nil); strings.Contains(got, "charon") || strings.Contains(got, "runs") {
+		t.Errorf("port 4501 blames a running charon: %q", got)
+	}
+	if got := describeHolders(4500, socks, []portHolder{{pid: 10, comm: "openvpn", unit: "openvpn.service"}}); strings.Contains(got, "strongswan") {
+		t.Errorf("a holder espd sees is not charon, yet: %q", got)
 	}
 }

@@ -23,8 +23,8 @@ import (
 // `strongswan` package, Debian 13's `strongswan-starter`) with the page's ipsec.conf connection (gateway B's mirrored:
 // addresses swapped, auto=route) and a random pre-shared key in
 // ipsec.secrets, loaded by the starter's charon; on A espd-ike, started
-// beside it, fails to bind and names the starter's charon, its unit and
-// the command. Then the page's blocks,
+// beside it, fails to bind and names the starter's unit (the unit's
+// sandbox hides root's charon from espd) and the command. Then the page's blocks,
 // on both (B's swanctl.conf mirrored the same way, start_action = trap),
 // with a pinger from LAN A to LAN B from the first block on. After: the
 // starter and its charon are removed (ipsec.conf kept, ipsec.secrets
@@ -126,7 +126,7 @@ apt-get update -qq`)
 	}) {
 		t.Errorf("gateway A: espd-ike beside the starter's charon does not say who holds the port:\n%s", testbed.Tail(clash, 10))
 	} else {
-		for _, want := range []string{"address already in use", "(charon) of strongswan-starter.service", "systemctl disable --now strongswan-starter.service", "docs/migrate.md"} {
+		for _, want := range []string{"address already in use", "strongswan-starter.service runs, likely the holder", "systemctl disable --now strongswan-starter.service", "docs/migrate.md"} {
 			if !strings.Contains(clash, want) {
 				t.Errorf("gateway A: espd-ike's bind error beside the starter does not say %q:\n%s", want, testbed.Tail(clash, 10))
 			}
