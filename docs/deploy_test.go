@@ -48,7 +48,6 @@ var deployHosts = map[string][]string{
 var deployElsewhere = map[string]string{
 	"sh install espd":            "packaging: TestPackagesUnderSystemd and TestDeployUnderSystemd, on Debian 12 and 13",
 	"sh install strongswan-espd": "packaging: TestPackagesUnderSystemd and TestDeployUnderSystemd, on Debian 12 and 13",
-	"sh load firewall":           "packaging: TestFirewallUnderSystemd, on Debian 12 and 13",
 	"sh purge":                   "packaging: TestDeployUnderSystemd, on Debian 12 and 13",
 }
 

@@ -2,52 +2,58 @@ package packaging
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/espd/espd/internal/docblock"
 	"github.com/espd/espd/testbed"
 )
 
-// TestFirewallUnderSystemd loads docs/deploy.md's section 8 firewall, as
-// written, on both gateways of TestPackagesUnderSystemd's bed: each
-// gateway's `nft firewall A` / `nft firewall B` block becomes its
-// /etc/nftables.conf and the section's two command lines (`nft -c -f` and
-// `systemctl enable --now nftables`) load it in the container, before
-// section 6 brings the tunnel up through it (IKE and ESP negotiated and
-// carried with input and forward at policy drop). The gateways' main tables
-// route everything else across the transit link, as TestPackagesLifecycle's.
+// firewallDoc is the page TestFirewallUnderSystemd runs.
+const firewallDoc = "../docs/firewall.md"
+
+// TestFirewallUnderSystemd runs docs/firewall.md as written on both
+// gateways of TestPackagesUnderSystemd's bed, with an internet host on the
+// transit link beyond gateway A's uplink (newInternetHost). The page's box
+// ruleset (input and forward at policy drop, masquerade) becomes each
+// gateway's /etc/nftables.conf and its load block runs; then the client
+// must reach the internet host (masqueraded for IPv4). Then each gateway's
+// espd table goes to /etc/nftables.d/espd.nft, beside it, with the page's
+// load block, and section 6 of docs/deploy.md brings the tunnel up through
+// both. The gateways' main tables route everything else across the
+// transit link, as TestPackagesLifecycle's.
 //
-// It then checks: (a) pings pass both ways between the LAN hosts, IPv4 and
-// IPv6; (b) 2 MB TCP transfers complete both ways in both families, and
-// each handshake's MSS, captured on both LAN hosts' links, leaves the
-// opener as the LAN MTU allows (1460, 1440) and reaches the far host
-// clamped to the TUN's MTU less the IP and TCP headers (the SYN by the
-// opener's gateway, the SYN-ACK by the other's: `rt mtu` on esp0); (c)
-// with espd SIGKILLed on each gateway in turn (systemd restarts it) under
-// ping traffic, the transit link, captured at both ends, carries not one
-// cleartext frame of the LANs, and traffic passes again; (d) what the
-// ruleset drops is dropped, where the same probe passed before the
-// firewall was loaded: a TCP connection from gateway B to gateway A's port
-// 22 (outside A's management prefix) times out, its SYN seen arriving on
-// A's transit link and nothing sent back, while the client on LAN A (in
-// the prefix) connects; and UDP from B's transit address to the client,
-// sent to A's link-layer address, arrives on A's transit link and never on
-// LAN A, not being from esp0.
+// It then checks: (a) pings both ways between the LAN hosts, IPv4 and
+// IPv6; (b) 2 MB TCP transfers both ways in both families, each
+// handshake's MSS leaving the opener as the LAN MTU allows (1460, 1440) and
+// reaching the far host clamped to the TUN's MTU less the headers (`rt
+// mtu` on esp0); LAN A to the internet still, and SSH from LAN A to gateway
+// A; (c) with espd SIGKILLed on each gateway in turn under ping traffic,
+// not one cleartext frame of the LANs on the transit link, captured at both
+// ends; (d) the drops, of probes that passed before: TCP from gateway B to
+// A's port 22 (the box's input), UDP from B's transit address to the
+// client (the box's forward), and, espd's table's own, UDP to the client
+// from the server's address but not out of the tunnel, UDP to the server
+// from a made-up LAN A address that arrived on the uplink, and gateway A's
+// own ping to the server bound to its uplink; (e) both tables, and the
+// tunnel, are there after `systemctl restart nftables`; (f) on gateway A,
+// the page's removal block leaves the box's tables loading, and espd's
+// table beside Debian's default ruleset (every chain accepts) drops what
+// (d) says is its own, which passes without it, while the tunnel passes.
 func TestFirewallUnderSystemd(t *testing.T) {
 	for _, rel := range debianReleases {
 		t.Run("debian"+rel, func(t *testing.T) { firewallUnderSystemd(t, rel) })
 	}
 }
+
+// The made-up LAN A addresses of (d)'s probe into the tunnel.
+var (
+	spoofLANAV4 = netip.MustParseAddr("198.18.1.77")
+	spoofLANAV6 = netip.MustParseAddr("2001:db8:1::77")
+)
 
 func firewallUnderSystemd(t *testing.T, release string) {
 	bed := newPackageBed(t, "nspawnfw"+release, false, release)
@@ -56,22 +62,30 @@ func firewallUnderSystemd(t *testing.T, release string) {
 		bed.node(name).MustIP(t, "-4", "route", "add", "default", "via", peer[0].Addr().String())
 		bed.node(name).MustIP(t, "-6", "route", "add", "default", "via", peer[1].Addr().String())
 	}
+	inet, web := newInternetHost(t, bed)
 	ssh := listenTCP(t, top.GwA, 22)
+	debianConf := bed.gw["A"].must(t, "cat", "/etc/nftables.conf")
 
-	// (d)'s probes pass without the firewall: the listener answers from
-	// the transit link, and A forwards the UDP to the client.
+	// (d)'s first probes pass without a firewall: the listener answers
+	// from the transit link, and A forwards the UDP to the client.
 	for _, dst := range []netip.Addr{testbed.GwATransitV4.Addr(), testbed.GwATransitV6.Addr()} {
 		if err := dialTCP(top.GwB, netip.AddrPortFrom(dst, 22), 5*time.Second); err != nil {
-			t.Fatalf("without the firewall, gateway B cannot connect to %s port 22: %v", dst, err)
+			t.Fatalf("without a firewall, gateway B cannot connect to %s port 22: %v", dst, err)
 		}
 	}
 	for i, fam := range []testbed.Family{testbed.IPv4, testbed.IPv6} {
-		if arrived, atA := forwardProbe(t, bed, fam, uint16(40000+i), 5*time.Second); !arrived || !atA {
-			t.Fatalf("without the firewall, %v from B's transit address to the client: on A's link %v, on LAN A %v, want both", fam, atA, arrived)
+		src, dst := testbed.Pick(fam, testbed.GwBTransitV4, testbed.GwBTransitV6).Addr(), testbed.Pick(fam, testbed.ClientV4, testbed.ClientV6).Addr()
+		if atA, arrived := spoofProbe(t, bed, src, dst, uint16(40000+i), 5*time.Second); !atA || !arrived {
+			t.Fatalf("without a firewall, UDP from %s to %s: on A's link %v, arrived %v, want both", src, dst, atA, arrived)
 		}
 	}
 
-	loadFirewall(t, bed)
+	loadBoxRuleset(t, bed)
+	lanToInternet(t, bed, inet, web, "with the box's own firewall")
+	for _, name := range []string{"A", "B"} {
+		loadEspdTable(t, bed, name)
+		checkTables(t, bed, name, true, "drop")
+	}
 	bed.section6(t)
 
 	// (a) Both ways, both families.
@@ -86,10 +100,98 @@ func firewallUnderSystemd(t *testing.T, release string) {
 		}
 	}
 
-	// (b) TCP through the tunnel, and its MSS.
+	// (b) TCP through the tunnel, and its MSS; the internet; management.
 	clampedTransfers(t, bed)
+	lanToInternet(t, bed, inet, web, "beside espd's table, the tunnel up")
+	for _, dst := range []netip.Addr{testbed.GwALANV4.Addr(), testbed.GwALANV6.Addr()} {
+		if err := dialTCP(top.Client, netip.AddrPortFrom(dst, 22), 5*time.Second); err != nil {
+			t.Errorf("the client on LAN A to %s port 22 (SSH from the LAN): %v, want connected", dst, err)
+		}
+	}
 
 	// (c) espd killed on each gateway: no cleartext on the transit link.
+	killedUnderFirewall(t, bed)
+
+	// (d) What the rulesets drop is dropped.
+	wan, err := top.GwA.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wan.Stop()
+	for _, dst := range []netip.Addr{testbed.GwATransitV4.Addr(), testbed.GwATransitV6.Addr()} {
+		before := ssh.accepted.Load()
+		err := dialTCP(top.GwB, netip.AddrPortFrom(dst, 22), 3*time.Second)
+		var ne net.Error
+		if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("gateway B to %s port 22 through A's firewall: %v, want a time-out (dropped: no answer)", dst, err)
+		}
+		if n := ssh.accepted.Load() - before; n != 0 {
+			t.Errorf("gateway A's listener accepted %d connections from B through the firewall", n)
+		}
+	}
+	var syns, answers int
+	for _, f := range wan.Frames() {
+		if f.Proto == 6 && f.DstPort == 22 && !f.Outgoing {
+			syns++
+		}
+		if f.Proto == 6 && f.SrcPort == 22 && f.Outgoing {
+			answers++
+		}
+	}
+	if syns == 0 || answers != 0 {
+		t.Errorf("on A's transit link: %d TCP segments to port 22 came in, %d went back: want some, and none back", syns, answers)
+	}
+	for i, fam := range []testbed.Family{testbed.IPv4, testbed.IPv6} {
+		src, dst := testbed.Pick(fam, testbed.GwBTransitV4, testbed.GwBTransitV6).Addr(), testbed.Pick(fam, testbed.ClientV4, testbed.ClientV6).Addr()
+		if atA, arrived := spoofProbe(t, bed, src, dst, uint16(40010+i), 3*time.Second); !atA || arrived {
+			t.Errorf("with the firewall, UDP from %s to %s: on A's link %v, arrived %v, want on A's link only", src, dst, atA, arrived)
+		}
+	}
+	espdTableDrops(t, bed, 40020, true)
+
+	// (e) Both tables survive a restart of nftables.service.
+	for _, name := range []string{"A", "B"} {
+		bed.gw[name].must(t, "systemctl", "restart", "nftables")
+		checkTables(t, bed, name, true, "drop")
+	}
+	tunnelPings(t, bed, "after systemctl restart nftables")
+
+	// (f) Removed, and beside Debian's default ruleset.
+	besideDefaultRuleset(t, bed, debianConf)
+}
+
+// espdTableDrops checks what espd's table drops of its own, gateway A's,
+// with probes from source port sport on: UDP to the client from the
+// server's address arriving on A's uplink, UDP to the server from a
+// made-up LAN A address arriving there, and A's own ping to the server
+// bound to its uplink. With want false it checks that each passes instead
+// (without espd's table, beside a ruleset that accepts everything).
+func espdTableDrops(t *testing.T, bed *packageBed, sport uint16, want bool) {
+	t.Helper()
+	verb := map[bool]string{true: "dropped", false: "passing"}[want]
+	for _, fam := range []testbed.Family{testbed.IPv4, testbed.IPv6} {
+		server := testbed.Pick(fam, testbed.ServerV4, testbed.ServerV6).Addr()
+		client := testbed.Pick(fam, testbed.ClientV4, testbed.ClientV6).Addr()
+		spoof := testbed.Pick(fam, spoofLANAV4, spoofLANAV6)
+		for _, p := range [][2]netip.Addr{{server, client}, {spoof, server}} {
+			sport++
+			atA, arrived := spoofProbe(t, bed, p[0], p[1], sport, 3*time.Second)
+			if !atA || arrived == want {
+				t.Errorf("UDP from %s to %s, in clear on A's uplink: on A's link %v, arrived %v, want it %s", p[0], p[1], atA, arrived, verb)
+			}
+		}
+		if left := ownCleartext(t, bed, server); left == want {
+			t.Errorf("gateway A's ping to %s bound to its uplink: left on it %v, want it %s", server, left, verb)
+		}
+	}
+}
+
+// killedUnderFirewall kills espd on each gateway in turn under ping
+// traffic and checks that the transit link, captured at both ends, carries
+// not one cleartext frame of the LANs, and that traffic passes again.
+func killedUnderFirewall(t *testing.T, bed *packageBed) {
+	t.Helper()
+	top := bed.top
 	caps := newTransitCaptures(t, bed)
 	dir := t.TempDir()
 	pingers := []*pinger{
@@ -124,88 +226,132 @@ func firewallUnderSystemd(t *testing.T, release string) {
 	if esp == 0 {
 		t.Errorf("the transit captures saw no ESP: they did not see the tunnel's traffic")
 	}
+}
 
-	// (d) What the ruleset drops is dropped.
-	wan, err := top.GwA.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 128})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wan.Stop()
-	for _, dst := range []netip.Addr{testbed.GwATransitV4.Addr(), testbed.GwATransitV6.Addr()} {
-		before := ssh.accepted.Load()
-		err := dialTCP(top.GwB, netip.AddrPortFrom(dst, 22), 3*time.Second)
-		var ne net.Error
-		if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
-			t.Errorf("gateway B to %s port 22 through A's firewall: %v, want a time-out (dropped: no answer)", dst, err)
-		}
-		if n := ssh.accepted.Load() - before; n != 0 {
-			t.Errorf("gateway A's listener accepted %d connections from B through the firewall", n)
-		}
-	}
-	var syns, answers int
-	for _, f := range wan.Frames() {
-		if f.Proto == 6 && f.DstPort == 22 && !f.Outgoing {
-			syns++
-		}
-		if f.Proto == 6 && f.SrcPort == 22 && f.Outgoing {
-			answers++
-		}
-	}
-	if syns == 0 || answers != 0 {
-		t.Errorf("on A's transit link: %d TCP segments to port 22 came in, %d went back: want some, and none back", syns, answers)
-	}
-	for _, dst := range []netip.Addr{testbed.GwALANV4.Addr(), testbed.GwALANV6.Addr()} {
-		if err := dialTCP(top.Client, netip.AddrPortFrom(dst, 22), 5*time.Second); err != nil {
-			t.Errorf("the client on LAN A (management prefix) to %s port 22: %v, want connected", dst, err)
-		}
-	}
-	for i, fam := range []testbed.Family{testbed.IPv4, testbed.IPv6} {
-		arrived, atA := forwardProbe(t, bed, fam, uint16(40010+i), 3*time.Second)
-		if !atA || arrived {
-			t.Errorf("with the firewall, %v from B's transit address to the client: on A's link %v, on LAN A %v, want on A's link only", fam, atA, arrived)
+// tunnelPings pings both ways between the LAN hosts in both families.
+func tunnelPings(t *testing.T, bed *packageBed, when string) {
+	t.Helper()
+	top := bed.top
+	for _, p := range [][2]*testbed.Node{{top.Client, top.Server}, {top.Server, top.Client}} {
+		for _, fam := range []testbed.Family{testbed.IPv4, testbed.IPv6} {
+			dst := testbed.Pick(fam, testbed.ServerV4, testbed.ServerV6).Addr()
+			if p[1] == top.Client {
+				dst = testbed.Pick(fam, testbed.ClientV4, testbed.ClientV6).Addr()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			r, err := p[0].Ping(ctx, dst, testbed.PingOptions{Count: 3})
+			cancel()
+			if err != nil || !r.OK() {
+				t.Errorf("%s: ping from %s to %s: %v\n%s", when, p[0].Role, dst, err, r.Output)
+			}
 		}
 	}
 }
 
-// loadFirewall writes each gateway's block of docs/deploy.md's section 8
-// (`nft firewall A`, `nft firewall B`) to its /etc/nftables.conf and runs
-// the section's command lines as written, then checks that the ruleset is
-// loaded with input and forward at policy drop and nftables.service is
-// active and enabled.
-func loadFirewall(t *testing.T, bed *packageBed) {
+// besideDefaultRuleset runs the page's removal block on gateway A and
+// checks that the box's tables stay and load again; then gives A Debian's
+// default ruleset (debianConf: every chain accepts), checks that what
+// espd's table drops passes without it, loads espd's table with the page's
+// block (which adds the include line) and checks that it is dropped, that
+// the tunnel passes, and that both tables survive a restart of
+// nftables.service.
+func besideDefaultRuleset(t *testing.T, bed *packageBed, debianConf string) {
 	t.Helper()
-	blocks, err := docblock.Blocks("../docs/deploy.md")
-	if err != nil {
-		t.Fatal(err)
+	c := bed.gw["A"]
+	remove := markedBlock(t, firewallDoc, "sh", "remove espd table")
+	if out, err := c.run(nil, "sh", "-ec", remove); err != nil {
+		t.Fatalf("gateway A: %s: %v\n%s", remove, err, out)
 	}
-	load := markedBlock(t, "../docs/deploy.md", "sh", "load firewall")
-	for _, want := range []string{"nft -c -f /etc/nftables.conf\n", "systemctl enable --now nftables\n"} {
-		if !strings.Contains(load, want) {
-			t.Fatalf("docs/deploy.md's `sh load firewall` block does not run %q:\n%s", want, load)
+	checkTables(t, bed, "A", false, "drop")
+	c.must(t, "systemctl", "restart", "nftables")
+	checkTables(t, bed, "A", false, "drop")
+	if !strings.Contains(debianConf, "policy") && strings.Contains(debianConf, "table inet filter") {
+		if out, err := c.run([]byte(debianConf), "install", "-m", "0755", "/dev/stdin", "/etc/nftables.conf"); err != nil {
+			t.Fatalf("gateway A: writing Debian's /etc/nftables.conf: %v\n%s", err, out)
 		}
+	} else {
+		t.Fatalf("gateway A: the container's /etc/nftables.conf is not Debian's default:\n%s", debianConf)
 	}
+	c.must(t, "systemctl", "restart", "nftables")
+	checkTables(t, bed, "A", false, "accept")
+	espdTableDrops(t, bed, 40100, false)
+
+	loadEspdTable(t, bed, "A")
+	if conf := c.must(t, "cat", "/etc/nftables.conf"); !strings.HasSuffix(conf, "include \"/etc/nftables.d/*.nft\"\n") {
+		t.Errorf("gateway A: the load block did not add the include line to Debian's /etc/nftables.conf:\n%s", conf)
+	}
+	checkTables(t, bed, "A", true, "accept")
+	espdTableDrops(t, bed, 40200, true)
+	tunnelPings(t, bed, "beside Debian's default ruleset")
+	c.must(t, "systemctl", "restart", "nftables")
+	checkTables(t, bed, "A", true, "accept")
+}
+
+// loadBoxRuleset writes the page's `nft box ruleset` block to each
+// gateway's /etc/nftables.conf and runs its `sh load box ruleset` block.
+func loadBoxRuleset(t *testing.T, bed *packageBed) {
+	t.Helper()
+	box := markedBlock(t, firewallDoc, "nft", "box ruleset")
+	load := markedBlock(t, firewallDoc, "sh", "load box ruleset")
 	for _, name := range []string{"A", "B"} {
 		c := bed.gw[name]
-		b := docblock.Marked(blocks, "firewall "+name)
-		if len(b) != 1 || b[0].Lang != "nft" || !strings.HasPrefix(b[0].Section, "8.") {
-			t.Fatalf("docs/deploy.md: want one `nft firewall %s` block in section 8, have %d", name, len(b))
-		}
-		if out, err := c.run([]byte(b[0].Text), "install", "-m", "0755", "/dev/stdin", "/etc/nftables.conf"); err != nil {
+		if out, err := c.run([]byte(box), "install", "-m", "0755", "/dev/stdin", "/etc/nftables.conf"); err != nil {
 			t.Fatalf("gateway %s: writing /etc/nftables.conf: %v\n%s", name, err, out)
 		}
 		if out, err := c.run(nil, "sh", "-ec", load); err != nil {
 			t.Fatalf("gateway %s: %s: %v\n%s", name, load, err, out)
 		}
-		for _, chain := range []string{"input", "forward"} {
-			if out := c.must(t, "nft", "list", "chain", "inet", "gateway", chain); !strings.Contains(out, "policy drop;") {
-				t.Fatalf("gateway %s: chain %s after loading the firewall:\n%s", name, chain, out)
-			}
-		}
-		if p := c.show(t, "nftables.service", "ActiveState", "UnitFileState"); p["ActiveState"] != "active" || p["UnitFileState"] != "enabled" {
-			t.Fatalf("gateway %s: nftables.service %v, want active and enabled", name, p)
+		checkTables(t, bed, name, false, "drop")
+	}
+	t.Logf("docs/firewall.md's box ruleset loaded on both gateways")
+}
+
+// loadEspdTable writes the page's `nft espd table A` (or B) block to the
+// gateway's /etc/nftables.d/espd.nft and runs its `sh load espd table`
+// block.
+func loadEspdTable(t *testing.T, bed *packageBed, name string) {
+	t.Helper()
+	table := markedBlock(t, firewallDoc, "nft", map[string]string{"A": "espd table A", "B": "espd table B"}[name])
+	load := markedBlock(t, firewallDoc, "sh", "load espd table")
+	for _, want := range []string{"nft -f /etc/nftables.d/espd.nft\n", "systemctl enable nftables\n"} {
+		if !strings.Contains(load, want) {
+			t.Fatalf("docs/firewall.md's `sh load espd table` block does not run %q:\n%s", want, load)
 		}
 	}
-	t.Logf("docs/deploy.md's firewall loaded on both gateways")
+	c := bed.gw[name]
+	if out, err := c.run([]byte(table), "sh", "-ec", "mkdir -p /etc/nftables.d && cat > /etc/nftables.d/espd.nft"); err != nil {
+		t.Fatalf("gateway %s: writing /etc/nftables.d/espd.nft: %v\n%s", name, err, out)
+	}
+	if out, err := c.run(nil, "sh", "-ec", load); err != nil {
+		t.Fatalf("gateway %s: %s: %v\n%s", name, load, err, out)
+	}
+}
+
+// checkTables checks the gateway's loaded ruleset: the box's table inet
+// filter with input and forward at the policy, its table ip nat with the
+// page's box ruleset (policy drop), espd's table inet espd if espd, not
+// otherwise; and nftables.service active and enabled.
+func checkTables(t *testing.T, bed *packageBed, name string, espd bool, policy string) {
+	t.Helper()
+	c := bed.gw[name]
+	for _, chain := range []string{"input", "forward"} {
+		out, err := c.run(nil, "nft", "list", "chain", "inet", "filter", chain)
+		if want := "policy " + policy + ";"; err != nil || !strings.Contains(out, want) {
+			t.Fatalf("gateway %s: the box's chain %s (want %s): %v\n%s", name, chain, want, err, out)
+		}
+	}
+	if policy == "drop" {
+		if out, err := c.run(nil, "nft", "list", "table", "ip", "nat"); err != nil || !strings.Contains(out, "masquerade") {
+			t.Fatalf("gateway %s: the box's table ip nat: %v\n%s", name, err, out)
+		}
+	}
+	out, err := c.run(nil, "nft", "list", "table", "inet", "espd")
+	if espd && (err != nil || !strings.Contains(out, "maxseg size set rt mtu")) || !espd && err == nil {
+		t.Fatalf("gateway %s: espd's table loaded %v, want %v: %v\n%s", name, err == nil, espd, err, out)
+	}
+	if p := c.show(t, "nftables.service", "ActiveState", "UnitFileState"); p["ActiveState"] != "active" || p["UnitFileState"] != "enabled" {
+		t.Fatalf("gateway %s: nftables.service %v, want active and enabled", name, p)
+	}
 }
 
 // clampedTransfers sends 2 MB over TCP each way between the LAN hosts in
@@ -267,170 +413,4 @@ func clampedTransfers(t *testing.T, bed *packageBed) {
 			t.Logf("%v TCP %s -> %s: %s; MSS clamped to %d and %d", fam, from.Role, to.Role, r, tunMTU[gwOf[from]]-hdr, tunMTU[gwOf[to]]-hdr)
 		}
 	}
-}
-
-// handshakeMSS returns the MSS option of the first SYN (syn) or SYN-ACK
-// (!syn) of the connection to or from port among frames that went out
-// (out) or came in.
-func handshakeMSS(frames []testbed.Frame, port uint16, syn, out bool) (int, bool) {
-	for _, f := range frames {
-		if f.Proto != 6 || f.Outgoing != out || (syn && f.DstPort != port) || (!syn && f.SrcPort != port) {
-			continue
-		}
-		ihl := 40
-		if f.Src.Is4() {
-			ihl = int(f.Data[0]&0x0f) * 4
-		}
-		if len(f.Data) < ihl+20 {
-			continue
-		}
-		tcp := f.Data[ihl:]
-		flags := tcp[13] & 0x12 // SYN, ACK
-		if (syn && flags != 0x02) || (!syn && flags != 0x12) {
-			continue
-		}
-		opts := tcp[20:min(int(tcp[12]>>4)*4, len(tcp))]
-		for i := 0; i < len(opts); {
-			switch kind := opts[i]; {
-			case kind == 0:
-				return 0, false
-			case kind == 1:
-				i++
-			case i+1 >= len(opts) || opts[i+1] < 2:
-				return 0, false
-			case kind == 2 && opts[i+1] == 4 && i+4 <= len(opts):
-				return int(binary.BigEndian.Uint16(opts[i+2:])), true
-			default:
-				i += int(opts[i+1])
-			}
-		}
-		return 0, false
-	}
-	return 0, false
-}
-
-// linkMTU returns the MTU of the node's interface ifname.
-func linkMTU(t *testing.T, n *testbed.Node, ifname string) int {
-	t.Helper()
-	var mtu int
-	if err := n.Do(func() error {
-		ifi, err := net.InterfaceByName(ifname)
-		if err == nil {
-			mtu = ifi.MTU
-		}
-		return err
-	}); err != nil {
-		t.Fatalf("%s: %v", n.Role, err)
-	}
-	return mtu
-}
-
-// tcpListener accepts TCP connections in a namespace and counts them.
-type tcpListener struct {
-	accepted atomic.Int64
-}
-
-// listenTCP listens on port (both families) in n until the test ends.
-func listenTCP(t *testing.T, n *testbed.Node, port int) *tcpListener {
-	t.Helper()
-	var ln net.Listener
-	if err := n.Do(func() (err error) {
-		ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	l := &tcpListener{}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			l.accepted.Add(1)
-			c.Close()
-		}
-	}()
-	return l
-}
-
-// dialTCP connects from n to dst within timeout and closes the connection.
-func dialTCP(n *testbed.Node, dst netip.AddrPort, timeout time.Duration) error {
-	return n.Do(func() error {
-		c, err := net.DialTimeout("tcp", dst.String(), timeout)
-		if err == nil {
-			c.Close()
-		}
-		return err
-	})
-}
-
-// forwardProbe sends one UDP datagram (source port sport) of family fam
-// from gateway B's transit address to the client on LAN A, out of B's
-// transit link to gateway A's link-layer address, bypassing B's routing
-// (and so espd): cleartext that A can only forward from the transit link.
-// It reports whether it arrived on LAN A within wait, and whether A's
-// transit link saw it come in.
-func forwardProbe(t *testing.T, bed *packageBed, fam testbed.Family, sport uint16, wait time.Duration) (arrived, atA bool) {
-	t.Helper()
-	top := bed.top
-	src := testbed.Pick(fam, testbed.GwBTransitV4, testbed.GwBTransitV6).Addr()
-	dst := testbed.Pick(fam, testbed.ClientV4, testbed.ClientV6).Addr()
-	udp, err := testbed.BuildUDP(src, dst, sport, 9, []byte("espd firewall probe"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pkt, err := testbed.BuildIP(src, dst, 17, udp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mac net.HardwareAddr
-	if err := top.GwA.Do(func() error {
-		ifi, err := net.InterfaceByName(testbed.IfTransit)
-		if err == nil {
-			mac = ifi.HardwareAddr
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	lan, err := top.Client.StartCapture(testbed.IfHost, testbed.CaptureOptions{Snaplen: 128})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lan.Stop()
-	wan, err := top.GwA.StartCapture(testbed.IfTransit, testbed.CaptureOptions{Snaplen: 128})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer wan.Stop()
-	ethertype := uint16(testbed.Pick(fam, testbed.EtherTypeIPv4, testbed.EtherTypeIPv6))
-	if err := top.GwB.Do(func() error {
-		ifi, err := net.InterfaceByName(testbed.IfTransit)
-		if err != nil {
-			return err
-		}
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		to := &unix.SockaddrLinklayer{Protocol: ethertype<<8 | ethertype>>8, Ifindex: ifi.Index, Halen: 6}
-		copy(to.Addr[:], mac)
-		return unix.Sendto(fd, pkt, 0, to)
-	}); err != nil {
-		t.Fatalf("sending the probe from gateway B: %v", err)
-	}
-	seen := func(k *testbed.Capture) bool {
-		for _, f := range k.Frames() {
-			if f.Proto == 17 && f.Src == src && f.Dst == dst && f.SrcPort == sport && !f.Outgoing {
-				return true
-			}
-		}
-		return false
-	}
-	atA = testbed.Poll(wait, 20*time.Millisecond, func() bool { return seen(wan) })
-	arrived = testbed.Poll(wait, 20*time.Millisecond, func() bool { return seen(lan) })
-	return arrived, atA
 }
