@@ -42,7 +42,8 @@ const firewallDoc = "../docs/firewall.md"
 // tunnel, are there after `systemctl restart nftables`; (f) on gateway A,
 // the page's removal block leaves the box's tables loading, and espd's
 // table beside Debian's default ruleset (every chain accepts) drops what
-// (d) says is its own, which passes without it, while the tunnel passes.
+// (d) says is its own, and IKE from a host not its peer, which pass
+// without it, while the tunnel passes.
 func TestFirewallUnderSystemd(t *testing.T) {
 	for _, rel := range debianReleases {
 		t.Run("debian"+rel, func(t *testing.T) { firewallUnderSystemd(t, rel) })
@@ -157,7 +158,7 @@ func firewallUnderSystemd(t *testing.T, release string) {
 	tunnelPings(t, bed, "after systemctl restart nftables")
 
 	// (f) Removed, and beside Debian's default ruleset.
-	besideDefaultRuleset(t, bed, debianConf)
+	besideDefaultRuleset(t, bed, inet, debianConf)
 }
 
 // espdTableDrops checks what espd's table drops of its own, gateway A's,
@@ -251,11 +252,12 @@ func tunnelPings(t *testing.T, bed *packageBed, when string) {
 // besideDefaultRuleset runs the page's removal block on gateway A and
 // checks that the box's tables stay and load again; then gives A Debian's
 // default ruleset (debianConf: every chain accepts), checks that what
-// espd's table drops passes without it, loads espd's table with the page's
-// block (which adds the include line) and checks that it is dropped, that
-// the tunnel passes, and that both tables survive a restart of
+// espd's table drops passes without it (and IKE from the internet host,
+// not a peer, reaches charon), loads espd's table with the page's block
+// (which adds the include line) and checks that it is dropped, that the
+// tunnel passes, and that both tables survive a restart of
 // nftables.service.
-func besideDefaultRuleset(t *testing.T, bed *packageBed, debianConf string) {
+func besideDefaultRuleset(t *testing.T, bed *packageBed, inet *testbed.Node, debianConf string) {
 	t.Helper()
 	c := bed.gw["A"]
 	remove := markedBlock(t, firewallDoc, "sh", "remove espd table")
@@ -275,6 +277,11 @@ func besideDefaultRuleset(t *testing.T, bed *packageBed, debianConf string) {
 	c.must(t, "systemctl", "restart", "nftables")
 	checkTables(t, bed, "A", false, "accept")
 	espdTableDrops(t, bed, 40100, false)
+	for fam, seen := range strangerIKE(t, bed, inet, 20*time.Second) {
+		if !seen {
+			t.Errorf("%v IKE from the internet host without espd's table: charon on A did not log it, so the probe shows nothing", fam)
+		}
+	}
 
 	loadEspdTable(t, bed, "A")
 	if conf := c.must(t, "cat", "/etc/nftables.conf"); !strings.HasSuffix(conf, "include \"/etc/nftables.d/*.nft\"\n") {
@@ -282,6 +289,11 @@ func besideDefaultRuleset(t *testing.T, bed *packageBed, debianConf string) {
 	}
 	checkTables(t, bed, "A", true, "accept")
 	espdTableDrops(t, bed, 40200, true)
+	for fam, seen := range strangerIKE(t, bed, inet, 5*time.Second) {
+		if seen {
+			t.Errorf("%v IKE from the internet host, not a peer, reached charon on A beside espd's table", fam)
+		}
+	}
 	tunnelPings(t, bed, "beside Debian's default ruleset")
 	c.must(t, "systemctl", "restart", "nftables")
 	checkTables(t, bed, "A", true, "accept")

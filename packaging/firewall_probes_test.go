@@ -284,3 +284,42 @@ func linkMTU(t *testing.T, n *testbed.Node, ifname string) int {
 	}
 	return mtu
 }
+
+// strangerIKE sends an IKE_SA_INIT header (no payloads) from the internet
+// host, a stranger to gateway A's tunnel, to A's UDP port 500 in each
+// family, and reports for each whether charon on A logged a line naming
+// the host's address within wait (espd relays IKE to charon, which logs
+// every IKE packet it receives).
+func strangerIKE(t *testing.T, bed *packageBed, inet *testbed.Node, wait time.Duration) map[testbed.Family]bool {
+	t.Helper()
+	c := bed.gw["A"]
+	seen := map[testbed.Family]bool{}
+	for i, fam := range []testbed.Family{testbed.IPv4, testbed.IPv6} {
+		src := testbed.Pick(fam, internetV4, internetV6).Addr()
+		dst := testbed.Pick(fam, testbed.GwATransitV4, testbed.GwATransitV6).Addr()
+		mentions := func() int {
+			out, _ := c.run(nil, "journalctl", "--no-pager", "-o", "cat", "-u", "strongswan")
+			return testbed.CountLines(out, src.String()+"[")
+		}
+		before := mentions()
+		hdr := make([]byte, 28)
+		binary.BigEndian.PutUint64(hdr, 0x6573706466770000+uint64(i)+1) // the initiator's SPI
+		hdr[17] = 0x20                                                  // version 2.0
+		hdr[18] = 34                                                    // IKE_SA_INIT
+		hdr[19] = 0x08                                                  // initiator
+		binary.BigEndian.PutUint32(hdr[24:], uint32(len(hdr)))
+		if err := inet.Do(func() error {
+			conn, err := net.DialUDP("udp", &net.UDPAddr{IP: src.AsSlice(), Port: 500}, net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, 500)))
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			_, err = conn.Write(hdr)
+			return err
+		}); err != nil {
+			t.Fatalf("sending IKE from the internet host: %v", err)
+		}
+		seen[fam] = testbed.Poll(wait, 100*time.Millisecond, func() bool { return mentions() > before })
+	}
+	return seen
+}
