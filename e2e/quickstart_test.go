@@ -17,7 +17,7 @@ import (
 	"github.com/espd/espd/testbed"
 )
 
-// The markers of README.md's quick start blocks ("```sh quick-start keys").
+// The markers of docs/reference.md's quick start blocks ("```sh quick-start keys").
 const (
 	quickStartKeys = "quick-start keys"
 	quickStartA    = "quick-start gateway A"
@@ -43,22 +43,22 @@ cd "$3"
 exec sh -e "$4"
 `
 
-// quickStartBlock returns the text of README.md's one sh block marked
+// quickStartBlock returns the text of docs/reference.md's one sh block marked
 // marker.
 func quickStartBlock(t *testing.T, marker string) string {
 	t.Helper()
-	blocks, err := docblock.Blocks("../README.md")
+	blocks, err := docblock.Blocks("../docs/reference.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := docblock.Marked(blocks, marker)
 	if len(m) != 1 || m[0].Lang != "sh" {
-		t.Fatalf("README.md: want one sh block marked %q, have %+v", marker, m)
+		t.Fatalf("docs/reference.md: want one sh block marked %q, have %+v", marker, m)
 	}
 	return m[0].Text
 }
 
-// TestQuickStart runs README.md's quick start as written: the keys block
+// TestQuickStart runs docs/reference.md's quick start as written: the keys block
 // once (gateway A's working directory), its key files copied to gateway
 // B's, and each gateway's block with sh -e in that gateway of a testbed
 // line (client - gwA - gwB - server: the README's transit addresses and
@@ -89,12 +89,12 @@ func TestQuickStart(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	cancel()
 	if err != nil {
-		t.Fatalf("README.md's %q block: %v\n%s", quickStartKeys, err, out)
+		t.Fatalf("docs/reference.md's %q block: %v\n%s", quickStartKeys, err, out)
 	}
 	for _, f := range []string{"ab.key", "ba.key"} {
 		b, err := os.ReadFile(filepath.Join(work["A"], f))
 		if err != nil {
-			t.Fatalf("README.md's %q block: %v", quickStartKeys, err)
+			t.Fatalf("docs/reference.md's %q block: %v", quickStartKeys, err)
 		}
 		if err := os.WriteFile(filepath.Join(work["B"], f), b, 0o600); err != nil {
 			t.Fatal(err)
@@ -109,7 +109,7 @@ func TestQuickStart(t *testing.T) {
 		run, state := t.TempDir(), t.TempDir()
 		sockets[gw.name] = filepath.Join(run, "espd.sock")
 		out := runGatewayBlock(t, gw.node, env, run, state, work[gw.name], script("gateway-"+gw.name+".sh", gw.text))
-		t.Logf("gateway %s, README.md's %q block:\n%s", gw.name, gw.marker, out)
+		t.Logf("gateway %s, docs/reference.md's %q block:\n%s", gw.name, gw.marker, out)
 	}
 
 	capt, err := top.GwA.StartCapture(testbed.IfTransit, testbed.CaptureOptions{})

@@ -22,7 +22,7 @@
 #                                     file system packaging/nspawn-rootfs.sh makes for it
 #                                     (debootstrap on first use; keep /var/cache/espd-* cached)
 #
-# espd and espctl are built with GOEXPERIMENT=runtimesecret (README.md, "Install"),
+# espd and espctl are built with GOEXPERIMENT=runtimesecret (docs/reference.md, "Building from a checkout"),
 # CGO_ENABLED=0 (static binaries) and -trimpath; armhf is GOARCH=arm GOARM=7. nfpm
 # (a pinned release, run through the Go toolchain) makes the packages from the nfpm
 # configurations beside this script. Only the plugin needs root: strongswan/build.sh

@@ -11,23 +11,23 @@ import (
 	"github.com/espd/espd/testbed"
 )
 
-// readmeServiceBlock returns README.md's commands that run espd as a
+// readmeServiceBlock returns docs/reference.md's commands that run espd as a
 // service from a checkout, without the package: the one block marked
 // "readme-service" ("```sh readme-service").
 func readmeServiceBlock(t *testing.T) string {
 	t.Helper()
-	blocks, err := docblock.Blocks("../README.md")
+	blocks, err := docblock.Blocks("../docs/reference.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := docblock.Marked(blocks, "readme-service")
 	if len(m) != 1 || m[0].Lang != "sh" {
-		t.Fatalf("README.md: want one sh block marked readme-service, have %+v", m)
+		t.Fatalf("docs/reference.md: want one sh block marked readme-service, have %+v", m)
 	}
 	return m[0].Text
 }
 
-// TestReadmeServiceFromCheckout runs README.md's commands for espd as a
+// TestReadmeServiceFromCheckout runs docs/reference.md's commands for espd as a
 // service from a checkout, as written, in a Debian 12 and a Debian 13
 // container booted with systemd, with the checkout's packaging/ and an espd built from it
 // in /usr/local/sbin (the README's go build step: the container has no Go),
@@ -72,11 +72,11 @@ func readmeServiceFromCheckout(t *testing.T, rootfs string) {
 	c.must(t, "chmod", "0666", "/dev/net/tun") // udev's mode; no udev here
 	c.must(t, "install", "-m", "0755", "/mnt/espd/espd", "/usr/local/sbin/espd")
 	if out, err := c.run(nil, "sh", "-ec", "cd /mnt/espd/checkout\n"+block); err != nil {
-		t.Fatalf("README.md's service commands, as written: %v\n%s", err, out)
+		t.Fatalf("docs/reference.md's service commands, as written: %v\n%s", err, out)
 	}
 	p := c.show(t, "espd", "ActiveState", "SubState", "MainPID", "ExecMainStatus")
 	if p["ActiveState"] != "active" || p["SubState"] != "running" {
-		t.Fatalf("espd after README.md's commands: %v, want active and running", p)
+		t.Fatalf("espd after docs/reference.md's commands: %v, want active and running", p)
 	}
 	if exe := c.must(t, "readlink", "/proc/"+p["MainPID"]+"/exe"); strings.TrimSpace(exe) != "/usr/local/sbin/espd" {
 		t.Errorf("the unit runs %q, want /usr/local/sbin/espd", strings.TrimSpace(exe))

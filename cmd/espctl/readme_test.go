@@ -14,44 +14,44 @@ import (
 	"github.com/espd/espd/sa"
 )
 
-// saAddTableMarker marks README.md's table of sa add's flags
+// saAddTableMarker marks docs/reference.md's table of sa add's flags
 // ("<!-- table espctl-sa-add-flags -->", docblock.Tables).
 const saAddTableMarker = "espctl-sa-add-flags"
 
 // globalFlags are espctl's own options, which every command accepts too
-// and README.md's synopsis ("espctl [-s SOCKET] [--json] COMMAND") gives
+// and docs/reference.md's synopsis ("espctl [-s SOCKET] [--json] COMMAND") gives
 // instead of each command's table.
 var globalFlags = []string{"json"}
 
-// saAddTable returns the rows of README.md's table of sa add's flags,
+// saAddTable returns the rows of docs/reference.md's table of sa add's flags,
 // header left out, by the flags of their first column.
 func saAddTable(t *testing.T) (order []string, rows map[string][]string) {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/reference.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	tables := docblock.MarkedTables(docblock.Tables(string(b)), saAddTableMarker)
 	if len(tables) != 1 {
-		t.Fatalf("README.md: want one table marked %q, have %d", saAddTableMarker, len(tables))
+		t.Fatalf("docs/reference.md: want one table marked %q, have %d", saAddTableMarker, len(tables))
 	}
 	name := regexp.MustCompile("`--([a-z0-9-]+)`")
 	rows = map[string][]string{}
 	for _, row := range tables[0].Rows[1:] {
 		if len(row) != 3 {
-			t.Errorf("README.md's table %q: row %q has %d cells, want 3 (flag, default, meaning)", saAddTableMarker, row, len(row))
+			t.Errorf("docs/reference.md's table %q: row %q has %d cells, want 3 (flag, default, meaning)", saAddTableMarker, row, len(row))
 			continue
 		}
 		for _, m := range name.FindAllStringSubmatch(row[0], -1) {
 			if _, dup := rows[m[1]]; dup {
-				t.Errorf("README.md's table %q has --%s twice", saAddTableMarker, m[1])
+				t.Errorf("docs/reference.md's table %q has --%s twice", saAddTableMarker, m[1])
 			}
 			order = append(order, m[1])
 			rows[m[1]] = row
 		}
 	}
 	if len(order) == 0 {
-		t.Fatalf("README.md's table %q names no flag", saAddTableMarker)
+		t.Fatalf("docs/reference.md's table %q names no flag", saAddTableMarker)
 	}
 	return order, rows
 }
@@ -74,7 +74,7 @@ func saAddHelp(t *testing.T) []string {
 	return flags
 }
 
-// TestReadmeSAAddTable holds README.md's table of sa add's flags to the
+// TestReadmeSAAddTable holds docs/reference.md's table of sa add's flags to the
 // command: every flag "espctl sa add -h" lists but the global ones is in
 // the table, once, and every flag of the table is one the command defines.
 // The defaults that the code has as values (the flags' own defaults and
@@ -84,12 +84,12 @@ func TestReadmeSAAddTable(t *testing.T) {
 	help := saAddHelp(t)
 	for _, f := range order {
 		if !slices.Contains(help, f) || slices.Contains(globalFlags, f) {
-			t.Errorf("README.md's table %q has --%s, which espctl sa add does not define as its own", saAddTableMarker, f)
+			t.Errorf("docs/reference.md's table %q has --%s, which espctl sa add does not define as its own", saAddTableMarker, f)
 		}
 	}
 	for _, f := range help {
 		if _, ok := rows[f]; !ok && !slices.Contains(globalFlags, f) {
-			t.Errorf("espctl sa add -h lists -%s, which README.md's table %q lacks", f, saAddTableMarker)
+			t.Errorf("espctl sa add -h lists -%s, which docs/reference.md's table %q lacks", f, saAddTableMarker)
 		}
 	}
 
@@ -105,7 +105,7 @@ func TestReadmeSAAddTable(t *testing.T) {
 	}
 	for f, w := range want {
 		if row, ok := rows[f]; ok && row[1] != w {
-			t.Errorf("README.md's table %q: --%s's default is %q, the code's %q", saAddTableMarker, f, row[1], w)
+			t.Errorf("docs/reference.md's table %q: --%s's default is %q, the code's %q", saAddTableMarker, f, row[1], w)
 		}
 	}
 }

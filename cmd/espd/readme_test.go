@@ -12,21 +12,21 @@ import (
 	"github.com/espd/espd/testbed"
 )
 
-// flagTableMarker marks README.md's table of espd's flags
+// flagTableMarker marks docs/reference.md's table of espd's flags
 // ("<!-- table espd-flags -->", docblock.Tables).
 const flagTableMarker = "espd-flags"
 
-// readmeFlags returns the flags that the first column of README.md's
+// readmeFlags returns the flags that the first column of docs/reference.md's
 // table marked flagTableMarker names, in table order.
 func readmeFlags(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/reference.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	tables := docblock.MarkedTables(docblock.Tables(string(b)), flagTableMarker)
 	if len(tables) != 1 {
-		t.Fatalf("README.md: want one table marked %q, have %d", flagTableMarker, len(tables))
+		t.Fatalf("docs/reference.md: want one table marked %q, have %d", flagTableMarker, len(tables))
 	}
 	name := regexp.MustCompile("`--([a-z0-9-]+)`")
 	var flags []string
@@ -36,7 +36,7 @@ func readmeFlags(t *testing.T) []string {
 		}
 	}
 	if len(flags) == 0 {
-		t.Fatalf("README.md's table %q names no flag", flagTableMarker)
+		t.Fatalf("docs/reference.md's table %q names no flag", flagTableMarker)
 	}
 	return flags
 }
@@ -65,7 +65,7 @@ func helpFlags(t *testing.T) []string {
 	return flags
 }
 
-// TestReadmeFlagTable checks that README.md's flag table (marked
+// TestReadmeFlagTable checks that docs/reference.md's flag table (marked
 // flagTableMarker, in section "espd") and "espd -h" name the same flags,
 // each once in the table.
 func TestReadmeFlagTable(t *testing.T) {
@@ -73,16 +73,16 @@ func TestReadmeFlagTable(t *testing.T) {
 	seen := map[string]bool{}
 	for _, f := range table {
 		if seen[f] {
-			t.Errorf("README.md's flag table has --%s twice", f)
+			t.Errorf("docs/reference.md's flag table has --%s twice", f)
 		}
 		seen[f] = true
 		if !slices.Contains(help, f) {
-			t.Errorf("README.md's flag table has --%s, which espd -h does not list", f)
+			t.Errorf("docs/reference.md's flag table has --%s, which espd -h does not list", f)
 		}
 	}
 	for _, f := range help {
 		if !seen[f] {
-			t.Errorf("espd -h lists -%s, which README.md's flag table (%q) lacks", f, flagTableMarker)
+			t.Errorf("espd -h lists -%s, which docs/reference.md's flag table (%q) lacks", f, flagTableMarker)
 		}
 	}
 }
