@@ -15,7 +15,7 @@ import (
 // ("**Under charon.**"): a section that moves or is renamed takes its
 // references with it.
 func TestSectionReferences(t *testing.T) {
-	ref := regexp.MustCompile(`((?:docs/)?[A-Za-z0-9-]+\.md),\s*(?:section\s*)?"([^"]+)"`)
+	ref := regexp.MustCompile(`((?:docs/)?(?:dev/)?[A-Za-z0-9-]+\.md),\s*(?:section\s*)?"([^"]+)"`)
 	comment := regexp.MustCompile(`\n\s*//\s*`)
 	space := regexp.MustCompile(`\s+`)
 	anchors := map[string][]string{}

@@ -74,7 +74,7 @@ func (r *ReplayWindow) Top() uint64 { return r.top.Load() }
 // spans a 2^32 boundary and seqLo lies in its older part. A guess that is
 // wrong fails the ICV check, which covers the high bits.
 // It agrees with the kernel's xfrm_replay_seqhi except where no guess
-// but its own can be right (docs/xfrm-interop.md, "Inferring the high
+// but its own can be right (docs/dev/xfrm-interop.md, "Inferring the high
 // half of an ESN").
 func (r *ReplayWindow) Infer(seqLo uint32) uint64 {
 	if !r.esn {

@@ -16,7 +16,7 @@
 // and error counts, ESN, UDP encapsulation, XFRM interfaces) but one: 6.12's /proc/net/xfrm_stat ends in two more counters,
 // XfrmOutStateDirError and XfrmInStateDirError (states with a direction,
 // Linux 6.10), which states without one never move.
-// docs/xfrm-interop.md lists what was compared.
+// docs/dev/xfrm-interop.md lists what was compared.
 package xfrmguest
 
 import (

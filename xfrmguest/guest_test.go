@@ -164,7 +164,7 @@ func guestKernelHasESP(t *testing.T, series string) {
 
 // xfrmStatNames returns the counters of /proc/net/xfrm_stat of the kernel
 // series, in order: 6.12 adds the two of states with a direction (Linux
-// 6.10), which docs/xfrm-interop.md records.
+// 6.10), which docs/dev/xfrm-interop.md records.
 func xfrmStatNames(series string) []string {
 	names := []string{"XfrmInError", "XfrmInBufferError", "XfrmInHdrError", "XfrmInNoStates",
 		"XfrmInStateProtoError", "XfrmInStateModeError", "XfrmInStateSeqError", "XfrmInStateExpired",
