@@ -43,12 +43,12 @@ type l2tpFile struct {
 }
 
 var l2tpFiles = []l2tpFile{
-	{"server", "conf", "l2tp server swanctl.conf", "swanctl/swanctl.conf"},
+	{"server", "conf", "l2tp server swanctl.conf", "swanctl/conf.d/l2tp.conf"},
 	{"server", "ini", "l2tp server xl2tpd.conf", "xl2tpd/xl2tpd.conf"},
 	{"server", "text", "l2tp server options.xl2tpd", "ppp/options.xl2tpd"},
 	{"server", "text", "l2tp server chap-secrets", "ppp/chap-secrets"},
 	{"server", "nft", "l2tp server firewall", "nftables.conf"},
-	{"client", "conf", "l2tp client swanctl.conf", "swanctl/swanctl.conf"},
+	{"client", "conf", "l2tp client swanctl.conf", "swanctl/conf.d/l2tp.conf"},
 	{"client", "ini", "l2tp client xl2tpd.conf", "xl2tpd/xl2tpd.conf"},
 	{"client", "text", "l2tp client options.l2tpd.client", "ppp/options.l2tpd.client"},
 }
@@ -209,6 +209,16 @@ func TestL2TPIPsec(t *testing.T) {
 			t.Fatal(err)
 		}
 		writeShare(t, share, filepath.Join(f.role, "etc", f.path), text)
+	}
+	// The pre-shared key: the server's secret block as written, its file
+	// in both ends' conf.d (the client's a copy of the server's).
+	secretBlock, err := docblock.One(l2tpDoc, "sh", "l2tp server swanctl.conf secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets, _ := testbed.RunSecretBlock(t, secretBlock)
+	for _, role := range []string{"server", "client"} {
+		writeShare(t, share, filepath.Join(role, "etc", "swanctl/conf.d/l2tp-secret.conf"), secrets)
 	}
 	connect, err := docblock.One(l2tpDoc, "sh", "l2tp client connect")
 	if err != nil {

@@ -27,6 +27,19 @@ func docExample(t *testing.T, lang, marker string) string {
 	return text
 }
 
+// docSecret runs docs/strongswan.md's sh block marked marker, which makes
+// an example's secrets file with a fresh pre-shared key, as written
+// (testbed.RunSecretBlock), and returns the file and the key.
+func docSecret(t *testing.T, marker string) (secrets, key string) {
+	t.Helper()
+	return testbed.RunSecretBlock(t, docExample(t, "sh", marker))
+}
+
+// withPSK returns a peer's configuration with key for its @PSK@.
+func withPSK(conf, key string) string {
+	return strings.Replace(conf, "@PSK@", key, 1)
+}
+
 // The addresses of the docs' IPv6 site-to-site example ("pulse"): the
 // Celeron box is gateway A, the pulse gateway B.
 var (
@@ -44,7 +57,8 @@ var (
 	pulseGwBLANV6 = netip.MustParsePrefix("2001:db8:ff01::1/64")
 )
 
-// pulsePeer is gateway B's side of the docs' example: its mirror image.
+// pulsePeer is gateway B's side of the docs' example: its mirror image,
+// with the key the example's secret block made for @PSK@ (withPSK).
 const pulsePeer = `connections {
     pulse {
         version = 2
@@ -74,7 +88,7 @@ secrets {
     ike-pulse {
         id-1 = @intel.example.com
         id-2 = @pulse.example.com
-        secret = "Nj3eOavMxgXQX3gA1mPXy"
+        secret = @PSK@
     }
 }
 `
@@ -160,8 +174,9 @@ func TestDocsIPv6SiteToSite(t *testing.T) {
 	}
 	p := newPair(t, pairOptions{A: charonOptions{DebianTimers: true}, B: charonOptions{DebianTimers: true}})
 	pulseAddresses(t, p.topo)
-	p.b.load(pulsePeer)
-	p.a.load(conf) // start_action = start: A initiates
+	secrets, key := docSecret(t, "site-to-site ipv6 secret")
+	p.b.load(withPSK(pulsePeer, key))
+	p.a.load(conf + secrets) // start_action = start: A initiates
 	p.a.waitChild("pulse", 20*time.Second)
 	p.b.waitChild("pulse", 10*time.Second)
 	checkPulseEndpoints(t, p.a, pulseA.Addr(), pulseB.Addr(), "tunnel up")
@@ -237,7 +252,7 @@ func TestDocsIPv6SiteToSite(t *testing.T) {
 	}
 }
 
-// ix2207Peer is gateway B's side of the docs' IPv4 example.
+// ix2207Peer is gateway B's side of the docs' IPv4 example (withPSK).
 const ix2207Peer = `connections {
     ix2207 {
         version = 2
@@ -265,7 +280,7 @@ secrets {
     ike-ix2207 {
         id-1 = debian.example.com
         id-2 = ix2207.example.com
-        secret = "presharedkey"
+        secret = @PSK@
     }
 }
 `
@@ -284,8 +299,9 @@ func TestDocsIPv4SiteToSite(t *testing.T) {
 		}
 	}
 	p := newPair(t, pairOptions{A: charonOptions{DebianTimers: true}, B: charonOptions{DebianTimers: true}})
-	p.b.load(ix2207Peer)
-	p.a.load(conf) // start_action = start: A initiates
+	secrets, key := docSecret(t, "site-to-site psk ipv4 secret")
+	p.b.load(withPSK(ix2207Peer, key))
+	p.a.load(conf + secrets) // start_action = start: A initiates
 	p.a.waitChild("lan", 20*time.Second)
 	p.b.waitChild("lan", 10*time.Second)
 	if out := p.a.mustEspctl("sa", "list"); strings.Count(out, "alg aes128gcm16 ") != 2 {

@@ -3,6 +3,7 @@ package strongswantest
 import (
 	"context"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -141,8 +142,15 @@ func TestHADocConfigs(t *testing.T) {
 		t.Errorf("docs/ha.md's keepalived.conf is not the tests':\n%s\nwant:\n%s", got, want)
 	}
 	pairConn, _ := v4("aes128gcm16")
-	if got := haDoc(t, "conf", "ha swanctl"); norm(got) != norm(pairConn.String()) {
-		t.Errorf("docs/ha.md's swanctl.conf is not the tests':\n%s\nwant:\n%s", got, pairConn)
+	conns, _, _ := strings.Cut(pairConn.String(), "secrets {")
+	if got := haDoc(t, "conf", "ha swanctl"); norm(got) != norm(conns) {
+		t.Errorf("docs/ha.md's swanctl.conf is not the tests':\n%s\nwant:\n%s", got, conns)
+	}
+	secrets, _ := testbed.RunSecretBlock(t, haDoc(t, "sh", "ha swanctl secret"))
+	_, wantSecrets, _ := strings.Cut(pairConn.String(), "secrets {")
+	strip := regexp.MustCompile(`secret = \S+`)
+	if a, b := strip.ReplaceAllString(norm(secrets), "secret"), strip.ReplaceAllString(norm("secrets {"+wantSecrets), "secret"); a != b {
+		t.Errorf("docs/ha.md's secret block makes secrets for other identities than the tests':\n%s\nwant:\n%s", a, b)
 	}
 	unit, err := os.ReadFile("../../packaging/systemd/espd-ike.service")
 	if err != nil {

@@ -47,9 +47,10 @@ func haDoc(t *testing.T, lang, marker string) string {
 
 // haCharonOptions is the strongswan.conf of a node: docs/ha.md's ha
 // plugin section as written (node 1's; for node 2 its local and remote
-// swapped), and the IKE and configuration logs at level 2 (IKE_SA state
+// swapped) with the section its secret block made (secret, the same on
+// both nodes), and the IKE and configuration logs at level 2 (IKE_SA state
 // changes, HA messages received).
-func haCharonOptions(t *testing.T, local, remote netip.Prefix) charonOptions {
+func haCharonOptions(t *testing.T, local, remote netip.Prefix, secret string) charonOptions {
 	t.Helper()
 	ha := haDoc(t, "conf", "ha strongswan")
 	l1, r1 := "local = "+testbed.Node1SyncV4.Addr().String(), "remote = "+testbed.Node2SyncV4.Addr().String()
@@ -57,7 +58,7 @@ func haCharonOptions(t *testing.T, local, remote netip.Prefix) charonOptions {
 		t.Fatalf("docs/ha.md's ha section is not node 1's (%q, %q):\n%s", l1, r1, ha)
 	}
 	ha = strings.NewReplacer(l1, "local = "+local.Addr().String(), r1, "remote = "+remote.Addr().String()).Replace(ha)
-	return charonOptions{Plugins: "ha", Log: "ike = 2\n      cfg = 2", Extra: ha}
+	return charonOptions{Plugins: "ha", Log: "ike = 2\n      cfg = 2", Extra: ha + secret}
 }
 
 // haEspdFlags are the pair's flags of node i (0 or 1) as docs/ha.md gives

@@ -57,6 +57,9 @@ type haPair struct {
 	node1, node2 *haNode
 	peer         *gateway
 	vips         []string
+	// syncSecret is the ha plugin's secret and swanSecrets the pair's
+	// swanctl secrets, both made by docs/ha.md's blocks as written.
+	syncSecret, swanSecrets string
 }
 
 // newHAPair builds the pair and the peer and starts everything: espd and
@@ -83,16 +86,20 @@ func newHAPair(t *testing.T) *haPair {
 		n.startEspd(haEspdFlags(i, key, n.roleFile())...)
 	}
 	h.peer.startEspd()
-	h.node1.startCharon(haCharonOptions(t, testbed.Node1SyncV4, testbed.Node2SyncV4))
-	h.node2.startCharon(haCharonOptions(t, testbed.Node2SyncV4, testbed.Node1SyncV4))
+	h.syncSecret, _ = testbed.RunSecretBlock(t, haDoc(t, "sh", "ha strongswan secret"))
+	h.node1.startCharon(haCharonOptions(t, testbed.Node1SyncV4, testbed.Node2SyncV4, h.syncSecret))
+	h.node2.startCharon(haCharonOptions(t, testbed.Node2SyncV4, testbed.Node1SyncV4, h.syncSecret))
 	h.peer.startCharon(charonOptions{})
 
 	// The pair's side of the connection (docs/ha.md's, as written) has
-	// the transit address both nodes share, the peer's the pair's.
+	// the transit address both nodes share, the peer's the pair's; the
+	// peer takes the key the page's secret block made.
+	var psKey string
+	h.swanSecrets, psKey = testbed.RunSecretBlock(t, haDoc(t, "sh", "ha swanctl secret"))
 	_, peerConn := v4("aes128gcm16")
-	h.node1.load(haDoc(t, "conf", "ha swanctl"))
-	h.node2.load(haDoc(t, "conf", "ha swanctl"))
-	h.peer.load(peerConn.String())
+	h.node1.load(haDoc(t, "conf", "ha swanctl") + h.swanSecrets)
+	h.node2.load(haDoc(t, "conf", "ha swanctl") + h.swanSecrets)
+	h.peer.load(strings.ReplaceAll(peerConn.String(), psk, psKey))
 
 	for _, n := range []*haNode{h.node1, h.node2} {
 		fifo := haFIFO(n.gateway)
@@ -404,8 +411,8 @@ func (h *haPair) restartNode(t *testing.T, n *haNode, priority int) {
 	if n == h.node2 {
 		sync, other = other, sync
 	}
-	n.startCharon(haCharonOptions(t, sync, other))
-	n.load(haDoc(t, "conf", "ha swanctl"))
+	n.startCharon(haCharonOptions(t, sync, other, h.syncSecret))
+	n.load(haDoc(t, "conf", "ha swanctl") + h.swanSecrets)
 	fifo := haFIFO(n.gateway)
 	if !waitFor(10*time.Second, func() bool { st, err := os.Stat(fifo); return err == nil && st.Mode()&os.ModeNamedPipe != 0 }) {
 		t.Fatalf("%s: charon made no HA FIFO %s", n.name, fifo)

@@ -270,8 +270,9 @@ func TestRouteBasedDocsExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	aT, bT := testbed.GwATransitV4.Addr().String(), testbed.GwBTransitV4.Addr().String()
-	p.b.load(routeBasedConf(bT, aT, "b", "", 1))
-	p.a.load(swanConf)
+	secrets, key := docSecret(t, "route-based swanctl.conf secret")
+	p.b.load(strings.ReplaceAll(routeBasedConf(bT, aT, "b", "", 1), psk, key))
+	p.a.load(swanConf + secrets)
 	p.a.waitChild("rb1", 20*testSecond)
 	p.b.waitChild("rb1", 10*testSecond)
 	n := 0

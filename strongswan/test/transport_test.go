@@ -42,7 +42,7 @@ secrets {
     ike-host-host {
         id-1 = host1.example.com
         id-2 = host2.example.com
-        secret = "rCSS5yWBkpnTjpwbXzD8u"
+        secret = @PSK@
     }
 }
 `
@@ -92,8 +92,9 @@ func TestTransport(t *testing.T) {
 	p := newHostPair(t)
 
 	t.Log("--- IPv4, the docs' example")
-	p.b.load(transportPeer)
-	p.a.load(conf)
+	secrets, key := docSecret(t, "transport host-to-host secret")
+	p.b.load(withPSK(transportPeer, key))
+	p.a.load(conf + secrets)
 	if !waitFor(5*time.Second, func() bool { return p.a.espdPolicies() >= 2 && p.b.espdPolicies() >= 2 }) {
 		t.Fatalf("trap policies not in espd:\n%s\n%s", p.a.mustEspctl("policy", "list"), p.b.mustEspctl("policy", "list"))
 	}
