@@ -66,12 +66,12 @@ func TestEveryModuleTested(t *testing.T) {
 		used = append(used, filepath.ToSlash(filepath.Clean(u.DiskPath)))
 	}
 
-	// README's `go run ./bench`, from the root, compiles what this does.
+	// CONTRIBUTING.md's `go run ./bench`, from the root, compiles what this does.
 	build := exec.Command("go", "build", "-o", filepath.Join(t.TempDir(), "bench"), "./bench")
 	build.Dir = ".."
 	build.Env = append(os.Environ(), "GOWORK=")
 	if b, err := build.CombinedOutput(); err != nil {
-		t.Errorf("go build ./bench from the root (README's go run ./bench): %v\n%s", err, b)
+		t.Errorf("go build ./bench from the root (CONTRIBUTING.md's go run ./bench): %v\n%s", err, b)
 	}
 
 	cmd, err := docblock.One("../README.md", "sh", "test-command")
