@@ -73,10 +73,11 @@ var (
 	hexish = regexp.MustCompile(`^[0-9a-f]{7,40}$`)
 	// Key material in a block: a swanctl or strongswan.conf secret given
 	// as a literal (one with a printf's %s or a shell expansion in it is
-	// generated), an
-	// ipsec.secrets PSK, a base64 key (0s...) or 32 hex digits and more.
+	// generated), an ipsec.secrets PSK, a pppd password, a base64 key
+	// (0s...) or 32 hex digits and more.
 	secretLit = regexp.MustCompile(`\bsecret\s*=\s*[^\s%$]+(\s|$)`)
 	pskLit    = regexp.MustCompile(`\bPSK\s+["'][^"']+["']`)
+	passLit   = regexp.MustCompile(`\bpassword\s*=?\s*"[^"%$]+"`)
 	base64Key = regexp.MustCompile(`\b0s[A-Za-z0-9+/]{12,}=*`)
 	longHex   = regexp.MustCompile(`[0-9a-fA-F]{32,}`)
 	// Where a test lives, in prose: a test function or a _test.go file.
@@ -122,7 +123,7 @@ func adminProblems(text string) []string {
 		if !l.block {
 			continue
 		}
-		for _, re := range []*regexp.Regexp{secretLit, pskLit, base64Key, longHex} {
+		for _, re := range []*regexp.Regexp{secretLit, pskLit, passLit, base64Key, longHex} {
 			if m := re.FindString(l.text); m != "" {
 				add(l, "fixed key in a block: %q (give the command that generates it)", m)
 				break
@@ -197,7 +198,7 @@ func TestAdminProblems(t *testing.T) {
 		"Fixed in issue 37.", "See #12 for that.", "Measured at 5c55ef0.", "(`TestQuickStart` runs it)",
 		"see e2e/quickstart_test.go", "defined in `sa.DefaultConfig`", "(Config.Workers)", "which this machine's kernel lacks", "```conf\n    secret = \"presharedkey\"\n```",
 		"```conf\nsecret = 0sc2VjcmV0IGtleSBvZiB0aGUgZXNwZCB0ZXN0cw==\n```",
-		"```text\n: PSK \"s3cret\"\n```", "```sh\necho \"#1\"\n```", "```sh\necho 00112233445566778899aabbccddeeff0011 > k\n```",
+		"```text\n: PSK \"s3cret\"\n```", "```text\nname alice\npassword \"Hz3vR8kYp2sWq5Nm\"\n```", "```sh\necho \"#1\"\n```", "```sh\necho 00112233445566778899aabbccddeeff0011 > k\n```",
 	}
 	for _, s := range bad {
 		if len(adminProblems(s)) == 0 {

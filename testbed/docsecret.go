@@ -12,20 +12,18 @@ import (
 )
 
 // secretDirs are the directories a document's secret block writes into;
-// RunSecretBlock puts each into a directory of the test's.
-var secretDirs = []string{"/etc/swanctl/conf.d/", "/etc/strongswan.d/"}
+// RunFileBlock puts each into a directory of the test's.
+var secretDirs = []string{"/etc/swanctl/conf.d/", "/etc/strongswan.d/", "/etc/ppp/"}
 
 // secretLine is the "secret = VALUE" line of a swanctl or strongswan.conf
 // secrets section.
 var secretLine = regexp.MustCompile(`(?m)^\s*secret\s*=\s*(\S+)\s*$`)
 
-// RunSecretBlock runs a document's block that writes a file holding a
-// fresh key (a swanctl secrets section, a strongswan.conf section), as
-// written but for its directories (secretDirs), which are the test's. It
-// returns the one file the block wrote, and the value of its secret line.
-// The file must be readable by its owner alone and its secret at least 32
-// characters long: anything else fails the test.
-func RunSecretBlock(t testing.TB, block string) (text, secret string) {
+// RunFileBlock runs a document's block that writes one file holding a
+// fresh secret (a key, a password), as written but for its directories
+// (secretDirs), which are the test's, and returns what the block wrote. The
+// file must be readable by its owner alone: anything else fails the test.
+func RunFileBlock(t testing.TB, block string) string {
 	t.Helper()
 	dir := t.TempDir()
 	script := block
@@ -52,9 +50,19 @@ func RunSecretBlock(t testing.TB, block string) (text, secret string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := secretLine.FindAllStringSubmatch(string(b), -1)
+	return string(b)
+}
+
+// RunSecretBlock runs a document's block that writes a swanctl secrets
+// section or a strongswan.conf section with a fresh key (RunFileBlock), and
+// returns the file and the value of its one secret line, which must be at
+// least 32 characters long.
+func RunSecretBlock(t testing.TB, block string) (text, secret string) {
+	t.Helper()
+	text = RunFileBlock(t, block)
+	m := secretLine.FindAllStringSubmatch(text, -1)
 	if len(m) != 1 || len(strings.Trim(m[0][1], `"`)) < 32 {
-		t.Fatalf("the secret block's file has %d secret lines, want one of at least 32 characters:\n%s", len(m), b)
+		t.Fatalf("the secret block's file has %d secret lines, want one of at least 32 characters:\n%s", len(m), text)
 	}
-	return string(b), m[0][1]
+	return text, m[0][1]
 }

@@ -46,7 +46,6 @@ var l2tpFiles = []l2tpFile{
 	{"server", "conf", "l2tp server swanctl.conf", "swanctl/conf.d/l2tp.conf"},
 	{"server", "ini", "l2tp server xl2tpd.conf", "xl2tpd/xl2tpd.conf"},
 	{"server", "text", "l2tp server options.xl2tpd", "ppp/options.xl2tpd"},
-	{"server", "text", "l2tp server chap-secrets", "ppp/chap-secrets"},
 	{"server", "nft", "l2tp server firewall", "nftables.conf"},
 	{"client", "conf", "l2tp client swanctl.conf", "swanctl/conf.d/l2tp.conf"},
 	{"client", "ini", "l2tp client xl2tpd.conf", "xl2tpd/xl2tpd.conf"},
@@ -217,8 +216,19 @@ func TestL2TPIPsec(t *testing.T) {
 		t.Fatal(err)
 	}
 	secrets, _ := testbed.RunSecretBlock(t, secretBlock)
+	// alice's password: the server's chap-secrets block as written, its
+	// line in both ends' chap-secrets (the client's pppd takes it there).
+	chapBlock, err := docblock.One(l2tpDoc, "sh", "l2tp server chap-secrets")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chap := testbed.RunFileBlock(t, chapBlock)
+	if !regexp.MustCompile(`^alice l2tp-server "[A-Za-z0-9+/=]{16}" \*\n$`).MatchString(chap) {
+		t.Fatalf("the chap-secrets block wrote %q, want alice's line with a fresh password", chap)
+	}
 	for _, role := range []string{"server", "client"} {
 		writeShare(t, share, filepath.Join(role, "etc", "swanctl/conf.d/l2tp-secret.conf"), secrets)
+		writeShare(t, share, filepath.Join(role, "etc", "ppp/chap-secrets"), chap)
 	}
 	connect, err := docblock.One(l2tpDoc, "sh", "l2tp client connect")
 	if err != nil {
