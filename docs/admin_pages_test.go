@@ -15,17 +15,14 @@ import (
 // on the contributor page, contributorPage, which is not shipped.
 var (
 	adminPages = []string{"../README.md", "deploy.md", "config.md", "strongswan.md", "ha.md",
-		"transport.md", "safety.md", "afxdp.md", "dataplane.md", "reference.md"}
-	optionalAdminPages = []string{"getting-started.md", "firewall.md"}
+		"transport.md", "safety.md", "afxdp.md", "dataplane.md", "reference.md", "firewall.md", "upgrade.md",
+		"migrate.md"}
+	optionalAdminPages = []string{"getting-started.md"}
 	contributorPage    = "../CONTRIBUTING.md"
 	// contributorDir holds contributor pages that sit beside the docs
 	// they describe (the XFRM interop guests); build.sh copies only
 	// docs/*.md, not this directory.
 	contributorDir = "dev"
-	// pendingSections are sections another change replaces as a whole
-	// (deploy.md's firewall section, by a pointer to docs/firewall.md):
-	// not read here until then. Remove an entry once its section is gone.
-	pendingSections = map[string]string{"deploy.md": "## 8. A firewall in front (nftables)"}
 )
 
 // readmeMaxWords is the length README.md stays under.
@@ -75,7 +72,7 @@ var (
 	// as a literal (one with a printf's %s or a shell expansion in it is
 	// generated), an ipsec.secrets PSK, a pppd password, a base64 key
 	// (0s...) or 32 hex digits and more.
-	secretLit = regexp.MustCompile(`\bsecret\s*=\s*[^\s%$]+(\s|$)`)
+	secretLit = regexp.MustCompile(`\bsecret\s*=\s*("[^"%$]+"|'[^'%$]+'|[^\s%$"'][^\s%$]*(\s|$))`)
 	pskLit    = regexp.MustCompile(`\bPSK\s+["'][^"']+["']`)
 	passLit   = regexp.MustCompile(`\bpassword\s*=?\s*"[^"%$]+"`)
 	base64Key = regexp.MustCompile(`\b0s[A-Za-z0-9+/]{12,}=*`)
@@ -133,33 +130,6 @@ func adminProblems(text string) []string {
 	return out
 }
 
-// withoutSection returns text with the section under heading h (up to the
-// next heading of its level or above) blanked out, its lines kept so that
-// line numbers stay the page's.
-func withoutSection(text, h string) string {
-	lines := strings.Split(text, "\n")
-	level := len(h) - len(strings.TrimLeft(h, "#"))
-	in, fence := false, false
-	for i, l := range lines {
-		if strings.HasPrefix(strings.TrimSpace(l), "```") {
-			fence = !fence
-		}
-		if !fence && strings.HasPrefix(l, "#") {
-			lv := len(l) - len(strings.TrimLeft(l, "#"))
-			switch {
-			case l == h:
-				in = true
-			case in && lv <= level && strings.HasPrefix(l, strings.Repeat("#", lv)+" "):
-				in = false
-			}
-		}
-		if in {
-			lines[i] = ""
-		}
-	}
-	return strings.Join(lines, "\n")
-}
-
 // TestAdminPages holds the pages an administrator reads to what they are
 // for: README.md under readmeMaxWords words, and no issue references,
 // commit hashes, test names, or keys written into a copy-paste block.
@@ -176,9 +146,6 @@ func TestAdminPages(t *testing.T) {
 			t.Fatal(err)
 		}
 		text := string(b)
-		if h, ok := pendingSections[p]; ok {
-			text = withoutSection(text, h)
-		}
 		for _, f := range adminProblems(text) {
 			t.Errorf("%s:%s", strings.TrimPrefix(p, "../"), f)
 		}
