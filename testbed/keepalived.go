@@ -30,12 +30,20 @@ type KeepalivedOptions struct {
 	// changes, in order, into the FIFO NotifyFIFO and run NotifyScript (as
 	// root) to read them (vrrp_notify_fifo, vrrp_notify_fifo_script).
 	NotifyFIFO, NotifyScript string
+	// Checks are tracked by the sync group: each runs every second (2 s
+	// timeout); two failures in a row put the group in FAULT (weight 0),
+	// two successes bring it back.
+	Checks []KeepalivedCheck
 }
+
+// KeepalivedCheck is a vrrp_script: Script is the command keepalived runs.
+type KeepalivedCheck struct{ Name, Script string }
 
 // KeepalivedConf returns a keepalived.conf for node (its router_id) of a
 // Pair: VRRPv3, one instance on the transit link (virtual router 51) and
 // one on the LAN link (52) holding gateway A's addresses (the IPv6 ones
-// not advertised), in one sync group, so that one node holds all of them.
+// not advertised), in one sync group, so that one node holds all of them,
+// and that tracks o.Checks.
 func KeepalivedConf(node string, o KeepalivedOptions) string {
 	adv := o.AdvertInt
 	if adv == "" {
@@ -65,17 +73,27 @@ func KeepalivedConf(node string, o KeepalivedOptions) string {
 	if o.NotifyFIFO != "" {
 		notify = fmt.Sprintf("    script_user root\n    vrrp_notify_fifo %s\n    vrrp_notify_fifo_script %q\n", o.NotifyFIFO, o.NotifyScript)
 	}
+	var scripts, track strings.Builder
+	for _, c := range o.Checks {
+		fmt.Fprintf(&scripts, "vrrp_script %s {\n    script %q\n    interval 1\n    timeout 2\n    fall 2\n    rise 2\n    weight 0\n}\n",
+			c.Name, c.Script)
+		fmt.Fprintf(&track, "        %s\n", c.Name)
+	}
+	tracked := ""
+	if track.Len() > 0 {
+		tracked = "    track_script {\n" + track.String() + "    }\n"
+	}
 	return fmt.Sprintf(`global_defs {
     router_id %s
     vrrp_version 3
 %s}
-vrrp_sync_group PAIR {
+%svrrp_sync_group PAIR {
     group {
         WAN
         LAN
     }
-}
-`, node, notify) + inst("WAN", IfTransit, 51, GwATransitV4.String(), GwATransitV6.String()) +
+%s}
+`, node, notify, scripts.String(), tracked) + inst("WAN", IfTransit, 51, GwATransitV4.String(), GwATransitV6.String()) +
 		inst("LAN", IfLAN, 52, GwALANV4.String(), GwALANV6.String())
 }
 

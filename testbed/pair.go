@@ -133,11 +133,23 @@ func (p *Pair) RouteLANs(tb testing.TB) {
 // and keep their addresses and routes. The sync link is not touched.
 func (p *Pair) Cut(tb testing.TB, node *Node, cut bool) {
 	tb.Helper()
+	p.setPorts(tb, p.ports[node], cut)
+}
+
+// CutTransit is Cut for node's transit link alone (its uplink): its LAN
+// and sync links keep their carrier.
+func (p *Pair) CutTransit(tb testing.TB, node *Node, cut bool) {
+	tb.Helper()
+	p.setPorts(tb, p.ports[node][1:], cut) // plugged LAN first, then transit
+}
+
+func (p *Pair) setPorts(tb testing.TB, ports []string, cut bool) {
+	tb.Helper()
 	state := "up"
 	if cut {
 		state = "down"
 	}
-	for _, sw := range p.ports[node] {
+	for _, sw := range ports {
 		p.Switch.MustIP(tb, "link", "set", sw, state)
 	}
 }
