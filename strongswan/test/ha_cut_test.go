@@ -121,7 +121,8 @@ func TestHAPairSplitBrain(t *testing.T) {
 
 // TestHADocConfigs: docs/ha.md's configuration is the tests': its
 // keepalived.conf is node 1's of testbed.KeepalivedConf with the options
-// the tests use (the FIFO and script at the page's paths), its
+// the tests use (the FIFO and script at the page's paths, the checks of
+// espd and charon), its
 // swanctl.conf the connection the site-to-site tests build (the peer's is
 // its mirror), and its espd drop-in the packaged espd-ike.service command
 // with the pair's flags TestHAPair gives node 1. The notify script, the
@@ -137,7 +138,7 @@ func TestHADocConfigs(t *testing.T) {
 		return strings.Join(out, "\n")
 	}
 	want := testbed.KeepalivedConf("node1", testbed.KeepalivedOptions{Priority: 150, NoPreempt: true, AdvertInt: "0.2",
-		NotifyFIFO: "/run/keepalived-pair.fifo", NotifyScript: "/usr/local/sbin/espd-pair-notify"})
+		NotifyFIFO: "/run/keepalived-pair.fifo", NotifyScript: "/usr/local/sbin/espd-pair-notify", Checks: haChecks})
 	if got := haDoc(t, "conf", "ha keepalived"); norm(got) != norm(want) {
 		t.Errorf("docs/ha.md's keepalived.conf is not the tests':\n%s\nwant:\n%s", got, want)
 	}

@@ -97,13 +97,13 @@ func haNotifyScript(t *testing.T, dir string, charonPid int, logPath, sock, role
 		"ESPCTL="+espctlBin+" -s "+sock, "ESPD_PAIR_LOG="+logPath, "ESPD_PAIR_ROLE_FILE="+roleFile)
 }
 
-// startKeepalived starts the node's keepalived with its notify script.
+// startKeepalived starts the node's keepalived with docs/ha.md's
+// configuration (haKeepalivedConf) and its notify script.
 func (n *haNode) startKeepalived(t *testing.T, priority int) {
 	t.Helper()
 	n.notifyLog = filepath.Join(n.dir, "notify.log")
 	script := haNotifyScript(t, n.dir, n.charon.Pid(), n.notifyLog, n.sock, n.roleFile())
-	conf := testbed.KeepalivedConf(n.name, testbed.KeepalivedOptions{Priority: priority, NoPreempt: true, AdvertInt: "0.2",
-		NotifyFIFO: filepath.Join(n.dir, "keepalived.events"), NotifyScript: script})
+	conf := haKeepalivedConf(t, n, priority, filepath.Join(n.dir, "keepalived.events"), script)
 	n.keepalived = testbed.StartKeepalived(t, n.node, n.dir, conf)
 	t.Cleanup(func() {
 		if t.Failed() {
