@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -131,20 +132,23 @@ func (n *haNode) notifiedSince(t0 time.Time, subs ...string) bool {
 func TestHATrack(t *testing.T) {
 	requireHA(t)
 	for _, c := range []struct {
-		name    string
-		kill    func(t *testing.T, h *haPair)
-		restore func(t *testing.T, h *haPair, child childSA) childSA
+		name string
+		kill func(t *testing.T, h *haPair)
+		// restore brings the part back and returns the CHILD_SA then
+		// and whether node1's espd must hold its states (not after an
+		// espd restart: see below).
+		restore func(t *testing.T, h *haPair, child childSA) (childSA, bool)
 	}{
 		{"espd", func(t *testing.T, h *haPair) { h.node1.killEspd() },
-			func(t *testing.T, h *haPair, child childSA) childSA { h.node1.runEspd(); return child }},
+			func(t *testing.T, h *haPair, child childSA) (childSA, bool) { h.node1.runEspd(); return child, false }},
 		{"charon", func(t *testing.T, h *haPair) {
 			crashProcess(t, h.node1.charon)
 			reapKilled(t, h.node1.charon)
 		}, restoreCharon},
 		{"uplink", func(t *testing.T, h *haPair) { h.p.CutTransit(t, h.node1.node, true) },
-			func(t *testing.T, h *haPair, child childSA) childSA {
+			func(t *testing.T, h *haPair, child childSA) (childSA, bool) {
 				h.p.CutTransit(t, h.node1.node, false)
-				return child
+				return child, true
 			}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -158,8 +162,8 @@ func TestHATrack(t *testing.T) {
 				t.Fatalf("node1's keepalived did not enter FAULT after its %s died:\n%s", c.name, n1.notifies())
 			}
 			restored := time.Now()
-			child = c.restore(t, h, child)
-			h.waitStandby(t, restored, child)
+			child, states := c.restore(t, h, child)
+			h.waitStandby(t, restored, child, states)
 			tr := testbed.StartFailoverTraffic(h.p, 6*time.Second)
 			before := h.peer.stats()
 			tr.Wait(t)
@@ -173,8 +177,8 @@ func TestHATrack(t *testing.T) {
 // keepalived (the notify script's wrapper names charon's pid: the host's
 // pidof would see the other namespaces' charons too); the ha plugin
 // resynchronises it and node2's rekey burst makes a new CHILD_SA, which it
-// returns.
-func restoreCharon(t *testing.T, h *haPair, child childSA) childSA {
+// returns once the peer has it.
+func restoreCharon(t *testing.T, h *haPair, child childSA) (childSA, bool) {
 	t.Helper()
 	n := h.node1
 	if err := n.keepalived.Stop(10 * time.Second); err != nil {
@@ -187,14 +191,29 @@ func restoreCharon(t *testing.T, h *haPair, child childSA) childSA {
 		t.Fatalf("node1: charon made no HA FIFO %s", fifo)
 	}
 	n.startKeepalived(t, 150)
-	return h.waitResync(t, n, h.node2, child)
+	var peerChild childSA
+	if !waitFor(30*time.Second, func() bool {
+		c, ok := h.peer.installedChild("net")
+		peerChild = c
+		return ok && c.SPIIn != child.SPIIn && c.SPIOut != child.SPIOut && len(h.peer.childSAs()) == 1
+	}) {
+		t.Fatalf("no rekey of the CHILD_SA after node1's resync: the peer has %+v", h.peer.childSAs())
+	}
+	return peerChild, true
 }
 
 // waitStandby waits until node1, its failed part back since t0, stands by
 // again: keepalived left FAULT for BACKUP (the notify script ran for it),
-// node1's espd stands by and holds node2's states of the CHILD_SA child,
-// and node2 is still active.
-func (h *haPair) waitStandby(t *testing.T, t0 time.Time, child childSA) {
+// node1's espd stands by and, with states, holds node2's states of the
+// CHILD_SA child, and node2 is still active. Without states (espd
+// restarted on node1): charon's espd plugin cannot install the states of
+// the CHILD_SA again (it keeps no keys, docs/strongswan.md) and charon
+// does not replace a CHILD_SA of a PASSIVE IKE_SA, so node1's espd holds
+// them again only after the next rekey; that is logged. Other states in
+// node1's espd are logged too: after charon was killed, espd keeps the
+// states of the CHILD_SA it had installed, which the new charon does not
+// know.
+func (h *haPair) waitStandby(t *testing.T, t0 time.Time, child childSA, states bool) {
 	t.Helper()
 	n1, n2 := h.node1, h.node2
 	if !waitFor(haTakeoverBound, func() bool { return n1.notifiedSince(t0, "start -1", "BACKUP") }) {
@@ -207,8 +226,20 @@ func (h *haPair) waitStandby(t *testing.T, t0 time.Time, child childSA) {
 			return false
 		}
 		s1, s2 = n1.pairSPIs(), n2.pairSPIs()
-		return fmt.Sprint(s1) == fmt.Sprint(s2) && len(s2["out"]) == 1 && s2["out"][0] == child.SPIIn
+		if !states {
+			return true
+		}
+		if len(s2["in"]) != 1 || len(s2["out"]) != 1 || s2["out"][0] != child.SPIIn || s2["in"][0] != child.SPIOut {
+			return false
+		}
+		return slices.Contains(s1["in"], child.SPIOut) && slices.Contains(s1["out"], child.SPIIn)
 	})
+	switch {
+	case !states:
+		t.Logf("node1's espd restarted: its states %v, node2's %v (the CHILD_SA's come with the next rekey)", s1, s2)
+	case fmt.Sprint(s1) != fmt.Sprint(s2):
+		t.Logf("node1's espd holds states beyond node2's: %v, node2's %v", s1, s2)
+	}
 	if !ok {
 		st, _ := n1.espctl("pair", "status")
 		t.Fatalf("node1 back: espd %s, states %v; node2's %v; the CHILD_SA %s/%s", strings.TrimSpace(st), s1, s2, child.SPIIn, child.SPIOut)
