@@ -184,8 +184,8 @@ func restoreCharon(t *testing.T, h *haPair, child childSA) (childSA, bool) {
 	if err := n.keepalived.Stop(10 * time.Second); err != nil {
 		t.Logf("node1's keepalived: %v", err)
 	}
-	n.startCharon(haCharonOptions(t, testbed.Node1SyncV4, testbed.Node2SyncV4))
-	n.load(haDoc(t, "conf", "ha swanctl"))
+	n.startCharon(haCharonOptions(t, testbed.Node1SyncV4, testbed.Node2SyncV4, h.syncSecret))
+	n.load(haDoc(t, "conf", "ha swanctl") + h.swanSecrets)
 	fifo := haFIFO(n.gateway)
 	if !waitFor(10*time.Second, func() bool { st, err := os.Stat(fifo); return err == nil && st.Mode()&os.ModeNamedPipe != 0 }) {
 		t.Fatalf("node1: charon made no HA FIFO %s", fifo)
