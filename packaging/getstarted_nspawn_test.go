@@ -138,13 +138,7 @@ cp /mnt/espd/%s /mnt/espd/%s /root/`, mirror, espdDeb, pluginDeb))
 	}
 	caps := newTransitCaptures(t, bed)
 	start := time.Now()
-	dir := t.TempDir()
-	pingers := []*pinger{
-		startPinger(t, bed.top.Client, dir, testbed.ServerV4.Addr()),
-		startPinger(t, bed.top.Client, dir, testbed.ServerV6.Addr()),
-		startPinger(t, bed.top.Server, dir, testbed.ClientV4.Addr()),
-		startPinger(t, bed.top.Server, dir, testbed.ClientV6.Addr()),
-	}
+	pingers := lanPingers(t, bed.top)
 	if !answered(pingers, start, 40) {
 		for _, p := range pingers {
 			t.Logf("%s: ping %s", p.name, p.state())

@@ -77,13 +77,7 @@ func packagesLifecycle(t *testing.T, release string) {
 	bed.section6(t)
 
 	caps := newTransitCaptures(t, bed)
-	dir := t.TempDir()
-	pingers := []*pinger{
-		startPinger(t, bed.top.Client, dir, testbed.ServerV4.Addr()),
-		startPinger(t, bed.top.Client, dir, testbed.ServerV6.Addr()),
-		startPinger(t, bed.top.Server, dir, testbed.ClientV4.Addr()),
-		startPinger(t, bed.top.Server, dir, testbed.ClientV6.Addr()),
-	}
+	pingers := lanPingers(t, bed.top)
 	if !waitPassing(pingers, time.Now(), 30*time.Second) {
 		t.Fatalf("no traffic both ways through the tunnel before the events")
 	}

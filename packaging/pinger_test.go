@@ -29,6 +29,18 @@ func waitPassing(pingers []*pinger, since time.Time, timeout time.Duration) bool
 	})
 }
 
+// lanPingers starts pinging between the LAN hosts of top, both ways, IPv4
+// and IPv6: the client to the server, then the server to the client.
+func lanPingers(t *testing.T, top *testbed.Topology) []*pinger {
+	dir := t.TempDir()
+	return []*pinger{
+		startPinger(t, top.Client, dir, testbed.ServerV4.Addr()),
+		startPinger(t, top.Client, dir, testbed.ServerV6.Addr()),
+		startPinger(t, top.Server, dir, testbed.ClientV4.Addr()),
+		startPinger(t, top.Server, dir, testbed.ClientV6.Addr()),
+	}
+}
+
 // pinger is a ping that runs in the background for the whole test, 20
 // requests a second (at most 15 minutes), and the times of its requests
 // that were answered, from its output.
