@@ -97,13 +97,9 @@ func TestTransportDoc(t *testing.T) {
 	if fwB == fwA {
 		t.Fatalf("docs/transport.md's firewall does not define PEER = %v", bAddr)
 	}
-	for _, fw := range []struct {
-		node *testbed.Node
-		text string
-	}{{top.GwA, fwA}, {top.GwB, fwB}} {
-		if out, err := fw.node.Run(ctx, "nft", "-f", script("fw-"+fw.node.Role+".nft", fw.text)); err != nil {
-			t.Fatalf("nft -f on %s: %v\n%s", fw.node.Role, err, out)
-		}
+	loadTransportFirewall(ctx, t, top.GwA, fwA)
+	if out, err := top.GwB.Run(ctx, "nft", "-f", script("fw-B.nft", fwB)); err != nil {
+		t.Fatalf("nft -f on B: %v\n%s", err, out)
 	}
 
 	capt, err := top.GwB.StartCapture(testbed.IfTransit, testbed.CaptureOptions{})
@@ -155,7 +151,7 @@ func TestTransportDoc(t *testing.T) {
 	if sizes := r.Sizes(); len(sizes) != 1 || sizes[0] != 100 {
 		t.Errorf("A's socket took datagrams of %v bytes, want only B's 100 through espd (the forged one has 15)", sizes)
 	}
-	if out, _ := top.GwA.Run(ctx, "nft", "list", "chain", "inet", "host", "input"); !strings.Contains(out, "packets 1 ") {
+	if out, _ := top.GwA.Run(ctx, "nft", "list", "chain", "inet", "espd_transport", "input"); !strings.Contains(out, "packets 1 ") {
 		t.Errorf("A's firewall did not count the forged datagram:\n%s", out)
 	}
 }

@@ -185,6 +185,10 @@ build_plugin() {
 		ESPD_SS_DESTDIR=$s/root ESPD_SS_CONF=1 bash "$repo/strongswan/$script" "${args[@]}"
 		ss_version=$(dpkg-query -W -f='${Version}' strongswan-libcharon)
 	else
+		# One build at a time per chroot: nspawn refuses a directory in use.
+		mkdir -p "$(dirname "${ESPD_BUILD_CHROOT_CACHE:-/var/cache/espd-strongswan}")"
+		exec {lockfd}>"${ESPD_BUILD_CHROOT_CACHE:-/var/cache/espd-strongswan}-$rel.lock"
+		flock "$lockfd"
 		root=$(chroot_for "$rel")
 		log "building the charon plugin for Debian $rel on $want in $root (strongswan/$script)"
 		in_chroot "$root" --bind-ro="$repo/strongswan:/espd/strongswan" \
@@ -192,6 +196,7 @@ build_plugin() {
 			--setenv=ESPD_SS_DESTDIR=/espd/stage --setenv=ESPD_SS_CONF=1 \
 			bash "/espd/strongswan/$script" "${args[@]}"
 		ss_version=$(chroot "$root" dpkg-query -W -f='${Version}' strongswan-libcharon)
+		exec {lockfd}>&-
 	fi
 	arch=$want
 	if [ "$script" = cross.sh ]; then
